@@ -1,0 +1,276 @@
+"""Import and export of Hugging Face `GPT2LMHeadModel` and `LlamaForCausalLM` weights.
+
+Our layout: fused `qkv` (rows [q; k; v]), `out`, MLP `fc_in` (for SwiGLU rows [gate; up]) and `fc_out`,
+stored as nn.Linear (out_features, in_features). GPT-2 stores Conv1D weights transposed (in, out);
+Llama keeps separate q/k/v and gate/up projections. RoPE uses the same "rotate half" layout as
+transformers' Llama, so no row permutation is needed. Every conversion is a pure copy: logits agree to
+float32 rounding (tests check 1e-5 both ways).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.transformer import Transformer, TransformerConfig
+
+_GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+# ----------------------------------------------------------------------------- GPT-2
+
+
+def config_from_gpt2(hf_config) -> TransformerConfig:
+    _require(
+        hf_config.activation_function in _GPT2_ACTIVATIONS,
+        f"GPT-2 activation {hf_config.activation_function!r} has no counterpart; supported: {sorted(_GPT2_ACTIVATIONS)}",
+    )
+    _require(
+        not getattr(hf_config, "scale_attn_by_inverse_layer_idx", False),
+        "scale_attn_by_inverse_layer_idx=True is not supported",
+    )
+    return TransformerConfig(
+        n_layer=hf_config.n_layer,
+        n_head=hf_config.n_head,
+        d_model=hf_config.n_embd,
+        d_mlp=hf_config.n_inner or 4 * hf_config.n_embd,
+        vocab_size=hf_config.vocab_size,
+        max_seq_len=hf_config.n_positions,
+        positions="learned",
+        norm="layernorm",
+        norm_eps=hf_config.layer_norm_epsilon,
+        mlp=_GPT2_ACTIVATIONS[hf_config.activation_function],
+        bias=True,
+        scale_attn=hf_config.scale_attn_weights,
+        tie_embeddings=getattr(hf_config, "tie_word_embeddings", True),
+        dropout=hf_config.resid_pdrop,
+        attn_dropout=hf_config.attn_pdrop,
+        init_std=hf_config.initializer_range,
+    )
+
+
+def from_hf_gpt2(hf_model) -> Transformer:
+    """Our Transformer with the weights of a transformers GPT2LMHeadModel."""
+    config = config_from_gpt2(hf_model.config)
+    sd = hf_model.state_dict()
+    ours: dict[str, torch.Tensor] = {
+        "tok_emb.weight": sd["transformer.wte.weight"],
+        "pos_emb.weight": sd["transformer.wpe.weight"],
+        "norm_f.weight": sd["transformer.ln_f.weight"],
+        "norm_f.bias": sd["transformer.ln_f.bias"],
+        "lm_head.weight": sd.get("lm_head.weight", sd["transformer.wte.weight"]),
+    }
+    for i in range(config.n_layer):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        for theirs, mine in (("ln_1", "norm1"), ("ln_2", "norm2")):
+            ours[b + mine + ".weight"] = sd[h + theirs + ".weight"]
+            ours[b + mine + ".bias"] = sd[h + theirs + ".bias"]
+        for theirs, mine in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "mlp.fc_in"), ("mlp.c_proj", "mlp.fc_out")):
+            ours[b + mine + ".weight"] = sd[h + theirs + ".weight"].T  # Conv1D is (in, out)
+            ours[b + mine + ".bias"] = sd[h + theirs + ".bias"]
+    model = Transformer(config)
+    model.load_state_dict({k: v.detach().clone() for k, v in ours.items()})
+    return model.to(next(hf_model.parameters()).dtype)
+
+
+def to_hf_gpt2(model: Transformer):
+    """A transformers GPT2LMHeadModel with our weights (the model must use GPT-2's options)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    c = model.config
+    checks = {
+        "vocab_size (token inputs)": c.tokens,
+        "positions='learned'": c.positions == "learned",
+        "norm='layernorm'": c.norm == "layernorm",
+        "bias=True": c.bias,
+        "attention='softmax'": c.attention == "softmax",
+        "mlp in gelu/gelu_tanh/relu": c.mlp != "swiglu",
+        "n_kv_head = n_head": c.kv_heads == c.n_head,
+        "head_dim = d_model / n_head": c.dim_head * c.n_head == c.d_model,
+        "residual_stream='none'": c.residual_stream == "none",
+    }
+    missing = [name for name, ok in checks.items() if not ok]
+    _require(not missing, f"GPT-2 export needs {', '.join(missing)}")
+    activation = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[c.mlp]
+    hf_config = GPT2Config(
+        vocab_size=c.vocab_size,
+        n_positions=c.max_seq_len,
+        n_embd=c.d_model,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        n_inner=c.mlp_width,
+        activation_function=activation,
+        resid_pdrop=c.dropout,
+        embd_pdrop=c.dropout,
+        attn_pdrop=c.attn_dropout,
+        layer_norm_epsilon=c.norm_eps,
+        scale_attn_weights=c.scale_attn,
+        initializer_range=c.init_std,
+        tie_word_embeddings=c.tie_embeddings,
+    )
+    sd = model.state_dict()
+    theirs: dict[str, torch.Tensor] = {
+        "transformer.wte.weight": sd["tok_emb.weight"],
+        "transformer.wpe.weight": sd["pos_emb.weight"],
+        "transformer.ln_f.weight": sd["norm_f.weight"],
+        "transformer.ln_f.bias": sd["norm_f.bias"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
+    for i in range(c.n_layer):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        for hf_name, mine in (("ln_1", "norm1"), ("ln_2", "norm2")):
+            theirs[h + hf_name + ".weight"] = sd[b + mine + ".weight"]
+            theirs[h + hf_name + ".bias"] = sd[b + mine + ".bias"]
+        for hf_name, mine in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "mlp.fc_in"), ("mlp.c_proj", "mlp.fc_out")):
+            theirs[h + hf_name + ".weight"] = sd[b + mine + ".weight"].T
+            theirs[h + hf_name + ".bias"] = sd[b + mine + ".bias"]
+    hf_model = GPT2LMHeadModel(hf_config).to(next(model.parameters()).dtype)
+    _load_strict(hf_model, theirs)
+    return hf_model
+
+
+# ----------------------------------------------------------------------------- Llama
+
+
+def _rope_theta(hf_config) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", rope_type))
+    _require(rope_type == "default", f"RoPE scaling {rope_type!r} is not supported (only the default rotary)")
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    _require(theta is not None, "the Llama config has no rope_theta")
+    return float(theta)
+
+
+def config_from_llama(hf_config) -> TransformerConfig:
+    _require(hf_config.hidden_act == "silu", f"Llama hidden_act {hf_config.hidden_act!r}: only silu (SwiGLU) is supported")
+    _require(
+        bool(getattr(hf_config, "attention_bias", False)) == bool(getattr(hf_config, "mlp_bias", False)),
+        "attention_bias and mlp_bias differ; our bias option covers both",
+    )
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    return TransformerConfig(
+        n_layer=hf_config.num_hidden_layers,
+        n_head=hf_config.num_attention_heads,
+        n_kv_head=hf_config.num_key_value_heads,
+        d_model=hf_config.hidden_size,
+        head_dim=head_dim,
+        d_mlp=hf_config.intermediate_size,
+        vocab_size=hf_config.vocab_size,
+        max_seq_len=hf_config.max_position_embeddings,
+        positions="rope",
+        rope_theta=_rope_theta(hf_config),
+        norm="rmsnorm",
+        norm_eps=hf_config.rms_norm_eps,
+        mlp="swiglu",
+        bias=bool(getattr(hf_config, "attention_bias", False)),
+        scale_attn=True,
+        tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        attn_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
+        init_std=hf_config.initializer_range,
+    )
+
+
+def from_hf_llama(hf_model) -> Transformer:
+    """Our Transformer with the weights of a transformers LlamaForCausalLM."""
+    config = config_from_llama(hf_model.config)
+    sd = hf_model.state_dict()
+    ours: dict[str, torch.Tensor] = {
+        "tok_emb.weight": sd["model.embed_tokens.weight"],
+        "norm_f.weight": sd["model.norm.weight"],
+        "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"]),
+    }
+    for i in range(config.n_layer):
+        h, b = f"model.layers.{i}.", f"blocks.{i}."
+        ours[b + "norm1.weight"] = sd[h + "input_layernorm.weight"]
+        ours[b + "norm2.weight"] = sd[h + "post_attention_layernorm.weight"]
+        ours[b + "attn.qkv.weight"] = torch.cat([sd[h + f"self_attn.{p}_proj.weight"] for p in "qkv"])
+        ours[b + "attn.out.weight"] = sd[h + "self_attn.o_proj.weight"]
+        ours[b + "mlp.fc_in.weight"] = torch.cat([sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"]])
+        ours[b + "mlp.fc_out.weight"] = sd[h + "mlp.down_proj.weight"]
+        if config.bias:
+            ours[b + "attn.qkv.bias"] = torch.cat([sd[h + f"self_attn.{p}_proj.bias"] for p in "qkv"])
+            ours[b + "attn.out.bias"] = sd[h + "self_attn.o_proj.bias"]
+            ours[b + "mlp.fc_in.bias"] = torch.cat([sd[h + "mlp.gate_proj.bias"], sd[h + "mlp.up_proj.bias"]])
+            ours[b + "mlp.fc_out.bias"] = sd[h + "mlp.down_proj.bias"]
+    model = Transformer(config)
+    model.load_state_dict({k: v.detach().clone() for k, v in ours.items()})
+    return model.to(next(hf_model.parameters()).dtype)
+
+
+def to_hf_llama(model: Transformer):
+    """A transformers LlamaForCausalLM with our weights (the model must use Llama's options)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = model.config
+    checks = {
+        "vocab_size (token inputs)": c.tokens,
+        "positions='rope'": c.positions == "rope",
+        "norm='rmsnorm'": c.norm == "rmsnorm",
+        "mlp='swiglu'": c.mlp == "swiglu",
+        "attention='softmax'": c.attention == "softmax",
+        "scale_attn=True": c.scale_attn,
+        "residual_stream='none'": c.residual_stream == "none",
+    }
+    missing = [name for name, ok in checks.items() if not ok]
+    _require(not missing, f"Llama export needs {', '.join(missing)}")
+    hf_config = LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        intermediate_size=c.mlp_width,
+        num_hidden_layers=c.n_layer,
+        num_attention_heads=c.n_head,
+        num_key_value_heads=c.kv_heads,
+        head_dim=c.dim_head,
+        max_position_embeddings=c.max_seq_len,
+        rms_norm_eps=c.norm_eps,
+        rope_theta=c.rope_theta,
+        attention_bias=c.bias,
+        mlp_bias=c.bias,
+        tie_word_embeddings=c.tie_embeddings,
+        attention_dropout=c.attn_dropout,
+        initializer_range=c.init_std,
+    )
+    sd = model.state_dict()
+    q_rows, kv_rows = c.n_head * c.dim_head, c.kv_heads * c.dim_head
+    theirs: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": sd["tok_emb.weight"],
+        "model.norm.weight": sd["norm_f.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
+    for i in range(c.n_layer):
+        h, b = f"model.layers.{i}.", f"blocks.{i}."
+        theirs[h + "input_layernorm.weight"] = sd[b + "norm1.weight"]
+        theirs[h + "post_attention_layernorm.weight"] = sd[b + "norm2.weight"]
+        names = ("weight", "bias") if c.bias else ("weight",)
+        for kind in names:
+            q, k, v = sd[b + f"attn.qkv.{kind}"].split([q_rows, kv_rows, kv_rows])
+            gate, up = sd[b + f"mlp.fc_in.{kind}"].chunk(2)
+            theirs.update({
+                h + f"self_attn.q_proj.{kind}": q,
+                h + f"self_attn.k_proj.{kind}": k,
+                h + f"self_attn.v_proj.{kind}": v,
+                h + f"self_attn.o_proj.{kind}": sd[b + f"attn.out.{kind}"],
+                h + f"mlp.gate_proj.{kind}": gate,
+                h + f"mlp.up_proj.{kind}": up,
+                h + f"mlp.down_proj.{kind}": sd[b + f"mlp.fc_out.{kind}"],
+            })
+    hf_model = LlamaForCausalLM(hf_config).to(next(model.parameters()).dtype)
+    _load_strict(hf_model, theirs)
+    return hf_model
+
+
+def _load_strict(hf_model, state: dict[str, torch.Tensor]) -> None:
+    """Load every tensor; with tied embeddings transformers may not list lm_head separately."""
+    expected = set(hf_model.state_dict())
+    state = {k: v.detach().clone().contiguous() for k, v in state.items() if k in expected}
+    missing = expected - set(state)
+    _require(not missing, f"weights missing for the Hugging Face model: {sorted(missing)[:5]}")
+    hf_model.load_state_dict(state, strict=True)
+    if getattr(hf_model.config, "tie_word_embeddings", False):
+        hf_model.tie_weights()

@@ -1,0 +1,3 @@
+from .transformer import Cache, Transformer, TransformerConfig
+
+__all__ = ["Cache", "Transformer", "TransformerConfig"]

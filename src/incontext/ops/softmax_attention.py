@@ -1,0 +1,57 @@
+"""Causal softmax attention: a plain reference and the fast path (torch scaled_dot_product_attention).
+
+Both take q of shape (B, H, T, d) and k, v of shape (B, H, P + T, d): the T queries sit at the last T
+key positions (P > 0 when earlier keys come from a cache), and query i sees keys 0 .. P + i.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
+    """Boolean (T, P + T) mask, True where attention is allowed."""
+    offset = n_keys - n_queries
+    rows = torch.arange(n_queries, device=device)[:, None] + offset
+    return torch.arange(n_keys, device=device)[None, :] <= rows
+
+
+def softmax_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    scores = (q @ k.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p > 0:
+        keep = torch.rand(weights.shape, generator=generator, device=weights.device) >= dropout_p
+        weights = weights * keep / (1.0 - dropout_p)
+    return weights @ v
+
+
+def softmax_attention_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    n_queries, n_keys = q.shape[-2], k.shape[-2]
+    if n_queries == n_keys:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p)
+    if n_queries == 1:  # one new token sees every cached key: no mask needed
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, dropout_p=dropout_p)
+    # is_causal aligns the mask top-left; with a cache the queries are the last rows, so pass it explicitly
+    mask = causal_mask(n_queries, n_keys, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout_p)
+
+
+SOFTMAX_ATTENTION_IMPLS = {"reference": softmax_attention_reference, "sdpa": softmax_attention_sdpa}
