@@ -28,7 +28,8 @@ def draw_favor_projection(
     blocks, remaining = [], n_features
     while remaining > 0:
         gaussian = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
-        q, _ = torch.linalg.qr(gaussian)
+        q, r = torch.linalg.qr(gaussian)
+        q = q * torch.sign(torch.diagonal(r))  # sign fix: Householder QR alone is not Haar-distributed
         blocks.append(q.T[: min(dim, remaining)])
         remaining -= dim
     rows = torch.cat(blocks, dim=0)

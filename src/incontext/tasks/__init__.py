@@ -1,0 +1,28 @@
+"""In-context learning tasks: each samples batches, scores outputs, and offers baselines.
+
+    task = get_task("linear_regression", d_in=8, n_points=32)
+    batch = task.sample(64, torch.Generator().manual_seed(0))
+    metrics = task.evaluate(model(batch.inputs), batch)
+"""
+
+from . import arithmetic, regression  # noqa: F401  (importing registers the tasks)
+from .arithmetic import Arithmetic, ArithmeticConfig
+from .base import Batch, Predictor, Task
+from .registry import get_task, list_tasks, register_task
+from .regression import LeastSquares, LinearRegression, LinearRegressionConfig, Ridge, error_by_examples
+
+__all__ = [
+    "Batch",
+    "Predictor",
+    "Task",
+    "get_task",
+    "list_tasks",
+    "register_task",
+    "Arithmetic",
+    "ArithmeticConfig",
+    "LinearRegression",
+    "LinearRegressionConfig",
+    "LeastSquares",
+    "Ridge",
+    "error_by_examples",
+]

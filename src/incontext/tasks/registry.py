@@ -1,0 +1,42 @@
+"""Name -> Task class, so configs and the command line can pick a task by name."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from .base import Task
+
+_TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    """Class decorator: registers a Task subclass under `name` (and sets its `name` attribute)."""
+
+    def decorate(task_class: type[Task]) -> type[Task]:
+        if name in _TASKS and _TASKS[name] is not task_class:
+            raise ValueError(f"task {name!r} is already registered to {_TASKS[name].__name__}")
+        task_class.name = name
+        _TASKS[name] = task_class
+        return task_class
+
+    return decorate
+
+
+def list_tasks() -> list[str]:
+    return sorted(_TASKS)
+
+
+def get_task(name: str, **config_overrides: Any) -> Task:
+    """Builds task `name` with its config dataclass defaults replaced by `config_overrides`."""
+    if name not in _TASKS:
+        raise KeyError(f"unknown task {name!r}; registered tasks: {', '.join(list_tasks())}")
+    task_class = _TASKS[name]
+    allowed = [f.name for f in dataclasses.fields(task_class.config_class)]
+    for key in config_overrides:
+        if key not in allowed:
+            raise ValueError(
+                f"unknown config key {key!r} for task {name!r} ({task_class.config_class.__name__}); "
+                f"allowed keys: {', '.join(allowed)}"
+            )
+    return task_class(task_class.config_class(**config_overrides))

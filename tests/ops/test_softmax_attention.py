@@ -1,0 +1,33 @@
+import pytest
+import torch
+
+from incontext.ops.softmax_attention import causal_mask, softmax_attention_reference, softmax_attention_sdpa
+
+
+@pytest.mark.parametrize("n_cached", [0, 1, 5])
+@pytest.mark.parametrize("n_queries", [1, 3, 17])
+@pytest.mark.parametrize("scale", [1.0, 0.125])
+def test_sdpa_matches_reference_float64(n_cached, n_queries, scale):
+    g = torch.Generator().manual_seed(n_cached * 100 + n_queries)
+    q = torch.randn(2, 3, n_queries, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, n_cached + n_queries, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 3, n_cached + n_queries, 5, generator=g, dtype=torch.float64)
+    ref = softmax_attention_reference(q, k, v, scale=scale)
+    fast = softmax_attention_sdpa(q, k, v, scale=scale)
+    assert float((fast - ref).norm() / ref.norm()) < 1e-10
+
+
+def test_causal_mask_with_cache_aligns_queries_to_the_last_keys():
+    mask = causal_mask(2, 5, "cpu")
+    assert mask.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+
+
+def test_reference_is_causal():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    out = softmax_attention_reference(q, k, v, scale=0.5)
+    v2 = v.clone()
+    v2[..., 4:, :] += 10.0  # changing the future must not change the past
+    out2 = softmax_attention_reference(q, k, v2, scale=0.5)
+    assert torch.equal(out[..., :4, :], out2[..., :4, :])
+    assert not torch.allclose(out[..., 4:, :], out2[..., 4:, :])
