@@ -76,6 +76,15 @@ def test_llama_import_and_export_match_logits(options):
         assert (back(x).logits - reference).abs().max() < TOL
 
 
+def test_llama_export_of_our_own_model():
+    torch.manual_seed(2)
+    ours = Transformer(TransformerConfig(vocab_size=50, d_model=48, n_head=4, n_kv_head=2, n_layer=2, positions="rope",
+                                         norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)).eval()
+    x = tokens(50, 4)
+    with torch.no_grad():
+        assert (to_hf_llama(ours).eval()(x).logits - ours(x)).abs().max() < TOL
+
+
 def test_llama_greedy_generation_matches():
     torch.manual_seed(3)
     hf = randomize(LlamaForCausalLM(LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

@@ -44,7 +44,8 @@ def _random_pairs(seed: int) -> dict:
     torch.manual_seed(seed)
     x = torch.randint(0, 1000, (4, 64), generator=torch.Generator().manual_seed(seed))
     rows = {}
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=1000, n_positions=128, n_embd=128, n_layer=4, n_head=4)).eval()
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=1000, n_positions=128, n_embd=128, n_layer=4, n_head=4,
+                                      bos_token_id=None, eos_token_id=None)).eval()
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)).eval()
     for name, hf, to_ours, to_theirs in (("gpt2", gpt2, from_hf_gpt2, to_hf_gpt2), ("llama", llama, from_hf_llama, to_hf_llama)):
@@ -53,7 +54,8 @@ def _random_pairs(seed: int) -> dict:
             ours = to_ours(hf).eval()
             imported = ours(x)
             exported = to_theirs(ours).eval()(x).logits
-        rows[name] = {"import_max_abs": _max_abs(imported, reference), "export_max_abs": _max_abs(exported, reference)}
+        # import: ours vs transformers on its weights; export: transformers on our weights vs ours
+        rows[name] = {"import_max_abs": _max_abs(imported, reference), "export_max_abs": _max_abs(exported, imported)}
     return rows
 
 

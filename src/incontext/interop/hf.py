@@ -24,6 +24,20 @@ def _require(condition: bool, message: str) -> None:
 # ----------------------------------------------------------------------------- GPT-2
 
 
+def _gpt2_names(n_layer: int) -> list[tuple[str, str, bool]]:
+    """(our name, GPT-2 name, transposed?) for every tensor but the head; Conv1D weights are (in, out)."""
+    names = [("tok_emb.weight", "transformer.wte.weight", False), ("pos_emb.weight", "transformer.wpe.weight", False),
+             ("norm_f.weight", "transformer.ln_f.weight", False), ("norm_f.bias", "transformer.ln_f.bias", False)]
+    for i in range(n_layer):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        for theirs, mine, is_conv in (("ln_1", "norm1", False), ("ln_2", "norm2", False), ("attn.c_attn", "attn.qkv", True),
+                                      ("attn.c_proj", "attn.out", True), ("mlp.c_fc", "mlp.fc_in", True),
+                                      ("mlp.c_proj", "mlp.fc_out", True)):
+            names.append((b + mine + ".weight", h + theirs + ".weight", is_conv))
+            names.append((b + mine + ".bias", h + theirs + ".bias", False))
+    return names
+
+
 def config_from_gpt2(hf_config) -> TransformerConfig:
     _require(
         hf_config.activation_function in _GPT2_ACTIVATIONS,
@@ -57,21 +71,8 @@ def from_hf_gpt2(hf_model) -> Transformer:
     """Our Transformer with the weights of a transformers GPT2LMHeadModel."""
     config = config_from_gpt2(hf_model.config)
     sd = hf_model.state_dict()
-    ours: dict[str, torch.Tensor] = {
-        "tok_emb.weight": sd["transformer.wte.weight"],
-        "pos_emb.weight": sd["transformer.wpe.weight"],
-        "norm_f.weight": sd["transformer.ln_f.weight"],
-        "norm_f.bias": sd["transformer.ln_f.bias"],
-        "lm_head.weight": sd.get("lm_head.weight", sd["transformer.wte.weight"]),
-    }
-    for i in range(config.n_layer):
-        h, b = f"transformer.h.{i}.", f"blocks.{i}."
-        for theirs, mine in (("ln_1", "norm1"), ("ln_2", "norm2")):
-            ours[b + mine + ".weight"] = sd[h + theirs + ".weight"]
-            ours[b + mine + ".bias"] = sd[h + theirs + ".bias"]
-        for theirs, mine in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "mlp.fc_in"), ("mlp.c_proj", "mlp.fc_out")):
-            ours[b + mine + ".weight"] = sd[h + theirs + ".weight"].T  # Conv1D is (in, out)
-            ours[b + mine + ".bias"] = sd[h + theirs + ".bias"]
+    ours = {mine: sd[theirs].T if transposed else sd[theirs] for mine, theirs, transposed in _gpt2_names(config.n_layer)}
+    ours["lm_head.weight"] = sd.get("lm_head.weight", sd["transformer.wte.weight"])
     model = Transformer(config)
     model.load_state_dict({k: v.detach().clone() for k, v in ours.items()})
     return model.to(next(hf_model.parameters()).dtype)
@@ -113,21 +114,8 @@ def to_hf_gpt2(model: Transformer):
         tie_word_embeddings=c.tie_embeddings,
     )
     sd = model.state_dict()
-    theirs: dict[str, torch.Tensor] = {
-        "transformer.wte.weight": sd["tok_emb.weight"],
-        "transformer.wpe.weight": sd["pos_emb.weight"],
-        "transformer.ln_f.weight": sd["norm_f.weight"],
-        "transformer.ln_f.bias": sd["norm_f.bias"],
-        "lm_head.weight": sd["lm_head.weight"],
-    }
-    for i in range(c.n_layer):
-        h, b = f"transformer.h.{i}.", f"blocks.{i}."
-        for hf_name, mine in (("ln_1", "norm1"), ("ln_2", "norm2")):
-            theirs[h + hf_name + ".weight"] = sd[b + mine + ".weight"]
-            theirs[h + hf_name + ".bias"] = sd[b + mine + ".bias"]
-        for hf_name, mine in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "mlp.fc_in"), ("mlp.c_proj", "mlp.fc_out")):
-            theirs[h + hf_name + ".weight"] = sd[b + mine + ".weight"].T
-            theirs[h + hf_name + ".bias"] = sd[b + mine + ".bias"]
+    theirs = {hf_name: sd[mine].T if transposed else sd[mine] for mine, hf_name, transposed in _gpt2_names(c.n_layer)}
+    theirs["lm_head.weight"] = sd["lm_head.weight"]
     hf_model = GPT2LMHeadModel(hf_config).to(next(model.parameters()).dtype)
     _load_strict(hf_model, theirs)
     return hf_model
