@@ -1,4 +1,4 @@
-"""Typed configuration helpers: dataclasses built from plain dicts and `key=value` overrides.
+"""Typed configuration: dataclasses built from plain dicts, YAML files and `key=value` overrides.
 
 Every error names the key, the value and what is allowed; nothing is silently ignored.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
@@ -15,43 +16,139 @@ import yaml
 T = TypeVar("T")
 
 
-def _check_type(cls: type, name: str, annotation: Any, value: Any) -> Any:
-    """Coerce ints to floats where a float is expected; raise on anything else that does not fit."""
+class ConfigError(ValueError):
+    """A configuration key, type or value that is not allowed (the message says which and why)."""
+
+
+def _describe(annotation: Any) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    name = getattr(annotation, "__name__", None)
+    return name if name else str(annotation).replace("typing.", "")
+
+
+def _coerce(where: str, annotation: Any, value: Any) -> Any:
+    """Value converted to the annotated type where that is lossless (int -> float, "3e-4" -> float,
+    list -> tuple, dict -> nested dataclass); anything else raises ConfigError."""
     origin = typing.get_origin(annotation)
     options = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
     for option in options:
-        if option is type(None) and value is None:
-            return None
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
+        option_origin = typing.get_origin(option)
+        if option is type(None):
+            if value is None:
+                return None
+        elif option is typing.Any:
             return value
-        if option in (bool, str) and isinstance(value, option):
-            return value
-        if typing.get_origin(option) is typing.Literal and value in typing.get_args(option):
-            return value
-        if typing.get_origin(option) in (tuple, list) and isinstance(value, (list, tuple)):
-            return typing.get_origin(option)(value)
-    raise ValueError(f"{cls.__name__}.{name}: {value!r} is not a valid {annotation}")
+        elif option is bool:
+            if isinstance(value, bool):
+                return value
+        elif option is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        elif option is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+                try:
+                    return float(value)
+                except ValueError:
+                    pass
+        elif option is str:
+            if isinstance(value, str):
+                return value
+        elif option_origin is typing.Literal:
+            if value in typing.get_args(option):
+                return value
+        elif option_origin in (tuple, list):
+            if isinstance(value, (list, tuple)):
+                args = [a for a in typing.get_args(option) if a is not Ellipsis]
+                if args and len(set(args)) == 1:
+                    value = [_coerce(where, args[0], v) for v in value]
+                return option_origin(value)
+        elif option_origin is dict or option is dict:
+            if isinstance(value, dict):
+                return dict(value)
+        elif dataclasses.is_dataclass(option):
+            if isinstance(value, option):
+                return value
+            if isinstance(value, dict):
+                return from_dict(option, value, where=where)
+    raise ConfigError(f"{where}: {value!r} is not {_describe(annotation)}")
 
 
-def from_dict(cls: type[T], values: dict[str, Any]) -> T:
-    """Build dataclass `cls` from `values`, rejecting unknown keys and values of the wrong type."""
+def from_dict(cls: type[T], values: dict[str, Any], where: str | None = None) -> T:
+    """Dataclass `cls` from `values`: unknown keys and values of the wrong type raise ConfigError naming them;
+    the dataclass's own __post_init__ checks (ValueError) are re-raised as ConfigError with the location."""
+    where = where or cls.__name__
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys to values, got {values!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - fields)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} key(s) {unknown}; allowed: {sorted(fields)}")
-    return cls(**{k: _check_type(cls, k, hints[k], v) for k, v in values.items()})
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed keys: {fields}")
+    coerced = {key: _coerce(f"{where}.{key}", hints[key], value) for key, value in values.items()}
+    try:
+        return cls(**coerced)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{where}: {error}") from error
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """Plain, YAML/JSON-ready dict (tuples become lists)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(dataclasses.asdict(config))
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """["a.b=1", "c=x"] -> {"a": {"b": 1}, "c": "x"}; values are parsed as YAML scalars."""
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. optimizer.lr=3e-4)")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r} has an empty key")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return nested
+
+
+def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict update (changes win)."""
+    out = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def apply_overrides(config: T, overrides: list[str]) -> T:
-    """A copy of `config` with `key=value` strings applied (values parsed as YAML scalars)."""
-    changes: dict[str, Any] = {}
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value")
-        key, raw = item.split("=", 1)
-        changes[key.strip()] = yaml.safe_load(raw)
-    merged = {**dataclasses.asdict(config), **changes}
-    return from_dict(type(config), merged)
+    """A copy of dataclass `config` with `key=value` (dotted for nested sections) overrides applied."""
+    return from_dict(type(config), merge(to_dict(config), parse_overrides(overrides)))
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    with path.open() as handle:
+        data = yaml.safe_load(handle) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data

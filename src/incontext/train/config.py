@@ -1,0 +1,145 @@
+"""The configuration of a training run: model, task, optimizer, schedule and run sections.
+
+    model:     {n_layer: 4, d_model: 64, n_head: 4, ...}   # TransformerConfig fields; sizes of the inputs
+                                                           # and outputs come from the task unless given
+    task:      {name: linear_regression, d_in: 4, ...}     # a registered task and its config fields
+    optimizer: {name: adamw, lr: 3.0e-3, ...}
+    schedule:  {warmup_steps: 100, total_steps: 4500, ...}
+    run:       {batch_size: 64, eval_every: 500, ...}
+
+Loaded from YAML with `--set section.key=value` overrides and validated at load time: an unknown key, a
+value of the wrong type or an invalid value stops with a message naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..config import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
+from ..models import TransformerConfig
+from ..tasks import get_task
+from ..tasks.base import Task
+
+_IO_KEYS = ("vocab_size", "d_input", "d_output")
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.0  # SGD only
+    grad_clip: float | None = 1.0  # max global gradient norm; None turns clipping off
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0 or self.momentum < 0 or self.eps <= 0:
+            raise ValueError("weight_decay and momentum must be >= 0 and eps > 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be > 0 or null, got {self.grad_clip}")
+
+
+@dataclass
+class ScheduleConfig:
+    total_steps: int = 1000
+    warmup_steps: int = 100  # linear warmup from lr / warmup_steps
+    kind: Literal["cosine", "constant"] = "cosine"
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+
+    def __post_init__(self):
+        if self.total_steps < 1 or self.warmup_steps < 0:
+            raise ValueError(f"total_steps must be >= 1 and warmup_steps >= 0, got {self.total_steps}, {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclass
+class RunConfig:
+    batch_size: int = 64  # global batch (all processes, all accumulation steps)
+    grad_accum: int = 1  # micro-batches per step in each process
+    seed: int = 0
+    out_dir: str = "runs/train"
+    eval_every: int = 250  # steps; 0 evaluates only at the end
+    eval_sequences: int = 1024  # held-out sequences (a fixed set, the same at every evaluation)
+    eval_batch_size: int = 256
+    checkpoint_every: int = 250  # steps; a checkpoint is always written at the end
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compile: bool = False  # torch.compile the model for training
+    autocast: Literal["auto", "none", "bf16"] = "auto"  # auto: bf16 on GPU, none on CPU
+    tensorboard: bool = True
+    threads: int = 0  # torch CPU threads per process; 0 keeps torch's default
+
+    def __post_init__(self):
+        for name in ("batch_size", "grad_accum", "eval_sequences", "eval_batch_size", "keep_checkpoints", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every", "threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class TrainConfig:
+    model: dict[str, Any] = field(default_factory=dict)
+    task: dict[str, Any] = field(default_factory=lambda: {"name": "linear_regression"})
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        self.build_task()  # validates the task section
+        self.model_config()  # validates the model section against the task
+
+    def build_task(self) -> Task:
+        options = dict(self.task)
+        name = options.pop("name", None)
+        if not isinstance(name, str):
+            raise ConfigError(f"task.name must name a registered task, got {name!r}")
+        try:
+            return get_task(name, **options)
+        except KeyError as error:
+            raise ConfigError(f"task.name: {error.args[0]}") from error
+        except ValueError as error:
+            raise ConfigError(f"task: {error}") from error
+
+    def model_config(self) -> TransformerConfig:
+        """TransformerConfig: the model section, with input/output sizes and length taken from the task."""
+        task = self.build_task()
+        values = dict(self.model)
+        io = task.model_io()
+        for key in _IO_KEYS:
+            if key in values and values[key] != io.get(key):
+                raise ConfigError(f"model.{key}={values[key]} contradicts the task {task.name}, which needs {io}")
+        values.update(io)
+        values.setdefault("max_seq_len", task.sequence_length)
+        if values["max_seq_len"] < task.sequence_length and values.get("positions", "learned") == "learned":
+            raise ConfigError(f"model.max_seq_len={values['max_seq_len']} is shorter than the task's sequences ({task.sequence_length})")
+        return from_dict(TransformerConfig, values, where="model")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """TrainConfig from a YAML file (or the defaults) with `section.key=value` overrides applied."""
+    data = load_yaml(path) if path is not None else {}
+    data = merge(data, parse_overrides(overrides or []))
+    return from_dict(TrainConfig, data)
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    return from_dict(TrainConfig, data)
+
+
+def replace_run(config: TrainConfig, **changes: Any) -> TrainConfig:
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, **changes))
