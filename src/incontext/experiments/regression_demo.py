@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
-from ..models import Transformer, TransformerConfig
-from ..tasks import get_task
 from ..tasks.regression import error_by_examples
+from ..train import latest_checkpoint, load_for_eval, train
+from ..train.config import config_from_dict
+from ..train.metrics import read_metrics
 from .registry import register_experiment
 
 
@@ -44,56 +44,33 @@ class RegressionDemoConfig:
     RegressionDemoConfig,
 )
 def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
-    if config.threads:
-        torch.set_num_threads(config.threads)
     out_dir.mkdir(parents=True, exist_ok=True)
-    task = get_task("linear_regression", d_in=config.d_in, d_out=1, n_points=config.n_points, noise=config.noise)
-    torch.manual_seed(config.seed)  # parameter init; data comes from explicit generators below
-    model = Transformer(
-        TransformerConfig(
-            n_layer=config.n_layer,
-            n_head=config.n_head,
-            d_model=config.d_model,
-            max_seq_len=task.sequence_length,
-            **task.model_io(),
-        )
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
-
-    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
-        if step < config.warmup:
-            return config.lr * (step + 1) / config.warmup
-        progress = (step - config.warmup) / max(1, config.steps - config.warmup)
-        return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-    train_gen = torch.Generator().manual_seed(config.seed + 1)
-    losses = []
+    train_dir = out_dir / "train"
+    if train_dir.exists():  # the demo's own previous training run: start afresh
+        shutil.rmtree(train_dir)
+    train_config = config_from_dict({
+        "model": {"n_layer": config.n_layer, "n_head": config.n_head, "d_model": config.d_model},
+        "task": {"name": "linear_regression", "d_in": config.d_in, "d_out": 1, "n_points": config.n_points,
+                 "noise": config.noise},
+        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0, "grad_clip": 1.0},
+        "schedule": {"total_steps": config.steps, "warmup_steps": config.warmup, "min_lr_ratio": 0.1},
+        "run": {"batch_size": config.batch_size, "seed": config.seed, "out_dir": str(train_dir), "eval_every": 0,
+                "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10, "threads": config.threads},
+    })
     start = time.perf_counter()
-    bar = tqdm(range(config.steps), desc="regression-demo", unit="step", dynamic_ncols=True)
-    for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        batch = task.sample(config.batch_size, train_gen)
-        loss = task.loss(model(batch.inputs), batch)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite loss {loss.item()} at step {step}; lower the learning rate")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if step % 25 == 0:
-            bar.set_postfix(loss=f"{sum(losses[-25:]) / len(losses[-25:]):.3f}")
+    train(train_config)
     train_seconds = time.perf_counter() - start
+    model, _ = load_for_eval(latest_checkpoint(train_dir))
+    task = train_config.build_task()
 
     # evaluation on held-out sequences (a generator seeded apart from training)
-    model.eval()
     eval_batch = task.sample(config.eval_sequences, torch.Generator().manual_seed(10_000 + config.seed))
     with torch.no_grad():
         curves = {"transformer": error_by_examples(model(eval_batch.inputs), eval_batch)}
     for name, baseline in task.baselines().items():
         curves[name] = error_by_examples(baseline(eval_batch.inputs), eval_batch)
     curves = {name: [float(v) for v in curve] for name, curve in curves.items()}
+    losses = [(r["step"], r["loss"]) for r in read_metrics(train_dir) if r["split"] == "train"]
 
     results = {
         "experiment": "regression-demo",
@@ -101,7 +78,7 @@ def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
         "task": dataclasses.asdict(task.config),
         "parameters": model.num_parameters(),
         "train_seconds": round(train_seconds, 1),
-        "final_train_loss": sum(losses[-100:]) / len(losses[-100:]),
+        "final_train_loss": sum(loss for _, loss in losses[-10:]) / len(losses[-10:]),
         "mse_by_examples": curves,
         "mean_mse": {name: sum(c) / len(c) for name, c in curves.items()},
     }
@@ -121,7 +98,7 @@ def markdown_table(curves: dict[str, list[float]], d_in: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(curves: dict[str, list[float]], losses: list[float], config: RegressionDemoConfig, path: Path) -> None:
+def plot(curves: dict[str, list[float]], losses: list[tuple[int, float]], config: RegressionDemoConfig, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,10 +111,8 @@ def plot(curves: dict[str, list[float]], losses: list[float], config: Regression
     left.set(yscale="log", xlabel="in-context examples seen", ylabel="squared error vs. clean target",
              title=f"in-context linear regression (d_in={config.d_in}, noise={config.noise})")
     left.legend()
-    window = 50
-    smooth = [sum(losses[max(0, i - window):i + 1]) / len(losses[max(0, i - window):i + 1]) for i in range(len(losses))]
-    right.plot(smooth)
-    right.set(yscale="log", xlabel="step", ylabel="training loss (moving average)", title="training")
+    right.plot(*zip(*losses))
+    right.set(yscale="log", xlabel="step", ylabel="training loss (mean over 10 steps)", title="training")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

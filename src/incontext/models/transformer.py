@@ -154,6 +154,10 @@ class Cache:
 # ----------------------------------------------------------------------------- modules
 
 
+def _dropout(p: float) -> nn.Module:
+    return nn.Dropout(p) if p > 0 else nn.Identity()  # skips a call per use on the hot path
+
+
 def make_norm(config: TransformerConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.d_model, eps=config.norm_eps)
@@ -190,8 +194,9 @@ class Attention(nn.Module):
         q = q.view(b, t, c.n_head, c.dim_head).transpose(1, 2)
         k = k.view(b, t, c.kv_heads, c.dim_head).transpose(1, 2)
         v = v.view(b, t, c.kv_heads, c.dim_head).transpose(1, 2)
-        raw = {"q": q, "k": k, "v": v}
-        if previous is not None:
+        # residual streams pass this layer's raw projections to the next layer; nothing to keep otherwise
+        raw = {"q": q, "k": k, "v": v} if c.residual_stream != "none" else None
+        if previous is not None and raw is not None:
             # residual attention streams add the previous layer's RAW projection, so streams never accumulate
             if c.residual_stream == "q":
                 q = q + previous["q"]
@@ -202,7 +207,7 @@ class Attention(nn.Module):
             elif c.residual_stream == "value_residual":
                 v = self.value_mix[0] * v + self.value_mix[1] * previous["first_v"]
                 raw["first_v"] = previous["first_v"]
-        elif c.residual_stream == "value_residual":
+        elif raw is not None and c.residual_stream == "value_residual":
             raw["first_v"] = v
 
         if c.attention == "softmax":
@@ -278,7 +283,7 @@ class Block(nn.Module):
         self.attn = Attention(config, layer_index)
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = _dropout(config.dropout)
 
     def forward(self, x, rope, previous, layer_cache):
         attended, raw, new_cache = self.attn(self.norm1(x), rope, previous, layer_cache)
@@ -301,7 +306,7 @@ class Transformer(nn.Module):
             self.read_in = nn.Linear(c.d_input, c.d_model)
         if c.positions == "learned":
             self.pos_emb = nn.Embedding(c.max_seq_len, c.d_model)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = _dropout(c.dropout)
         self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layer))
         self.norm_f = make_norm(c)
         if c.tokens:
@@ -379,8 +384,11 @@ class Transformer(nn.Module):
         if c.tokens:
             if inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"token inputs must be integer ids of shape (B, T); got {tuple(inputs.shape)} {inputs.dtype}")
-            if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= c.vocab_size):
-                raise ValueError(f"token ids must lie in [0, {c.vocab_size}); got [{int(inputs.min())}, {int(inputs.max())}]")
+            # the range check reads values (a device sync, and a graph break under torch.compile): eager only
+            if inputs.numel() and not torch.compiler.is_compiling():
+                low, high = (int(v) for v in torch.aminmax(inputs))
+                if low < 0 or high >= c.vocab_size:
+                    raise ValueError(f"token ids must lie in [0, {c.vocab_size}); got [{low}, {high}]")
         elif inputs.dim() != 3 or inputs.shape[-1] != c.d_input or not inputs.is_floating_point():
             raise ValueError(f"vector inputs must be float (B, T, {c.d_input}); got {tuple(inputs.shape)} {inputs.dtype}")
 
