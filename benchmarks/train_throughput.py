@@ -83,8 +83,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     modes.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate (betas 0.9/0.95, weight decay 0.1, fused=False)")
     modes.add_argument("--seed", type=int, default=0, help="seed of the weights and of the fixed token batch")
 
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON with raw numbers; the markdown goes next to it (.md)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON with raw numbers; the markdown goes next to it (.md) [benchmarks/results/train_throughput.json]")
     args = p.parse_args(argv)
+    args.out = args.out or DEFAULT_OUT
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(args.models) - set(MODELS))
     if unknown or not args.models:
@@ -441,8 +443,9 @@ def main(argv=None) -> None:
     meta = {
         "torch": torch.__version__, "transformers": hf_version, "python": platform.python_version(),
         "threads": args.threads, "cpu": cpu_model_name(), "peak_gflops": peaks,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:],
-        **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        # settings only: output paths are machine-specific and stay out of the results
+        **{k: v for k, v in vars(args).items() if k != "out"},
     }
     header = header_lines(meta)
     print("\n".join(header), flush=True)
