@@ -351,22 +351,9 @@ class Transformer(nn.Module):
         cache is updated in place. Without one, positions start at `position_offset`.
         """
         c = self.config
-        self._check_inputs(inputs)
-        t = inputs.shape[1]
         start = cache.position if cache is not None else position_offset
-        x = self.tok_emb(inputs) if c.tokens else self.read_in(inputs)
-        positions = torch.arange(start, start + t, device=x.device)
-        if c.positions == "learned":
-            if start < 0 or start + t > c.max_seq_len:
-                raise ValueError(
-                    f"positions {start}..{start + t - 1} exceed the learned position table (max_seq_len={c.max_seq_len})"
-                )
-            x = x + self.pos_emb(positions)
-        rope = None
-        if c.positions == "rope":
-            dim = c.feature_dim if c.attention == "linear" else c.dim_head
-            rope = rope_cos_sin(positions, dim, c.rope_theta, x.dtype)
-        x = self.dropout(x)
+        x, rope = self.embed(inputs, start)
+        t = inputs.shape[1]
         previous = None
         for i, block in enumerate(self.blocks):
             layer_cache = cache.layers[i] if cache is not None else None
@@ -378,6 +365,30 @@ class Transformer(nn.Module):
         hidden = self.norm_f(x)
         out = self.lm_head(hidden) if c.tokens else self.read_out(hidden)
         return (out, hidden) if return_hidden else out
+
+    def embed(self, inputs: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Input embeddings (with learned positions) of tokens at positions start.., and the RoPE tables."""
+        c = self.config
+        self._check_inputs(inputs)
+        t = inputs.shape[1]
+        x = self.tok_emb(inputs) if c.tokens else self.read_in(inputs)
+        positions = torch.arange(start, start + t, device=x.device)
+        if c.positions == "learned":
+            if start < 0 or start + t > c.max_seq_len:
+                raise ValueError(
+                    f"positions {start}..{start + t - 1} exceed the learned position table (max_seq_len={c.max_seq_len})"
+                )
+            x = x + self.pos_emb(positions)
+        rope = None
+        if c.positions == "rope":
+            rope = rope_cos_sin(positions, self.rope_dim, c.rope_theta, x.dtype)
+        return self.dropout(x), rope
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimension RoPE rotates: the head dimension, or the feature dimension for linear attention."""
+        c = self.config
+        return c.feature_dim if c.attention == "linear" else c.dim_head
 
     def _check_inputs(self, inputs: torch.Tensor) -> None:
         c = self.config
