@@ -8,6 +8,7 @@
 from . import arithmetic, regression  # noqa: F401  (importing registers the tasks)
 from .arithmetic import Arithmetic, ArithmeticConfig
 from .base import Batch, Predictor, Task
+from .induction import Induction, InductionConfig, split_prompt  # importing registers "induction"
 from .registry import get_task, list_tasks, register_task
 from .regression import LeastSquares, LinearRegression, LinearRegressionConfig, Ridge, error_by_examples
 
@@ -20,6 +21,9 @@ __all__ = [
     "register_task",
     "Arithmetic",
     "ArithmeticConfig",
+    "Induction",
+    "InductionConfig",
+    "split_prompt",
     "LinearRegression",
     "LinearRegressionConfig",
     "LeastSquares",
