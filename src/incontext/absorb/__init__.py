@@ -2,6 +2,7 @@
 
 from .base import AbsorbMethod, AdaptedModel, DropPrompt, KeepPrompt, absorb_methods, get_absorb_method
 from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, convert
+from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 
 __all__ = [
     "AbsorbMethod",
@@ -9,6 +10,9 @@ __all__ = [
     "ConversionError",
     "DropPrompt",
     "ICLCA",
+    "ICLCAApprox",
+    "SoftmaxFeaturePrefix",
+    "convert_approximately",
     "KeepPrompt",
     "LinearAttentionBias",
     "absorb_methods",

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..ops import FavorFeatures, apply_feature_map, apply_rope, rope_cos_sin
 from ..ops.linear_attention import LINEAR_ATTENTION_IMPLS
+from ..ops.prefix_attention import FeaturePrefix, prefix_softmax_attention
 from ..ops.softmax_attention import SOFTMAX_ATTENTION_IMPLS
 
 _CHOICES = {
@@ -225,10 +226,15 @@ class Attention(nn.Module):
         c = self.config
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        scale = 1.0 / math.sqrt(c.dim_head) if c.scale_attn else 1.0
+        if isinstance(layer_cache, FeaturePrefix):  # a prompt absorbed into random features (approximate ICLCA)
+            layer_cache = layer_cache.extend(k, v)
+            out = prefix_softmax_attention(q, self._expand_kv(layer_cache.k), self._expand_kv(layer_cache.v),
+                                           scale=scale, prefix=layer_cache)
+            return out, layer_cache
         if layer_cache is not None:
             k = torch.cat([layer_cache[0], k], dim=2)
             v = torch.cat([layer_cache[1], v], dim=2)
-        scale = 1.0 / math.sqrt(c.dim_head) if c.scale_attn else 1.0
         attend = SOFTMAX_ATTENTION_IMPLS[c.softmax_impl]
         dropout = c.attn_dropout if self.training else 0.0
         out = attend(q, self._expand_kv(k), self._expand_kv(v), scale=scale, dropout_p=dropout)
@@ -414,13 +420,16 @@ class Transformer(nn.Module):
         top_k: int | None = None,
         eos_token_id: int | None = None,
         generator: torch.Generator | None = None,
+        cache: Cache | None = None,
     ) -> torch.Tensor:
-        """Continue token ids (B, T) by max_new_tokens, greedily or by sampling, through the cache."""
+        """Continue token ids (B, T) by max_new_tokens, greedily or by sampling, through the cache.
+
+        `cache` may hold a context the prompt continues (e.g. a prompt absorbed by an absorb method)."""
         if not self.config.tokens:
             raise ValueError("generate() needs a token model (vocab_size)")
         if not greedy and temperature <= 0:
             raise ValueError(f"sampling needs temperature > 0, got {temperature}")
-        cache = Cache.empty(self.config.n_layer)
+        cache = cache if cache is not None else Cache.empty(self.config.n_layer)
         logits = self(prompt, cache=cache)[:, -1]
         tokens = [prompt]
         finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
