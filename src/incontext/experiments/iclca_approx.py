@@ -68,6 +68,18 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+def summarize(errors: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {name: {"mean": sum(v) / len(v), "std": float(torch.tensor(v).std()), "n": len(v)} for name, v in errors.items()}
+
+
+def error_table(summary: dict[str, dict[str, float]]) -> list[str]:
+    lines = ["| setting | relative logits error vs prompted, mean +- std over pairs |", "|---|---|"]
+    for name, row in summary.items():
+        lines.append(f"| {name} | {100 * row['mean']:.2f}% +- {100 * row['std']:.2f}% |")
+    lines.append("| paper, GPT-2: without prompt / converted | 16.56% / 9.17% |")
+    return lines
+
+
 @register_experiment("iclca-approx", "ICLCA approximate conversion (softmax, FAVOR+) on pretrained SmolLM2-135M with real text", ApproxConfig)
 def run(config: ApproxConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +100,7 @@ def run(config: ApproxConfig, out_dir: Path) -> dict:
             for m, s in variants:
                 adapted = ICLCAApprox(m, orthogonal=config.orthogonal, seed=config.seed, exact_sinks=s).absorb(model, prompt)
                 errors[f"m={m}, exact sinks={s}"].append(relative(adapted(query), reference))
-    summary = {name: {"mean": sum(v) / len(v), "std": float(torch.tensor(v).std()), "n": len(v)} for name, v in errors.items()}
+    summary = summarize(errors)
 
     generations = []
     with torch.no_grad():
@@ -105,10 +117,7 @@ def run(config: ApproxConfig, out_dir: Path) -> dict:
                "seconds": round(time.perf_counter() - start, 1), "relative_logits_error": summary, "per_pair": errors,
                "generations": generations, "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
-    lines = ["| setting | relative logits error vs prompted, mean +- std over pairs |", "|---|---|"]
-    for name, row in summary.items():
-        lines.append(f"| {name} | {100 * row['mean']:.2f}% +- {100 * row['std']:.2f}% |")
-    lines.append("| paper, GPT-2: without prompt / converted | 16.56% / 9.17% |")
+    lines = error_table(summary)
     lines += ["", f"Greedy continuations (converted: m={max(config.features)}, exact sinks={max(config.exact_sinks)}):", "",
               "| context | query | with prompt | without prompt | converted |", "|---|---|---|---|---|"]
     for g in generations:

@@ -10,6 +10,7 @@ from .arithmetic import Arithmetic, ArithmeticConfig
 from .base import Batch, Predictor, Task
 from .induction import Induction, InductionConfig, split_prompt  # importing registers "induction"
 from .registry import get_task, list_tasks, register_task
+from .text import Shakespeare, ShakespeareConfig  # importing registers "shakespeare"
 from .regression import LeastSquares, LinearRegression, LinearRegressionConfig, Ridge, error_by_examples
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "Induction",
     "InductionConfig",
     "split_prompt",
+    "Shakespeare",
+    "ShakespeareConfig",
     "LinearRegression",
     "LinearRegressionConfig",
     "LeastSquares",

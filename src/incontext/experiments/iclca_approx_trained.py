@@ -1,0 +1,90 @@
+"""ICLCA sec. 6.4 on a small GPT-2-style model trained here: approximate conversion (FAVOR+) of a prompt for
+softmax attention, on held-out Shakespeare text.
+
+Trains (through the ordinary trainer) a GPT-2-style model (learned positions, LayerNorm, tanh-GELU, tied head)
+on the training plays with a byte-level BPE trained on them, then for pairs of consecutive held-out passages
+measures the relative logits error against the prompted model of the query without the prompt and after
+absorbing the prompt into m random features. Paper (pretrained GPT-2): 16.56% -> 9.17%.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..absorb import ICLCAApprox
+from ..train import latest_checkpoint, load_for_eval, train
+from ..train.config import config_from_dict
+from .iclca_approx import error_table, relative, summarize
+from .registry import register_experiment
+
+
+@dataclass
+class TrainedApproxConfig:
+    n_layer: int = 4
+    d_model: int = 128
+    n_head: int = 4
+    vocab_size: int = 2048
+    seq_len: int = 128
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 2e-3
+    pairs: int = 50
+    prompt_tokens: int = 96
+    features: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    exact_sinks: list[int] = field(default_factory=lambda: [0, 1])
+    seed: int = 0
+
+
+@register_experiment("iclca-approx-trained", "ICLCA approximate conversion on a GPT-2-style model trained here on Shakespeare", TrainedApproxConfig)
+def run(config: TrainedApproxConfig, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_dir = out_dir / "train"
+    if train_dir.exists():
+        shutil.rmtree(train_dir)
+    train_config = config_from_dict({
+        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "positions": "learned",
+                  "norm": "layernorm", "mlp": "gelu_tanh", "attention": "softmax"},
+        "task": {"name": "shakespeare", "vocab_size": config.vocab_size, "seq_len": config.seq_len},
+        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+        "schedule": {"total_steps": config.steps, "warmup_steps": 100},
+        "run": {"batch_size": config.batch_size, "seed": config.seed, "out_dir": str(train_dir), "eval_every": 0,
+                "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
+    })
+    trained = train(train_config)
+    model, _ = load_for_eval(latest_checkpoint(train_dir))
+    task = train_config.build_task()
+    g = torch.Generator().manual_seed(config.seed + 7)
+    windows = task.validation_windows(config.pairs, g)[:, : config.seq_len]
+    with torch.no_grad():
+        logits = model(windows[:, :-1])
+        validation_loss = float(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()))
+    m_prompt = config.prompt_tokens
+    errors: dict[str, list[float]] = {"without prompt": []}
+    variants = [(m, s) for s in config.exact_sinks for m in config.features]
+    with torch.no_grad():
+        for ids in windows:
+            prompt, query = ids[None, :m_prompt], ids[None, m_prompt:]
+            reference = model(ids[None])[:, m_prompt:]
+            errors["without prompt"].append(relative(model(query), reference))
+            for m, s in variants:
+                adapted = ICLCAApprox(m, seed=config.seed, exact_sinks=s).absorb(model, prompt)
+                errors.setdefault(f"m={m}, exact sinks={s}", []).append(relative(adapted(query), reference))
+    summary = summarize(errors)
+    results = {"experiment": "iclca-approx-trained", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
+               "train_eval_loss": trained["eval"].get("loss"), "validation_loss": validation_loss,
+               "relative_logits_error": summary, "per_pair": errors,
+               "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    lines = [f"GPT-2-style model, {config.n_layer} layers, width {config.d_model}, {model.num_parameters():,} parameters, "
+             f"{config.steps} steps; held-out loss {validation_loss:.3f}. Prompt {m_prompt} tokens, query "
+             f"{config.seq_len - m_prompt} tokens, {config.pairs} held-out pairs.", "",
+             *error_table(summary)]
+    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
+    return results

@@ -1,0 +1,34 @@
+"""Smoke runs of the registered experiments at toy sizes: they must run end to end and write their files."""
+
+import json
+
+from incontext.cli import main
+from incontext.experiments import list_experiments
+
+
+def test_registry_lists_the_experiments():
+    names = {e.name for e in list_experiments()}
+    assert {"regression-demo", "hf-parity", "iclca-table1", "iclca-approx", "iclca-approx-trained"} <= names
+
+
+def test_regression_demo_runs_and_writes_results(tmp_path):
+    assert main(["demo", "--set", "steps=4", "--set", "eval_sequences=16", "--set", "n_points=6",
+                 "--set", "warmup=2", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["mse_by_examples"]) == {"transformer", "least_squares", "ridge"}
+    assert len(results["mse_by_examples"]["ridge"]) == 6
+    assert (tmp_path / "regression_demo.png").is_file() and (tmp_path / "table.md").is_file()
+
+
+def test_iclca_table1_runs_at_toy_size(tmp_path):
+    assert main(["run", "iclca-table1", "--set", "depths=[1, 2]", "--set", "pairs=3", "--set", "d_model=32",
+                 "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["depth"] for r in rows] == [1, 2] and all(r["mean_rel_error"] < 1e-5 for r in rows)
+
+
+def test_unknown_experiment_and_bad_override_are_reported(capsys):
+    assert main(["run", "no-such-experiment"]) == 2
+    assert "unknown experiment" in capsys.readouterr().err
+    assert main(["run", "iclca-table1", "--set", "pairs=many"]) == 2
+    assert "pairs" in capsys.readouterr().err
