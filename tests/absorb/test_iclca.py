@@ -40,7 +40,7 @@ def prompted_logits(model, prompt, query):
 
 
 model_options = st.fixed_dictionaries({
-    "feature_map": st.sampled_from(["identity", "elu", "favor"]),
+    "feature_map": st.sampled_from(["identity", "elu", "taylor", "favor"]),
     "linear_norm": st.sampled_from(["kernel", "none"]),
     "positions": st.sampled_from(["rope", "learned", "none"]),
     "n_layer": st.integers(1, 4),

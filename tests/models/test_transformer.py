@@ -76,7 +76,7 @@ def naive_forward(model: Transformer, inputs: torch.Tensor) -> torch.Tensor:
                     favor = model.blocks[layer].attn.favor
                     sq = sk = 1.0
                     if c.scale_attn:
-                        sq, sk = (hd**-0.25, hd**-0.25) if c.feature_map == "favor" else (hd**-0.5, 1.0)
+                        sq, sk = (hd**-0.25, hd**-0.25) if c.feature_map in ("favor", "taylor") else (hd**-0.5, 1.0)
                     fq = apply_feature_map(qh[:, i] * sq, c.feature_map, favor)
                     fk = apply_feature_map(kh[:, : i + 1] * sk, c.feature_map, favor)
                     rq, rk = fq, fk
@@ -133,7 +133,7 @@ model_options = st.fixed_dictionaries(
         "bias": st.booleans(),
         "scale_attn": st.booleans(),
         "tie_embeddings": st.booleans(),
-        "feature_map": st.sampled_from(["elu", "favor"]),
+        "feature_map": st.sampled_from(["elu", "taylor", "favor"]),
         "linear_norm": st.sampled_from(["kernel", "none"]),
         "residual_stream": st.sampled_from(["none", "q", "k", "v", "value_residual"]),
         "n_kv_head": st.sampled_from([None, 2, 1]),

@@ -34,7 +34,7 @@ def make_inputs(seed, b, h, t, d, feature_map, with_state, n_features=None):
     t=st.integers(1, 40),
     d=st.sampled_from([2, 4, 8]),
     heads=st.integers(1, 3),
-    feature_map=st.sampled_from(["identity", "elu", "favor"]),
+    feature_map=st.sampled_from(["identity", "elu", "taylor", "favor"]),
     normalize=st.booleans(),
     use_rope=st.booleans(),
     with_state=st.booleans(),
@@ -107,6 +107,15 @@ def test_favor_features_estimate_the_softmax_kernel():
         errors[orthogonal] = (estimate / exact - 1).abs().mean()
         assert errors[orthogonal] < 0.03  # theory: relative std ~ sqrt((e^{|q+k|^2} - 1) / m) ~ 1.4%
     assert (favor(q) > 0).all()
+
+
+def test_taylor_features_give_the_second_order_exp_kernel():
+    g = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(10, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    dot = (q * k).sum(-1)
+    kernel = (apply_feature_map(q, "taylor") * apply_feature_map(k, "taylor")).sum(-1)
+    assert torch.allclose(kernel, 1 + dot + dot**2 / 2, atol=1e-12)
+    assert apply_feature_map(q, "taylor").shape[-1] % 2 == 0 and (kernel >= 0.5 - 1e-12).all()
 
 
 def test_orthogonal_favor_rows_are_orthogonal_within_blocks():

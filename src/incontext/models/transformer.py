@@ -36,7 +36,7 @@ _CHOICES = {
     "mlp": ("gelu", "gelu_tanh", "relu", "swiglu"),
     "attention": ("softmax", "linear"),
     "softmax_impl": tuple(SOFTMAX_ATTENTION_IMPLS),
-    "feature_map": ("identity", "elu", "favor"),
+    "feature_map": ("identity", "elu", "taylor", "favor"),
     "linear_norm": ("kernel", "none"),
     "linear_impl": tuple(LINEAR_ATTENTION_IMPLS),
     "residual_stream": ("none", "q", "k", "v", "value_residual"),
@@ -68,7 +68,7 @@ class TransformerConfig:
     attn_dropout: float = 0.0  # attention probabilities (softmax attention)
     attention: Literal["softmax", "linear"] = "softmax"
     softmax_impl: Literal["sdpa", "reference"] = "sdpa"
-    feature_map: Literal["identity", "elu", "favor"] = "elu"
+    feature_map: Literal["identity", "elu", "taylor", "favor"] = "elu"
     n_features: int | None = None  # FAVOR+ random features per head; None = head_dim
     orthogonal_features: bool = True
     feature_seed: int = 0
@@ -115,7 +115,11 @@ class TransformerConfig:
 
     @property
     def feature_dim(self) -> int:
-        return (self.n_features or self.dim_head) if self.feature_map == "favor" else self.dim_head
+        if self.feature_map == "favor":
+            return self.n_features or self.dim_head
+        if self.feature_map == "taylor":
+            return 2 + self.dim_head + self.dim_head**2
+        return self.dim_head
 
     @property
     def tokens(self) -> bool:
@@ -243,9 +247,9 @@ class Attention(nn.Module):
     def _linear(self, q, k, v, rope, layer_cache):
         c = self.config
         if c.scale_attn:
-            # FAVOR+ approximates exp(q.k / sqrt(d)): scale both sides by d^(-1/4). For identity and elu
-            # features the scale goes on the queries (the kernel normalization cancels it anyway).
-            if c.feature_map == "favor":
+            # FAVOR+ and Taylor features approximate exp(q.k / sqrt(d)): scale both sides by d^(-1/4). For
+            # identity and elu features the scale goes on the queries (the kernel normalization cancels it).
+            if c.feature_map in ("favor", "taylor"):
                 q, k = q * c.dim_head**-0.25, k * c.dim_head**-0.25
             else:
                 q = q / math.sqrt(c.dim_head)

@@ -2,6 +2,9 @@
 
 - identity: phi(x) = x (plain linear attention).
 - elu: phi(x) = elu(x) + 1 (Katharopoulos et al. 2020), always positive.
+- taylor: the second-order Taylor expansion of exp (the "Based" feature map, Arora et al. 2024),
+  phi(x) = [1, x, vec(x x^T) / sqrt(2), 0], so phi(q) . phi(k) = 1 + q.k + (q.k)^2 / 2 >= 1/2 (always a positive
+  normalizer); 2 + d + d^2 features, the trailing zero making the size even for RoPE.
 - favor: Performer FAVOR+ positive random features (Choromanski et al. 2020),
   phi(x) = exp(W x - |x|^2 / 2) / sqrt(m), rows of W ~ N(0, I) (optionally block-orthogonal), so that
   E[phi(q) . phi(k)] = exp(q . k). The projection is fixed and seeded: it is a buffer, not a parameter.
@@ -15,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FEATURE_MAPS = ("identity", "elu", "favor")
+FEATURE_MAPS = ("identity", "elu", "taylor", "favor")
 
 
 def draw_favor_projection(
@@ -59,6 +62,10 @@ def apply_feature_map(x: torch.Tensor, kind: str, favor: FavorFeatures | None = 
         return x
     if kind == "elu":
         return F.elu(x) + 1.0
+    if kind == "taylor":
+        second = (x[..., :, None] * x[..., None, :]).flatten(-2) * 2**-0.5
+        ones = torch.ones_like(x[..., :1])
+        return torch.cat([ones, x, second, torch.zeros_like(ones)], dim=-1)
     if kind == "favor":
         if favor is None:
             raise ValueError("the favor feature map needs its FavorFeatures module")
