@@ -8,7 +8,7 @@ from incontext.experiments import list_experiments
 
 def test_registry_lists_the_experiments():
     names = {e.name for e in list_experiments()}
-    assert {"regression-demo", "hf-parity", "iclca-table1", "iclca-approx", "iclca-approx-trained"} <= names
+    assert {"regression-demo", "hf-parity", "iclca-table1", "iclca-approx", "iclca-approx-trained", "amicl"} <= names
 
 
 def test_regression_demo_runs_and_writes_results(tmp_path):
@@ -32,3 +32,11 @@ def test_unknown_experiment_and_bad_override_are_reported(capsys):
     assert "unknown experiment" in capsys.readouterr().err
     assert main(["run", "iclca-table1", "--set", "pairs=many"]) == 2
     assert "pairs" in capsys.readouterr().err
+
+
+def test_amicl_runs_at_toy_size(tmp_path):
+    assert main(["run", "amicl", "--set", "trials=50", "--set", "a_values=[0.5, 2.0]", "--set", "dims=[10]",
+                 "--set", "seq_lens=[10]", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["a_sweep"]["dot"][1] == 1.0 and results["a_sweep"]["dot"][0] < 0.2
+    assert (tmp_path / "amicl.png").is_file()

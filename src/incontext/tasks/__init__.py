@@ -6,6 +6,7 @@
 """
 
 from . import arithmetic, regression  # noqa: F401  (importing registers the tasks)
+from .amicl import AMICLConfig, AMICLTask  # importing registers "amicl"
 from .arithmetic import Arithmetic, ArithmeticConfig
 from .base import Batch, Predictor, Task
 from .induction import Induction, InductionConfig, split_prompt  # importing registers "induction"
@@ -14,6 +15,8 @@ from .text import Shakespeare, ShakespeareConfig  # importing registers "shakesp
 from .regression import LeastSquares, LinearRegression, LinearRegressionConfig, Ridge, error_by_examples
 
 __all__ = [
+    "AMICLConfig",
+    "AMICLTask",
     "Batch",
     "Predictor",
     "Task",
