@@ -40,11 +40,10 @@ def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     results = _run_experiment("regression-demo", args.set, args.out)
-    mean = results["mean_mse"]
-    print(
-        "mean squared error over all context lengths: "
-        + ", ".join(f"{name} {value:.3f}" for name, value in mean.items())
-    )
+    curves = results["mse_by_examples"]
+    last = len(next(iter(curves.values()))) - 1
+    print(f"squared error after {last} in-context examples: "
+          + ", ".join(f"{name} {curve[-1]:.3f}" for name, curve in curves.items()))
     return 0
 
 

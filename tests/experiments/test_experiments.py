@@ -8,7 +8,7 @@ from incontext.experiments import list_experiments
 
 def test_registry_lists_the_experiments():
     names = {e.name for e in list_experiments()}
-    assert {"regression-demo", "hf-parity", "iclca-table1", "iclca-approx", "iclca-approx-trained", "amicl"} <= names
+    assert {"regression-demo", "hf-parity", "iclca-table1", "iclca-table2", "iclca-approx", "iclca-approx-trained", "amicl"} <= names
 
 
 def test_regression_demo_runs_and_writes_results(tmp_path):
