@@ -40,3 +40,20 @@ def test_amicl_runs_at_toy_size(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["a_sweep"]["dot"][1] == 1.0 and results["a_sweep"]["dot"][0] < 0.2
     assert (tmp_path / "amicl.png").is_file()
+
+
+def test_iclca_table2_runs_at_toy_size(tmp_path):
+    assert main(["run", "iclca-table2", "--set", "steps=3", "--set", "eval_sequences=20", "--set", "n_layer=1",
+                 "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["accuracy"]["converted"] == results["accuracy"]["with prompt"]
+    assert results["relative_logits_error_converted"] < 1e-5
+
+
+def test_iclca_approx_trained_runs_at_toy_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path / "cache"))
+    assert main(["run", "iclca-approx-trained", "--set", "steps=2", "--set", "pairs=2", "--set", "n_layer=1",
+                 "--set", "vocab_size=300", "--set", "features=[16]", "--set", "exact_sinks=[0]",
+                 "--out", str(tmp_path / "out")]) == 0
+    summary = json.loads((tmp_path / "out" / "results.json").read_text())["relative_logits_error"]
+    assert set(summary) == {"without prompt", "m=16, exact sinks=0"}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..absorb import ICLCAApprox
-from ..train import latest_checkpoint, load_for_eval, train
-from ..train.config import config_from_dict
+from .common import train_fresh
 from .iclca_approx import error_table, relative, summarize
 from .registry import register_experiment
 
@@ -45,20 +43,15 @@ class TrainedApproxConfig:
 @register_experiment("iclca-approx-trained", "ICLCA approximate conversion on a GPT-2-style model trained here on Shakespeare", TrainedApproxConfig)
 def run(config: TrainedApproxConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    train_dir = out_dir / "train"
-    if train_dir.exists():
-        shutil.rmtree(train_dir)
-    train_config = config_from_dict({
+    model, train_config, trained = train_fresh(out_dir, {
         "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "positions": "learned",
                   "norm": "layernorm", "mlp": "gelu_tanh", "attention": "softmax"},
         "task": {"name": "shakespeare", "vocab_size": config.vocab_size, "seq_len": config.seq_len},
         "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.1, "betas": [0.9, 0.95]},
         "schedule": {"total_steps": config.steps, "warmup_steps": 100},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "out_dir": str(train_dir), "eval_every": 0,
+        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0,
                 "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
     })
-    trained = train(train_config)
-    model, _ = load_for_eval(latest_checkpoint(train_dir))
     task = train_config.build_task()
     g = torch.Generator().manual_seed(config.seed + 7)
     windows = task.validation_windows(config.pairs, g)[:, : config.seq_len]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +17,7 @@ import torch
 
 from ..absorb import ICLCA
 from ..tasks.induction import split_prompt
-from ..train import latest_checkpoint, load_for_eval, train
-from ..train.config import config_from_dict
+from .common import train_fresh
 from .registry import register_experiment
 
 
@@ -41,20 +39,15 @@ class Table2Config:
 @register_experiment("iclca-table2", "ICLCA Table 2: induction heads in a linear-attention model, prompt vs none vs converted", Table2Config)
 def run(config: Table2Config, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    train_dir = out_dir / "train"
-    if train_dir.exists():
-        shutil.rmtree(train_dir)
-    train_config = config_from_dict({
+    model, train_config, _ = train_fresh(out_dir, {
         "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "attention": "linear",
                   "feature_map": config.feature_map, "positions": "rope"},
         "task": {"name": "induction", "seq_len": config.seq_len, "trigger_prob": config.trigger_prob},
         "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.01},
         "schedule": {"total_steps": config.steps, "warmup_steps": 100},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "out_dir": str(train_dir), "eval_every": 500,
+        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 500,
                 "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
     })
-    train(train_config)
-    model, _ = load_for_eval(latest_checkpoint(train_dir))
     task = train_config.build_task()
     batch = task.sample(config.eval_sequences, torch.Generator().manual_seed(config.seed + 10_000))
     half = config.seq_len // 2

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +13,8 @@ from pathlib import Path
 import torch
 
 from ..tasks.regression import error_by_examples
-from ..train import latest_checkpoint, load_for_eval, train
-from ..train.config import config_from_dict
 from ..train.metrics import read_metrics
+from .common import train_fresh
 from .registry import register_experiment
 
 
@@ -45,22 +43,17 @@ class RegressionDemoConfig:
 )
 def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    train_dir = out_dir / "train"
-    if train_dir.exists():  # the demo's own previous training run: start afresh
-        shutil.rmtree(train_dir)
-    train_config = config_from_dict({
+    start = time.perf_counter()
+    model, train_config, _ = train_fresh(out_dir, {
         "model": {"n_layer": config.n_layer, "n_head": config.n_head, "d_model": config.d_model},
         "task": {"name": "linear_regression", "d_in": config.d_in, "d_out": 1, "n_points": config.n_points,
                  "noise": config.noise},
         "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0, "grad_clip": 1.0},
         "schedule": {"total_steps": config.steps, "warmup_steps": config.warmup, "min_lr_ratio": 0.1},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "out_dir": str(train_dir), "eval_every": 0,
+        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0,
                 "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10, "threads": config.threads},
     })
-    start = time.perf_counter()
-    train(train_config)
     train_seconds = time.perf_counter() - start
-    model, _ = load_for_eval(latest_checkpoint(train_dir))
     task = train_config.build_task()
 
     # evaluation on held-out sequences (a generator seeded apart from training)
@@ -70,7 +63,7 @@ def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
     for name, baseline in task.baselines().items():
         curves[name] = error_by_examples(baseline(eval_batch.inputs), eval_batch)
     curves = {name: [float(v) for v in curve] for name, curve in curves.items()}
-    losses = [(r["step"], r["loss"]) for r in read_metrics(train_dir) if r["split"] == "train"]
+    losses = [(r["step"], r["loss"]) for r in read_metrics(Path(train_config.run.out_dir)) if r["split"] == "train"]
 
     results = {
         "experiment": "regression-demo",
