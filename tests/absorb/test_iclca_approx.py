@@ -3,7 +3,7 @@ import torch
 
 from conftest import rel_error
 from incontext.absorb import ICLCAApprox, AdaptedModel, ConversionError, SoftmaxFeaturePrefix
-from incontext.models import Cache, Transformer, TransformerConfig
+from incontext.models import Transformer, TransformerConfig
 from incontext.ops.prefix_attention import FeaturePrefix, prefix_softmax_attention
 from incontext.ops.softmax_attention import softmax_attention_reference
 
@@ -68,4 +68,3 @@ def test_saves_loads_and_refuses_linear_models(tmp_path):
     linear = Transformer(TransformerConfig(vocab_size=52, d_model=16, n_head=2, n_layer=1, attention="linear"))
     with pytest.raises(ConversionError, match="converts exactly"):
         ICLCAApprox().absorb(linear, tokens(0, 1, 4))
-    assert isinstance(Cache.empty(1), Cache)
