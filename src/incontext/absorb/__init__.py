@@ -1,22 +1,35 @@
 """Methods that absorb a prompt into a model: `method.absorb(model, prompt) -> adapted; adapted(query) -> logits`."""
 
-from .base import AbsorbMethod, AdaptedModel, DropPrompt, KeepPrompt, absorb_methods, get_absorb_method
+from .base import (
+    AbsorbMethod,
+    AdaptedModel,
+    DropPrompt,
+    KeepPrompt,
+    absorb_methods,
+    get_absorb_method,
+)
+from .cgt_fold import CGTFold, FoldedContext, fold, lora_factors, prompt_context
 from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, convert
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 
 __all__ = [
+    "ICLCA",
     "AbsorbMethod",
     "AdaptedModel",
+    "CGTFold",
     "ConversionError",
     "DropPrompt",
-    "ICLCA",
+    "FoldedContext",
     "ICLCAApprox",
-    "SoftmaxFeaturePrefix",
-    "convert_approximately",
     "KeepPrompt",
     "LinearAttentionBias",
+    "SoftmaxFeaturePrefix",
     "absorb_methods",
     "algorithm_1",
     "convert",
+    "convert_approximately",
+    "fold",
     "get_absorb_method",
+    "lora_factors",
+    "prompt_context",
 ]

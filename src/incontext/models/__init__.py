@@ -1,3 +1,5 @@
+from .cgt import CGT, CGTConfig, CGTOutput
+from .cgt_losses import CGTLossConfig, cgt_loss
 from .transformer import Cache, Transformer, TransformerConfig
 
-__all__ = ["Cache", "Transformer", "TransformerConfig"]
+__all__ = ["CGT", "CGTConfig", "CGTLossConfig", "CGTOutput", "Cache", "Transformer", "TransformerConfig", "cgt_loss"]
