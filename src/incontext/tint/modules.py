@@ -1,0 +1,448 @@
+"""TinT modules (Panigrahi et al., appendices C-H): attention and token-wise layers with FIXED weights that
+run the forward, backward and descent operations of an auxiliary model whose weights live in PREFIX
+embeddings, i.e. in the activations, where the simulator can both read and write them.
+
+Layout (all configurable in `TintConfig`): a D_aux x D_aux weight W is stored in K = ceil(D_aux / S)
+prefix tokens; prefix j holds, in its slot s < S, the row s*K + j of W (rows strided over the prefixes so
+that the H_sim-split output maps stay a single split-wise + dimension-wise pair); with a bias slot the
+bias b sits in slot S of prefix 0 (the released code's layout: S = 3, D_sim = 4 D_aux, K = D_aux / 3).
+A D_sim vector is seen as n_slots slots of D_aux coordinates, or as H_sim = n_slots * S' heads of
+d_sim = D_aux / S' coordinates (slot i = heads i*S' .. (i+1)*S'-1): head (s, s') of a linear module holds
+shard s' of slot s.
+
+Every module below is ONE attention layer (Definition C.1: projections of the input, plus one-hot
+position terms W^p p_t gated per head by lambda, linear or softmax scores, an output projection and a
+residual) acting on the sequence [prefix; tokens], or a token-wise layer (group norm, activation MLP,
+fixed linear maps between slots). The weights are fixed selections built from the layout; the
+H_sim-split projections (Definitions D.4, D.5) are applied as the index maps they are (gathers, sums over
+heads) rather than as stored tensors, and their parameters are counted by the paper's formula
+(`q_split`). Token-wise layers act on token positions only: prefix positions pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class TintConfig:
+    rows_per_prefix: int = 3  # S: weight rows stacked in one prefix embedding
+    shards: int = 3  # S': each row is split into S' shards, one attention head each (H_sim = n_slots * S')
+    bias_slot: bool = True  # one more D_aux slot per prefix for the bias (released-code layout)
+    learning_rate: float = 1e-3  # eta of the simulated SGD step (summed loss)
+    n_steps: int = 1  # simulated SGD steps on the training tokens
+    n_simulation_layers: int | None = None  # top layers updated; None = all
+    ln_eps: float = 1e-4  # finite-difference step of the LayerNorm backward (Def. A.3)
+    act_eps: float = 1e-4  # finite-difference step of the activation backward (Def. G.3)
+
+    def __post_init__(self):
+        if self.rows_per_prefix < 1 or self.shards < 1 or self.n_steps < 1:
+            raise ValueError("rows_per_prefix, shards and n_steps must be >= 1")
+        if self.ln_eps <= 0 or self.act_eps <= 0:
+            raise ValueError("ln_eps and act_eps must be > 0")
+
+
+class Layout:
+    """Sizes of the simulator for an auxiliary width D_aux."""
+
+    def __init__(self, d_aux: int, config: TintConfig):
+        S, shards = config.rows_per_prefix, config.shards
+        if d_aux % shards:
+            raise ValueError(f"D_aux={d_aux} is not divisible by shards={shards}")
+        self.d_aux, self.S, self.shards, self.bias_slot = d_aux, S, shards, config.bias_slot
+        self.n_slots = S + int(config.bias_slot)
+        if self.n_slots < 4:
+            raise ValueError(f"the simulator needs >= 4 slots of D_aux per token (rows_per_prefix + bias_slot), got {self.n_slots}")
+        self.K = math.ceil(d_aux / S)
+        self.d_head = d_aux // shards
+        if self.K > self.d_head:
+            raise ValueError(
+                f"K = ceil(D_aux / S) = {self.K} prefixes do not fit the head dimension D_aux / S' = {self.d_head}: "
+                "use shards <= rows_per_prefix"
+            )
+        self.d_sim = self.n_slots * d_aux
+        self.n_heads = self.n_slots * shards
+        self.n_weight_heads = S * shards
+
+    # ------------------------------------------------------------------ prefix packing and reading
+    def pack(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Prefix embeddings (K, D_sim) holding a (D_aux, D_aux) weight and optional bias."""
+        D, S, K = self.d_aux, self.S, self.K
+        if weight.shape != (D, D):
+            raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({D}, {D})")
+        rows = weight.new_zeros(S * K, D)
+        rows[:D] = weight
+        prefix = weight.new_zeros(K, self.n_slots, D)
+        prefix[:, :S] = rows.view(S, K, D).transpose(0, 1)
+        if bias is not None:
+            if not self.bias_slot:
+                if bool(bias.ne(0).any()):
+                    raise ValueError("a nonzero bias needs bias_slot=True (there is no room for it in the prefixes)")
+            else:
+                prefix[0, S] = bias
+        return prefix.reshape(K, self.d_sim)
+
+    def read(self, prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight, bias) back from prefix embeddings (the reader of the updated auxiliary weights)."""
+        D, S, K = self.d_aux, self.S, self.K
+        view = prefix.reshape(K, self.n_slots, D)
+        weight = view[:, :S].transpose(0, 1).reshape(S * K, D)[:D]
+        bias = view[0, S].clone() if self.bias_slot else None
+        return weight.clone(), bias
+
+    # ------------------------------------------------------------------ slot helpers (token-wise)
+    def slot(self, tokens: torch.Tensor, index: int) -> torch.Tensor:
+        return tokens[:, index * self.d_aux : (index + 1) * self.d_aux]
+
+    def write(self, tokens: torch.Tensor, index: int, value: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+        """Residual with a fixed keep-mask: slot `index` is cleared (unless accumulating) and `value` added."""
+        out = tokens.clone()
+        part = out[:, index * self.d_aux : (index + 1) * self.d_aux]
+        if accumulate:
+            part += value
+        else:
+            part.copy_(value)
+        return out
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, D_sim) -> (T, H_sim, d_sim)."""
+        return x.view(x.shape[0], self.n_heads, self.d_head)
+
+    # ------------------------------------------------------------------ parameter counts (biases ignored)
+    def q_split(self) -> int:
+        """One H_sim-split linear map (split-wise + dimension-wise): D_sim^2 / H_sim + H_sim D_sim."""
+        return self.d_sim**2 // self.n_heads + self.n_heads * self.d_sim
+
+    def q_attention(self, t_sim: int) -> int:
+        """One TinT attention layer: 4 H-split projections (Q, K, V, out) + 3 position maps T_sim x d_sim."""
+        return 4 * self.q_split() + 3 * t_sim * self.d_head
+
+    def dim_wise(self) -> int:
+        """One dimension-wise H_sim-split map: d_sim H_sim^2 = D_sim H_sim."""
+        return self.d_sim * self.n_heads
+
+
+def one_hot_positions(n_prefix: int, n_tokens: int, width: int, dtype, device) -> torch.Tensor:
+    """W^p p_t for every position: the one-hot of prefix j in coordinate j, zero for tokens (T_sim, width)."""
+    positions = torch.zeros(n_prefix + n_tokens, width, dtype=dtype, device=device)
+    positions[torch.arange(n_prefix), torch.arange(n_prefix)] = 1
+    return positions
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, kind: str) -> torch.Tensor:
+    """Multi-head attention (H, T, d) with a (T, T) or (H, T, T) boolean mask; linear scores are masked by
+    zeroing, softmax scores by -inf (rows with no allowed key give 0)."""
+    scores = q @ k.transpose(-1, -2)
+    if kind == "linear":
+        probs = scores * allowed
+    else:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return probs @ v
+
+
+def _token_to_prefix_mask(n_prefix: int, n_tokens: int, device) -> torch.Tensor:
+    allowed = torch.zeros(n_prefix + n_tokens, n_prefix + n_tokens, dtype=torch.bool, device=device)
+    allowed[n_prefix:, :n_prefix] = True
+    return allowed
+
+
+def _rows_as_heads(layout: Layout, g: torch.Tensor) -> torch.Tensor:
+    """(T, D_aux) -> (T, S*S', d_sim): head (s, s') holds g[s*K + j] in coordinate j (the index map of the
+    H-split query/key projection that lines a gradient up with the rows stored in the prefixes)."""
+    S, K, D = layout.S, layout.K, layout.d_aux
+    padded = F.pad(g, (0, S * K - D)).view(g.shape[0], S, K)
+    padded = F.pad(padded, (0, layout.d_head - K))
+    return padded.repeat_interleave(layout.shards, dim=1)
+
+
+# ============================================================================ linear layer (App. D)
+
+
+class LinearForward:
+    """y = W x + b (Def. D.1). Linear attention: tokens query the prefixes; head (s, s') scores shard s' of
+    x against shard s' of the row in slot s of prefix j and takes the one-hot of j as value, so coordinate
+    j of its output is <w^{s'}_{sK+j}, x^{s'}>; bias heads attend to prefix 0 (position key) and copy the
+    bias slot. The output map sums the shards and places W x + b in the destination slot."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def __call__(self, prefix, tokens, src: int, dst: int, use_bias: bool = True, accumulate: bool = False):
+        L = self.layout
+        K, T = prefix.shape[0], tokens.shape[0]
+        e = torch.cat([prefix, tokens])
+        heads = L.heads(e)
+        positions = one_hot_positions(K, T, L.d_head, e.dtype, e.device)
+        nw = L.n_weight_heads
+        # queries: shard s' of the source slot, repeated for every row slot s (dimension-wise split op)
+        q = heads[:, src * L.shards : (src + 1) * L.shards].repeat(1, L.S, 1)
+        k = heads[:, :nw]  # keys: the stored rows themselves (identity)
+        v = positions.unsqueeze(1).expand(-1, nw, -1)  # values: one-hot of the prefix (W^p_V, lambda^V = 1)
+        if L.bias_slot:
+            const = torch.zeros_like(heads[:, : L.shards])
+            const[..., 0] = 1  # b_Q: a constant query on the bias heads
+            pos0 = torch.zeros_like(const)
+            pos0[0, :, 0] = 1  # key of prefix 0 only (position term)
+            q = torch.cat([q, const], 1)
+            k = torch.cat([k, pos0], 1)
+            v = torch.cat([v, heads[:, nw:] * float(use_bias)], 1)
+        out = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), _token_to_prefix_mask(K, T, e.device), "linear")
+        # output map (split-wise then dimension-wise): sum the shards, row s*K + j -> coordinate s*K + j
+        rows = out[:nw].view(L.S, L.shards, K + T, L.d_head)[..., :K].sum(1)  # (S, T_sim, K)
+        y = rows.permute(1, 0, 2).reshape(K + T, L.S * K)[:, : L.d_aux]
+        if L.bias_slot:
+            y = y + out[nw:].permute(1, 0, 2).reshape(K + T, L.d_aux)
+        return L.write(tokens, dst, y[K:], accumulate)
+
+    def num_parameters(self, t_sim: int) -> int:
+        return self.layout.q_attention(t_sim)
+
+
+class LinearBackward:
+    """dx = W^T dy (Def. D.2). Linear attention: tokens query the prefixes with dy lined up with the stored
+    rows (head (s, s'), coordinate j holds dy[sK + j]), keys are the prefixes' one-hot positions, values the
+    stored rows: head (s, s') returns sum_j dy[sK+j] w^{s'}_{sK+j}; the output map sums over s."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def __call__(self, prefix, tokens, src: int, dst: int, accumulate: bool = False):
+        L = self.layout
+        K, T = prefix.shape[0], tokens.shape[0]
+        e = torch.cat([prefix, tokens])
+        heads = L.heads(e)
+        nw = L.n_weight_heads
+        q = _rows_as_heads(L, L.slot(e, src))
+        k = one_hot_positions(K, T, L.d_head, e.dtype, e.device).unsqueeze(1).expand(-1, nw, -1)
+        v = heads[:, :nw]
+        out = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), _token_to_prefix_mask(K, T, e.device), "linear")
+        dx = out.view(L.S, L.shards, K + T, L.d_head).sum(0).permute(1, 0, 2).reshape(K + T, L.d_aux)
+        return L.write(tokens, dst, dx[K:], accumulate)
+
+    def num_parameters(self, t_sim: int) -> int:
+        return self.layout.q_attention(t_sim)
+
+
+class LinearDescent:
+    """W <- W - eta sum_t dy_t x_t^T, b <- b - eta sum_t dy_t (Def. D.3) on the training tokens. Linear
+    attention with the PREFIXES as queries (their one-hot positions), tokens as keys (dy lined up with the
+    rows) and values (shards of x; dy on the bias heads, whose key is the constant 1 and query the one-hot
+    of prefix 0); the residual adds -eta times the output to the prefixes."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def __call__(self, prefix, tokens, x_slot: int, grad_slot: int, train: torch.Tensor, learning_rate: float,
+                 update_weight: bool = True, update_bias: bool = True):
+        L = self.layout
+        K, T = prefix.shape[0], tokens.shape[0]
+        e = torch.cat([prefix, tokens])
+        heads = L.heads(e)
+        positions = one_hot_positions(K, T, L.d_head, e.dtype, e.device)
+        q = positions.unsqueeze(1).expand(-1, L.n_heads, -1)
+        k = _rows_as_heads(L, L.slot(e, grad_slot))
+        v = heads[:, x_slot * L.shards : (x_slot + 1) * L.shards].repeat(1, L.S, 1) * float(update_weight)
+        if L.bias_slot:
+            const = torch.zeros_like(heads[:, : L.shards])
+            const[K:, :, 0] = 1  # b_K on the token positions
+            k = torch.cat([k, const], 1)
+            v = torch.cat([v, heads[:, grad_slot * L.shards : (grad_slot + 1) * L.shards] * float(update_bias)], 1)
+        allowed = torch.zeros(K + T, K + T, dtype=torch.bool, device=e.device)
+        allowed[:K, K:] = train.to(e.device)  # prefixes attend to the training tokens only
+        out = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), allowed, "linear")
+        update = out.permute(1, 0, 2).reshape(K + T, L.d_sim)[:K]  # identity layout: head (s, s') = slot s shard s'
+        return prefix - learning_rate * update
+
+    def num_parameters(self, t_sim: int) -> int:
+        return self.layout.q_attention(t_sim)
+
+
+# ============================================================================ token-wise layers (App. F, G)
+
+
+def group_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """f(x) = (x - mean) / sqrt(var + eps) over the last dimension (the D_aux-group normalization, Def. F.3)."""
+    mean = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps)
+
+
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """f(x) = x / sqrt(mean(x^2) + eps) (the group RMSnorm of Def. J.2, with torch's mean convention)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+class NormForward:
+    """LayerNorm (or RMSnorm) forward: a group-norm layer on the source slot, then a Linear Forward module
+    with W = diag(gamma) and the bias in the prefixes."""
+
+    def __init__(self, layout: Layout, kind: str, norm_eps: float):
+        self.layout, self.kind, self.norm_eps = layout, kind, norm_eps
+        self.linear = LinearForward(layout)
+
+    def normalize(self, x):
+        return group_norm(x, self.norm_eps) if self.kind == "layernorm" else rms_norm(x, self.norm_eps)
+
+    def __call__(self, prefix, tokens, src: int, dst: int):
+        L = self.layout
+        tokens = L.write(tokens, dst, self.normalize(L.slot(tokens, src)))
+        return self.linear(prefix, tokens, dst, dst)
+
+    def num_parameters(self, t_sim: int) -> int:
+        return self.layout.q_attention(t_sim)
+
+
+class NormBackward:
+    """First-order LayerNorm backward (Def. A.3): dx = (f(x + eps gamma*dy) - f(x)) / eps. A Linear Forward
+    module without bias gives gamma*dy (prefix rows diag(gamma)); a dimension-wise map forms x + eps gamma*dy
+    next to x (x copied by a residual connection from the forward module); one group-norm layer normalizes
+    both slots; a dimension-wise map takes their difference over eps."""
+
+    def __init__(self, layout: Layout, normalize, eps: float):
+        self.layout, self.normalize, self.eps = layout, normalize, eps
+        self.linear = LinearForward(layout)
+
+    def __call__(self, prefix, tokens, grad: int, x_saved: torch.Tensor, dst: int, scratch: tuple[int, int]):
+        L = self.layout
+        a, b = scratch
+        tokens = self.linear(prefix, tokens, grad, a, use_bias=False)  # gamma * dy in slot a
+        tokens = L.write(tokens, a, x_saved + self.eps * L.slot(tokens, a))  # x + eps gamma dy
+        tokens = L.write(tokens, b, x_saved)
+        tokens = L.write(tokens, a, self.normalize(L.slot(tokens, a)))
+        tokens = L.write(tokens, b, self.normalize(L.slot(tokens, b)))
+        return L.write(tokens, dst, (L.slot(tokens, a) - L.slot(tokens, b)) / self.eps)
+
+    def num_parameters(self, t_sim: int) -> int:
+        return self.layout.q_attention(t_sim) + 2 * self.layout.dim_wise()
+
+
+class ActivationForward:
+    """sigma(x) on a slot: an MLP layer with an H-split linear in front (Q_split parameters)."""
+
+    def __init__(self, layout: Layout, activation: str):
+        self.layout, self.act = layout, ACTIVATIONS[activation]
+
+    def __call__(self, tokens, src: int, dst: int):
+        return self.layout.write(tokens, dst, self.act(self.layout.slot(tokens, src)))
+
+    def num_parameters(self) -> int:
+        return self.layout.q_split()
+
+
+class ActivationBackward:
+    """First-order activation backward (Def. G.3): dx = (sigma(x + eps dy) - sigma(x)) / eps, one MLP layer:
+    a dimension-wise map stacks [x + eps dy, x], the activation, a dimension-wise map takes the difference
+    over eps."""
+
+    def __init__(self, layout: Layout, activation: str, eps: float):
+        self.layout, self.act, self.eps = layout, ACTIVATIONS[activation], eps
+
+    def __call__(self, tokens, grad: int, x_saved: torch.Tensor, dst: int):
+        dy = self.layout.slot(tokens, grad)
+        hidden = torch.stack([x_saved + self.eps * dy, x_saved])
+        act = self.act(hidden)
+        return self.layout.write(tokens, dst, (act[0] - act[1]) / self.eps)
+
+    def num_parameters(self) -> int:
+        return 2 * self.layout.dim_wise()
+
+
+# ============================================================================ self-attention (App. E)
+
+
+class AuxAttentionForward:
+    """The auxiliary model's softmax attention on the q, k, v slots (written by Linear Forward modules):
+    one TinT softmax attention layer with H_aux heads, causal among the tokens, prefix keys masked."""
+
+    def __init__(self, layout: Layout, n_head: int, scale: bool):
+        if layout.d_aux % n_head:
+            raise ValueError(f"D_aux={layout.d_aux} is not divisible by n_head={n_head}")
+        self.layout, self.n_head, self.scale = layout, n_head, scale
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        T, dh = q.shape[0], self.layout.d_aux // self.n_head
+        q = q.view(T, self.n_head, dh).transpose(0, 1) * (dh**-0.5 if self.scale else 1.0)
+        k = k.view(T, self.n_head, dh).transpose(0, 1)
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~causal, float("-inf")), dim=-1)
+
+    def __call__(self, tokens, q_slot: int, k_slot: int, v_slot: int, dst: int):
+        L = self.layout
+        T, dh = tokens.shape[0], L.d_aux // self.n_head
+        probs = self.scores(L.slot(tokens, q_slot), L.slot(tokens, k_slot))
+        v = L.slot(tokens, v_slot).view(T, self.n_head, dh).transpose(0, 1)
+        y = (probs @ v).transpose(0, 1).reshape(T, L.d_aux)
+        return L.write(tokens, dst, y)
+
+    def num_parameters(self, t_sim: int) -> int:
+        return self.layout.q_attention(t_sim)
+
+
+class AuxAttentionValueBackward:
+    """Value-path backward (Def. E.6): dv_t = sum_j a_{j,t} dy_j per head, stop-gradient through the scores.
+    Two layers as in Fig. 7: a softmax attention layer recomputes a_{t,j} from the saved q, k, and a linear
+    attention layer whose scores are the transposed a_{j,t} (anti-causal: token t attends to j >= t) takes
+    the head shards of dy as values."""
+
+    def __init__(self, forward: AuxAttentionForward):
+        self.forward, self.layout = forward, forward.layout
+
+    def __call__(self, tokens, grad: int, q_saved: torch.Tensor, k_saved: torch.Tensor, dst: int):
+        L, H = self.layout, self.forward.n_head
+        T, dh = tokens.shape[0], L.d_aux // H
+        probs = self.forward.scores(q_saved, k_saved)  # layer 1: a_{t,j}
+        dy = L.slot(tokens, grad).view(T, H, dh).transpose(0, 1)
+        anticausal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).triu()
+        dv = attend_transposed(probs, dy, anticausal)  # layer 2
+        return L.write(tokens, dst, dv.transpose(0, 1).reshape(T, L.d_aux))
+
+    def num_parameters(self, t_sim: int) -> int:
+        return 2 * self.layout.q_attention(t_sim)
+
+
+def attend_transposed(probs: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Linear attention with scores a_{j,t} (read from the embeddings where layer 1 stored them)."""
+    return (probs.transpose(-1, -2) * allowed) @ values
+
+
+# ============================================================================ LM head gradient (App. H)
+
+
+class LMHeadGradient:
+    """dx_t = E^T softmax(E x_t) - E[s_{t+1}] for positions whose next token is a training token (summed
+    cross-entropy, tied frozen embedding E). An MLP with softmax activation (weights E, E^T) gives
+    E^T softmax(E x_t); a linear attention layer with scores 1 on (t, t+1) subtracts the next token's
+    uncontextualized embedding E[s_{t+1}] (kept in a slot by a residual connection from the input layer)."""
+
+    def __init__(self, layout: Layout, embedding: torch.Tensor):
+        self.layout, self.embedding = layout, embedding
+
+    def __call__(self, tokens, x_slot: int, emb_slot: int, dst: int, n_train: int):
+        L = self.layout
+        T = tokens.shape[0]
+        x = L.slot(tokens, x_slot)
+        expected = torch.softmax(x @ self.embedding.T, -1) @ self.embedding  # MLP, softmax activation
+        shift = torch.zeros(T, T, dtype=tokens.dtype, device=tokens.device)
+        rows = torch.arange(min(n_train, T) - 1, device=tokens.device)
+        shift[rows, rows + 1] = 1  # head 1: t -> t+1 on the training segment, value -E[s]
+        keep = torch.zeros(T, 1, dtype=tokens.dtype, device=tokens.device)
+        keep[rows] = 1  # head 2: t -> t, value E^T softmax(E x_t)
+        grad = keep * expected - shift @ L.slot(tokens, emb_slot)
+        return L.write(tokens, dst, grad)
+
+    def num_parameters(self) -> int:
+        vocab, D = self.embedding.shape
+        return 2 * vocab * D
