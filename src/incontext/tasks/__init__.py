@@ -9,8 +9,10 @@ from . import arithmetic, regression  # noqa: F401  (importing registers the tas
 from .amicl import AMICLConfig, AMICLTask  # importing registers "amicl"
 from .arithmetic import Arithmetic, ArithmeticConfig
 from .base import Batch, Predictor, Task
+from .bursty import BurstyConfig, BurstyTask  # importing registers "bursty"
 from .induction import Induction, InductionConfig, split_prompt  # importing registers "induction"
 from .registry import get_task, list_tasks, register_task
+from .stories import Stories, StoriesConfig  # importing registers "stories"
 from .text import Shakespeare, ShakespeareConfig  # importing registers "shakespeare"
 from .regression import LeastSquares, LinearRegression, LinearRegressionConfig, Ridge, error_by_examples
 
@@ -18,6 +20,8 @@ __all__ = [
     "AMICLConfig",
     "AMICLTask",
     "Batch",
+    "BurstyConfig",
+    "BurstyTask",
     "Predictor",
     "Task",
     "get_task",
@@ -29,6 +33,8 @@ __all__ = [
     "InductionConfig",
     "split_prompt",
     "Shakespeare",
+    "Stories",
+    "StoriesConfig",
     "ShakespeareConfig",
     "LinearRegression",
     "LinearRegressionConfig",
