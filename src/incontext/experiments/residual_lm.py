@@ -1,0 +1,406 @@
+"""Burns et al. sec. 4 at reduced scale: classic vs residual-V-stream small language models, probed for ICL.
+
+Trains GPT-2-style transformers (pre-LN, learned positions, GELU MLP x4, tied head, dropout 0.1, no
+1/sqrt(d_head) attention scaling, Adam lr 1e-3 betas (0.9, 0.95)) of each variant with the same seeds on the
+"stories" task (procedurally generated children's stories, an offline stand-in for TinyStories), each through
+the ordinary trainer, then evaluates every model in its own architecture, in eval mode:
+
+- validation loss on new stories;
+- IOI: probability of the indirect object (correct) and of the subject (incorrect) as the next word, and their
+  log-probability difference (= logit difference for one-token names), both name orders, on the paper's four
+  prompts, on many prompts with training names and on prompts with HELD-OUT names never seen in training;
+  a name's probability is that of all of its tokens (one token for every training name);
+- in-context loss score: mean loss late in the context minus early (negative = the context helps), on stories
+  with held-out names, each window a story from its start;
+- induction: accuracy of predicting the second copy of a repeated sequence of random tokens.
+
+Paper (TinyStories, hidden 256, 8 layers, 3 seeds): validation loss 1.56 vs 1.55; IOI correct 7.2% vs 41.0%,
+incorrect 5.1% vs 3.2% (classic vs residual V).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..tasks.stories import (
+    GIVE_VERBS,
+    HELDOUT_NAMES,
+    OBJECTS,
+    OPENERS,
+    PLACES,
+    TRAIN_NAMES,
+    Stories,
+    heldout_stories,
+)
+from ..tasks.text import ENDOFTEXT_ID
+from ..train.metrics import read_metrics
+from .common import train_fresh
+from .registry import register_experiment
+
+# (prompt with {s} = subject and {io} = indirect object, first name, second name); each is asked in both orders.
+PAPER_PROMPTS = (
+    ("When John and Mary went to the shops, {s} gave the bag to", "John", "Mary"),
+    ("When Tom and James went to the park, {s} gave the ball to", "Tom", "James"),
+    ("When Dan and Emily went to the shops, {s} gave an apple to", "Dan", "Emily"),
+    ("After Sam and Amy went to the park, {s} gave a drink to", "Sam", "Amy"),
+)
+PAPER = {  # Burns et al., Table 2 and sec. 4 (percent; classic, residual V)
+    "ioi_correct": {"none": 7.2, "v": 41.0},
+    "ioi_incorrect": {"none": 5.1, "v": 3.2},
+    "validation_loss": {"none": 1.56, "v": 1.55},
+    "sentence_correct": {"none": [11.73, 11.88, 3.83, 1.54], "v": [42.89, 43.44, 49.24, 28.56]},
+    "sentence_incorrect": {"none": [6.93, 7.99, 0.51, 4.86], "v": [5.68, 6.8, 0.03, 0.18]},
+}
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 models stay float64
+
+
+VARIANT_NAMES = {"none": "classic", "v": "residual V", "q": "residual Q", "k": "residual K", "value_residual": "value residual"}
+
+
+@dataclass
+class IOIPrompt:
+    text: str  # ends before the answer, e.g. "When John and Mary went to the shops, John gave the bag to"
+    correct: str  # the indirect object
+    incorrect: str  # the subject
+    group: str  # e.g. "paper 1", "train names", "held-out names"
+
+
+def paper_prompts() -> list[IOIPrompt]:
+    """The paper's four IOI sentences, each with either name as the subject (8 prompts)."""
+    prompts = []
+    for i, (template, first, second) in enumerate(PAPER_PROMPTS, 1):
+        for subject, indirect in ((first, second), (second, first)):
+            prompts.append(IOIPrompt(template.format(s=subject), indirect, subject, f"paper {i}"))
+    return prompts
+
+
+def sampled_prompts(names: tuple[str, ...] | list[str], pairs: int, seed: int, group: str) -> list[IOIPrompt]:
+    """`pairs` random name pairs in random IOI sentences ("<Opener> A and B went to the P, S <verb> O to"),
+    each pair asked with either name as the subject."""
+    rng = random.Random(f"ioi/{seed}/{group}")
+    prompts = []
+    for _ in range(pairs):
+        a, b = rng.sample(list(names), 2)
+        opener, place, verb, obj = rng.choice(OPENERS), rng.choice(PLACES), rng.choice(GIVE_VERBS), rng.choice(OBJECTS)
+        for subject, indirect in ((a, b), (b, a)):
+            text = f"{opener} {a} and {b} went to the {place}, {subject} {verb} {obj} to"
+            prompts.append(IOIPrompt(text, indirect, subject, group))
+    return prompts
+
+
+@torch.no_grad()
+def continuation_logprobs(model: torch.nn.Module, task: Stories, pairs: list[tuple[str, str]], batch_size: int = 64) -> list[float]:
+    """log p(continuation | <|endoftext|> + prompt) for each (prompt, continuation), summed over the
+    continuation's tokens. Sequences are right-padded: a causal model's earlier positions do not see the pad."""
+    sequences = []
+    for prompt, continuation in pairs:
+        context, answer = [ENDOFTEXT_ID, *task.encode(prompt)], task.encode(continuation)
+        if task.encode(prompt + continuation) != context[1:] + answer:
+            raise ValueError(f"{continuation!r} does not tokenize separately after {prompt!r}")
+        sequences.append((context, answer))
+    out = []
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start : start + batch_size]
+        length = max(len(c) + len(a) - 1 for c, a in chunk)
+        if length > task.sequence_length:
+            raise ValueError(f"an IOI prompt of {length} tokens is longer than the model's context {task.sequence_length}")
+        inputs = torch.full((len(chunk), length), ENDOFTEXT_ID, dtype=torch.int64)
+        for row, (context, answer) in enumerate(chunk):
+            tokens = (context + answer)[:-1]
+            inputs[row, : len(tokens)] = torch.tensor(tokens)
+        logprobs = F.log_softmax(_at_least_float32(model(inputs)), dim=-1)
+        for row, (context, answer) in enumerate(chunk):
+            positions = torch.arange(len(context) - 1, len(context) - 1 + len(answer))
+            out.append(float(logprobs[row, positions, torch.tensor(answer)].sum()))
+    return out
+
+
+def ioi_scores(model: torch.nn.Module, task: Stories, prompts: list[IOIPrompt]) -> dict[str, dict[str, float]]:
+    """Per group of prompts: mean probability of the correct and incorrect name (percent), mean log-probability
+    difference correct - incorrect, and the fraction of prompts where the correct name is the likelier."""
+    correct = continuation_logprobs(model, task, [(p.text, " " + p.correct) for p in prompts])
+    incorrect = continuation_logprobs(model, task, [(p.text, " " + p.incorrect) for p in prompts])
+    groups: dict[str, dict[str, float]] = {}
+    for group in dict.fromkeys(p.group for p in prompts):
+        idx = [i for i, p in enumerate(prompts) if p.group == group]
+        c, w = np.array([correct[i] for i in idx]), np.array([incorrect[i] for i in idx])
+        groups[group] = {"correct": float(100 * np.exp(c).mean()), "incorrect": float(100 * np.exp(w).mean()),
+                         "logit_diff": float((c - w).mean()), "accuracy": float((c > w).mean()), "prompts": len(idx)}
+    return groups
+
+
+@torch.no_grad()
+def validation_loss(model: torch.nn.Module, task: Stories, windows: int, seed: int, batch_size: int = 128) -> float:
+    """Mean next-token loss over `windows` random windows of the validation stories."""
+    generator = torch.Generator().manual_seed(seed)
+    total = 0.0
+    for start in range(0, windows, batch_size):
+        batch = task.sample_validation(min(batch_size, windows - start), generator)
+        total += float(task.loss(model(batch.inputs), batch)) * batch.batch_size
+    return total / windows
+
+
+@torch.no_grad()
+def in_context_curve(model: torch.nn.Module, task: Stories, stories: int, seed: int) -> list[float]:
+    """Mean loss at each position of windows that are held-out-name stories from their start (stories with
+    many events, cut to the context length)."""
+    width = task.sequence_length + 1
+    windows = []
+    for text in heldout_stories(4 * stories, seed=seed, events=6):
+        ids = [ENDOFTEXT_ID, *task.encode(text)]
+        if len(ids) >= width:
+            windows.append(ids[:width])
+        if len(windows) == stories:
+            break
+    if len(windows) < stories:
+        raise ValueError(f"only {len(windows)} held-out stories reach {width} tokens")
+    windows = torch.tensor(windows)
+    losses = F.cross_entropy(_at_least_float32(model(windows[:, :-1])).transpose(1, 2), windows[:, 1:], reduction="none")
+    return losses.mean(0).tolist()
+
+
+def in_context_score(curve: list[float], early: tuple[int, int], late: tuple[int, int]) -> float:
+    """Mean loss over positions [late) minus over positions [early): negative when later tokens profit from context."""
+    return float(np.mean(curve[late[0] : late[1]]) - np.mean(curve[early[0] : early[1]]))
+
+
+@torch.no_grad()
+def induction_accuracy(model: torch.nn.Module, task: Stories, sequences: int, seed: int) -> dict[str, float]:
+    """<|endoftext|> r r with r random tokens (drawn from those in the training text): top-1 accuracy and loss on
+    the second copy (its first token excluded: it cannot be inferred), and the loss on the first copy."""
+    half = (task.sequence_length - 1) // 2
+    seen = torch.unique(task.tokens("train"))
+    seen = seen[seen != ENDOFTEXT_ID]
+    generator = torch.Generator().manual_seed(seed)
+    r = seen[torch.randint(0, len(seen), (sequences, half), generator=generator)]
+    tokens = torch.cat([torch.full((sequences, 1), ENDOFTEXT_ID), r, r], dim=1)
+    logits = _at_least_float32(model(tokens[:, :-1]))
+    targets = tokens[:, 1:]
+    second = slice(half + 1, 2 * half)  # predicting r[1:] of the second copy
+    losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    accuracy = (logits[:, second].argmax(-1) == targets[:, second]).float().mean()
+    return {"accuracy": float(accuracy), "loss_second_copy": float(losses[:, second].mean()),
+            "loss_first_copy": float(losses[:, 1:half].mean())}
+
+
+@dataclass
+class ResidualLMConfig:
+    variants: list[str] = field(default_factory=lambda: ["none", "v"])  # TransformerConfig.residual_stream values
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    n_layer: int = 4
+    d_model: int = 128
+    n_head: int = 8  # head_dim 16, as in the paper (256 / 16)
+    dropout: float = 0.1
+    attn_dropout: float = 0.1
+    vocab_size: int = 1024
+    seq_len: int = 64
+    train_stories: int = 50000
+    corpus_seed: int = 0
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    ioi_pairs: int = 100  # random name pairs per IOI group (training names / held-out names), both orders
+    eval_windows: int = 1024
+    icl_stories: int = 256
+    icl_early: list[int] = field(default_factory=lambda: [4, 12])  # positions [start, end) of the early mean
+    icl_late: list[int] = field(default_factory=lambda: [48, 63])
+    induction_sequences: int = 256
+    threads: int = 1
+
+    def __post_init__(self):
+        unknown = [v for v in self.variants if v not in VARIANT_NAMES]
+        if unknown or not self.variants:
+            raise ValueError(f"variants must be residual_stream values from {sorted(VARIANT_NAMES)}, got {self.variants}")
+        if not self.seeds:
+            raise ValueError("seeds must name at least one seed")
+        for name in ("icl_early", "icl_late"):
+            lo, hi = getattr(self, name)
+            if not 0 <= lo < hi <= self.seq_len:
+                raise ValueError(f"{name}={getattr(self, name)} must be [start, end) with 0 <= start < end <= seq_len")
+
+
+def train_settings(config: ResidualLMConfig, variant: str, seed: int) -> dict:
+    return {
+        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "positions": "learned",
+                  "norm": "layernorm", "mlp": "gelu", "tie_embeddings": True, "scale_attn": False,
+                  "dropout": config.dropout, "attn_dropout": config.attn_dropout, "residual_stream": variant},
+        "task": {"name": "stories", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
+                 "train_stories": config.train_stories, "seed": config.corpus_seed},
+        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0, "betas": [0.9, 0.95]},  # = Adam
+        "schedule": {"total_steps": config.steps, "warmup_steps": config.warmup_steps, "kind": "constant"},
+        "run": {"batch_size": config.batch_size, "seed": seed, "eval_every": 0, "eval_sequences": 256,
+                "checkpoint_every": 0, "log_every": 10, "device": "cpu", "threads": config.threads, "tensorboard": False},
+    }
+
+
+def evaluate_model(model: torch.nn.Module, task: Stories, config: ResidualLMConfig) -> dict:
+    """Every probe for one trained model (in eval mode, in its own architecture)."""
+    model.eval()
+    prompts = (paper_prompts() + sampled_prompts(TRAIN_NAMES, config.ioi_pairs, config.corpus_seed, "train names")
+               + sampled_prompts(HELDOUT_NAMES, config.ioi_pairs, config.corpus_seed, "held-out names"))
+    ioi = ioi_scores(model, task, prompts)
+    paper_groups = [ioi[f"paper {i}"] for i in range(1, len(PAPER_PROMPTS) + 1)]
+    ioi["paper"] = {key: float(np.mean([g[key] for g in paper_groups])) for key in ("correct", "incorrect", "logit_diff", "accuracy")}
+    curve = in_context_curve(model, task, config.icl_stories, seed=config.corpus_seed)
+    return {"validation_loss": validation_loss(model, task, config.eval_windows, seed=config.corpus_seed + 1),
+            "ioi": ioi, "in_context_curve": curve,
+            "in_context_score": in_context_score(curve, tuple(config.icl_early), tuple(config.icl_late)),
+            "induction": induction_accuracy(model, task, config.induction_sequences, seed=config.corpus_seed + 2)}
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return float(np.mean(values)), float(np.std(values))  # population std over seeds
+
+
+# Rows of the summary: (label, path into a run's results, scale, format)
+SUMMARY_ROWS = (
+    ("validation loss", ("validation_loss",), 1, ".3f"),
+    ("IOI paper prompts: P(correct) %", ("ioi", "paper", "correct"), 1, ".1f"),
+    ("IOI paper prompts: P(incorrect) %", ("ioi", "paper", "incorrect"), 1, ".1f"),
+    ("IOI paper prompts: logit diff", ("ioi", "paper", "logit_diff"), 1, ".2f"),
+    ("IOI training names: P(correct) %", ("ioi", "train names", "correct"), 1, ".1f"),
+    ("IOI training names: P(incorrect) %", ("ioi", "train names", "incorrect"), 1, ".1f"),
+    ("IOI training names: logit diff", ("ioi", "train names", "logit_diff"), 1, ".2f"),
+    ("IOI held-out names: P(correct) %", ("ioi", "held-out names", "correct"), 1, ".1f"),
+    ("IOI held-out names: P(incorrect) %", ("ioi", "held-out names", "incorrect"), 1, ".1f"),
+    ("IOI held-out names: log-prob diff", ("ioi", "held-out names", "logit_diff"), 1, ".2f"),
+    ("IOI held-out names: accuracy", ("ioi", "held-out names", "accuracy"), 1, ".2f"),
+    ("in-context loss score (late - early)", ("in_context_score",), 1, ".3f"),
+    ("induction accuracy (repeated random tokens)", ("induction", "accuracy"), 1, ".3f"),
+    ("training time per model (s)", ("train_seconds",), 1, ".0f"),
+)
+PAPER_ROWS = {"validation loss": "validation_loss", "IOI paper prompts: P(correct) %": "ioi_correct",
+              "IOI paper prompts: P(incorrect) %": "ioi_incorrect"}
+
+
+def _get(run: dict, path: tuple[str, ...]) -> float:
+    for key in path:
+        run = run[key]
+    return float(run)
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, list[float]]]:
+    """{variant: {row label: [mean, std]}} over seeds."""
+    return {variant: {label: list(_mean_std([_get(r, path) * scale for r in seed_runs]))
+                      for label, path, scale, _ in SUMMARY_ROWS}
+            for variant, seed_runs in runs.items()}
+
+
+def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, parameters: int) -> str:
+    variants = list(runs)
+    intro = (f"GPT-2-style LMs on the procedurally generated stories (offline stand-in for TinyStories): {config.n_layer} "
+             f"layers, width {config.d_model}, {config.n_head} heads, {parameters:,} parameters, T = {config.seq_len}, "
+             f"vocab {config.vocab_size}, {config.steps} steps of batch {config.batch_size}; mean +- std (population) over "
+             f"seeds {config.seeds}. Paper: TinyStories, width 256, 8 layers, 3 seeds.")
+    lines = [intro, ""]
+    header = "| metric | " + " | ".join(VARIANT_NAMES[v] for v in variants)
+    paper_variants = [v for v in variants if v in PAPER["ioi_correct"]]
+    header += "".join(f" | paper {VARIANT_NAMES[v]}" for v in paper_variants) + " |"
+    lines += [header, "|---" * (1 + len(variants) + len(paper_variants)) + "|"]
+    for label, _, _, fmt in SUMMARY_ROWS:
+        cells = [f"{summary[v][label][0]:{fmt}} +- {summary[v][label][1]:{fmt}}" for v in variants]
+        key = PAPER_ROWS.get(label)
+        cells += [f"{PAPER[key][v]}" if key else "" for v in paper_variants]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Per paper sentence (both name orders), P(correct) / P(incorrect) in %, ours vs paper Table 2:", "",
+              "| sentence | " + " | ".join(VARIANT_NAMES[v] for v in variants) + "".join(f" | paper {VARIANT_NAMES[v]}" for v in paper_variants) + " |",
+              "|---" * (1 + len(variants) + len(paper_variants)) + "|"]
+    for i in range(1, len(PAPER_PROMPTS) + 1):
+        cells = []
+        for v in variants:
+            c = _mean_std([r["ioi"][f"paper {i}"]["correct"] for r in runs[v]])
+            w = _mean_std([r["ioi"][f"paper {i}"]["incorrect"] for r in runs[v]])
+            cells.append(f"{c[0]:.1f} +- {c[1]:.1f} / {w[0]:.1f} +- {w[1]:.1f}")
+        cells += [f"{PAPER['sentence_correct'][v][i - 1]} / {PAPER['sentence_incorrect'][v][i - 1]}" for v in paper_variants]
+        lines.append(f"| {i}: {PAPER_PROMPTS[i - 1][0].format(s='*')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@register_experiment("residual-lm", "Classic vs residual-V-stream small LMs on generated stories: IOI, in-context loss, induction", ResidualLMConfig)
+def run(config: ResidualLMConfig, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(config.threads)
+    runs: dict[str, list[dict]] = {v: [] for v in config.variants}
+    curves: dict[str, list[list[tuple[int, float]]]] = {v: [] for v in config.variants}
+    parameters = 0
+    for seed in config.seeds:  # seeds outermost: a cut-short study still has both variants for the first seeds
+        for variant in config.variants:
+            run_dir = out_dir / "train" / f"{variant}-seed{seed}"
+            started = time.perf_counter()
+            model, train_config, trained = train_fresh(run_dir, train_settings(config, variant, seed))
+            seconds = time.perf_counter() - started
+            task = train_config.build_task()
+            result = {"seed": seed, "variant": variant, "train_seconds": seconds,
+                      "final_train_loss": trained["eval"].get("loss"), **evaluate_model(model, task, config)}
+            runs[variant].append(result)
+            curves[variant].append([(r["step"], r["loss"]) for r in read_metrics(run_dir / "train") if r["split"] == "train"])
+            parameters = model.num_parameters()
+            print(f"{VARIANT_NAMES[variant]} seed {seed}: {seconds:.0f} s, validation loss {result['validation_loss']:.3f}, "
+                  f"IOI paper correct {result['ioi']['paper']['correct']:.1f}% incorrect {result['ioi']['paper']['incorrect']:.1f}%, "
+                  f"held-out {result['ioi']['held-out names']['correct']:.1f}% / {result['ioi']['held-out names']['incorrect']:.1f}%")
+    summary = summarize(runs)
+    results = {"experiment": "residual-lm", "config": dataclasses.asdict(config), "parameters": parameters,
+               "summary": summary, "runs": runs, "train_loss_curves": curves, "paper": PAPER}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "table.md").write_text(table(config, runs, summary, parameters))
+    plot(results, out_dir)
+    return results
+
+
+def plot(results: dict, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(results["runs"])
+    colors = dict(zip(variants, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+
+    # Training loss curves: each seed thin, the mean over seeds thick.
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for v in variants:
+        seed_curves = results["train_loss_curves"][v]
+        for curve in seed_curves:
+            axes[0].plot([s for s, _ in curve], [x for _, x in curve], color=colors[v], alpha=0.25, lw=0.8)
+        n = min(len(c) for c in seed_curves)
+        steps = [s for s, _ in seed_curves[0][:n]]
+        mean = np.mean([[x for _, x in c[:n]] for c in seed_curves], axis=0)
+        axes[0].plot(steps, mean, color=colors[v], lw=2, label=VARIANT_NAMES[v])
+        icl = np.array([r["in_context_curve"] for r in results["runs"][v]])
+        axes[1].plot(np.arange(1, icl.shape[1] + 1), icl.mean(0), color=colors[v], label=VARIANT_NAMES[v])
+    axes[0].set(xlabel="step", ylabel="training loss (10-step means)", yscale="log", title="training loss")
+    axes[1].set(xlabel="position in the story (tokens)", ylabel="mean loss", title="loss by position, held-out-name stories")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "loss_curves.png", dpi=120)
+    plt.close(fig)
+
+    # IOI probabilities: correct (solid) and incorrect (hatched) per prompt group, mean +- std over seeds.
+    groups = [f"paper {i}" for i in range(1, len(PAPER_PROMPTS) + 1)] + ["paper", "train names", "held-out names"]
+    fig, ax = plt.subplots(figsize=(12, 4))
+    width = 0.8 / (2 * len(variants))
+    x = np.arange(len(groups))
+    for j, v in enumerate(variants):
+        for k, key in enumerate(("correct", "incorrect")):
+            values = np.array([[r["ioi"][g][key] for g in groups] for r in results["runs"][v]])
+            ax.bar(x + (2 * j + k - len(variants) + 0.5) * width, values.mean(0), width, yerr=values.std(0),
+                   color=colors[v], alpha=1.0 if key == "correct" else 0.45, hatch=None if key == "correct" else "//",
+                   label=f"{VARIANT_NAMES[v]}: {key}")
+    ax.set_xticks(x, ["paper 1", "paper 2", "paper 3", "paper 4", "paper (mean)", "training names", "held-out names"])
+    ax.set(ylabel="next-name probability (%)", title="IOI: indirect object (correct) vs subject (incorrect)")
+    ax.legend(ncol=2, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "ioi.png", dpi=120)
+    plt.close(fig)

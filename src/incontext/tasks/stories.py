@@ -1,0 +1,333 @@
+"""A procedurally generated corpus of simple children's stories, an offline stand-in for TinyStories.
+
+Burns et al. (sec. 4) train small language models on TinyStories and probe in-context learning with
+indirect object identification (IOI): "When John and Mary went to the shops, John gave the bag to" -> " Mary".
+TinyStories is not available offline, so this module writes stories from templates, seeded, with many IOI
+sentences ("When X and Y went to the P, X gave the O to Y.") and variants, and other sentences that name the
+characters again ("Y said, "Thank you, X!"", pets with invented names that come back later), so that copying
+a name from the context pays off.
+
+Names: the characters of training and validation stories come from `TRAIN_NAMES` (the paper's eight IOI
+names among them); `HELDOUT_NAMES` never occur in training or validation text and are kept for evaluation
+(`heldout_stories`, and the IOI prompts of `incontext.experiments.residual_lm`). Pets get invented
+consonant-vowel names ("Bimo", "Tuka"), fresh per story and never equal to a person's name; held-out names
+have the same shape, so copying one is a skill the training text teaches without ever showing the name.
+
+    task = get_task("stories", vocab_size=1024, seq_len=64)
+    batch = task.sample(32, torch.Generator().manual_seed(0))           # TRAINING windows
+    held_out = task.sample_validation(32, torch.Generator().manual_seed(0))
+
+Each split is one token stream: every story preceded by <|endoftext|> (id 0). The byte-level BPE tokenizer
+(`text.train_tokenizer`) is trained on the training stories only and cached as tokenizer.json in
+<cache_root>/tokenizers/stories-..., keyed by a hash of the training text (so a change of templates or
+sizes trains a new one).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from .base import Batch, Task, check_positive_int
+from .registry import register_task
+from .text import (
+    ENDOFTEXT,
+    ENDOFTEXT_ID,
+    N_BYTES,
+    TOKENIZER_FILE,
+    cache_root,
+    train_tokenizer,
+)
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+# The paper's IOI names (John, Mary, Tom, James, Dan, Emily, Sam, Amy) are ordinary training names, as they
+# are in TinyStories.
+TRAIN_NAMES = (
+    "John", "Mary", "Tom", "James", "Dan", "Emily", "Sam", "Amy", "Lily", "Ben", "Anna", "Max", "Lucy", "Jack",
+    "Sue", "Tim", "Kate", "Bob", "Sara", "Joe", "Jane", "Mark", "Ella", "Leo", "Mia", "Jake", "Rose", "Adam",
+    "Grace", "Paul", "Ruby", "Peter", "Alice", "Luke", "Chloe", "Ryan", "Emma", "Noah", "Olivia", "Liam", "Sophie",
+    "Henry", "Ava", "Oscar", "Ivy", "Harry", "Daisy", "Alex", "Molly", "Charlie", "Zoe", "Finn", "Holly", "Jacob",
+    "Ellie", "Sophia", "David", "Laura", "Mike", "Julia", "Nick", "Hannah", "Eric", "Clara", "Fred", "Nora",
+    "George", "Lisa", "Kevin", "Amber", "Simon", "Betty", "Carl", "Fiona", "Frank", "Heidi", "Steve", "Megan",
+    "Andy", "Poppy", "Bill", "Jenny", "Owen", "Maya", "Jim", "Wendy", "Ted", "Kim", "Roy", "Tina", "Ned", "Pam",
+)
+# Held out: never in training or validation text. Most are consonant-vowel names like the invented pet names.
+HELDOUT_NAMES = (
+    "Nina", "Mila", "Tara", "Kira", "Dina", "Niko", "Milo", "Rosa", "Lena", "Ravi", "Kofi", "Hugo", "Nuri", "Omar",
+    "Lina", "Kemi", "Zara", "Aria", "Mira", "Bela",
+)
+PLACES = ("park", "shops", "beach", "zoo", "school", "farm", "forest", "lake", "market", "garden", "library",
+          "river", "playground", "pond", "hill", "store")
+OBJECTS = ("the bag", "the ball", "an apple", "a drink", "the book", "a flower", "the kite", "a cookie", "the toy",
+           "a hat", "the box", "a cake", "the key", "a shell", "a stick", "an egg", "the doll", "a cup", "a pear",
+           "the map")
+GIVE_VERBS = ("gave", "handed", "passed", "threw", "showed", "brought")
+OPENERS = ("When", "After", "Once")
+PETS = ("dog", "cat", "bird", "frog", "bunny", "puppy", "duck", "fish")
+PET_ACTS = ("run", "jump", "swim", "sleep", "play", "sing", "dig", "hide")
+FEELINGS = ("happy", "sad", "tired", "excited", "hungry", "scared", "proud")
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+_ALL_NAMES = frozenset(TRAIN_NAMES) | frozenset(HELDOUT_NAMES)
+SPLITS = ("train", "validation")
+
+
+@dataclass
+class StoriesConfig:
+    vocab_size: int = 1024  # BPE vocabulary, <|endoftext|> and the 256 byte tokens included
+    seq_len: int = 64  # tokens per sequence (windows hold seq_len + 1 tokens)
+    train_stories: int = 50000
+    validation_stories: int = 1000
+    seed: int = 0  # the corpus seed (training and validation stories, hence the tokenizer)
+    tokenizer_dir: str = ""  # where tokenizer.json is cached; "" -> <cache_root>/tokenizers/stories-...
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "train_stories", "validation_stories"):
+            check_positive_int(self, name)
+        if self.vocab_size < N_BYTES + 1:
+            raise ValueError(
+                f"StoriesConfig.vocab_size must be >= {N_BYTES + 1} (256 byte tokens and {ENDOFTEXT}), got {self.vocab_size}"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"StoriesConfig.seed must be an integer >= 0, got {self.seed!r}")
+        if isinstance(self.tokenizer_dir, os.PathLike):
+            self.tokenizer_dir = os.fspath(self.tokenizer_dir)
+        if not isinstance(self.tokenizer_dir, str):
+            raise ValueError(f"StoriesConfig.tokenizer_dir must be a path string ('' for the default cache), got {self.tokenizer_dir!r}")  # noqa: TRY004 (config errors are ValueErrors here)
+
+
+# Story writing
+
+
+def pet_name(rng: random.Random) -> str:
+    """An invented name of two or three consonant-vowel syllables that is no person's name (held out or not)."""
+    while True:
+        syllables = [rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.choice((2, 2, 3)))]
+        name = "".join(syllables).capitalize()
+        if name not in _ALL_NAMES:
+            return name
+
+
+def ioi_sentence(rng: random.Random, subject: str, indirect_object: str) -> str:
+    """One IOI sentence: both names in the opening clause (random order), then `subject` gives something to
+    `indirect_object`. The two shapes differ in how the object is introduced."""
+    first, second = (subject, indirect_object) if rng.random() < 0.5 else (indirect_object, subject)
+    obj, verb = rng.choice(OBJECTS), rng.choice(GIVE_VERBS)
+    if rng.random() < 0.75:
+        return f"{rng.choice(OPENERS)} {first} and {second} went to the {rng.choice(PLACES)}, {subject} {verb} {obj} to {indirect_object}."
+    return f"When {first} and {second} were playing with {obj}, {subject} {verb} it to {indirect_object}."
+
+
+def _event(rng: random.Random, a: str, b: str, others: list[str]) -> list[str]:
+    """A few sentences about the characters; most name them again."""
+    kind = rng.random()
+    giver, taker = (a, b) if rng.random() < 0.5 else (b, a)
+    if kind < 0.45:
+        sentences = [ioi_sentence(rng, giver, taker)]
+        if rng.random() < 0.5:
+            sentences.append(rng.choice((f'{taker} said, "Thank you, {giver}!"', f"{taker} smiled at {giver}.",
+                                         f"{taker} was very {rng.choice(FEELINGS)}.")))
+        return sentences
+    if kind < 0.6:
+        place = rng.choice(PLACES)
+        return [f'{giver} said to {taker}, "Let\'s go to the {place}!"', f'{taker} said, "Yes, {giver}!"']
+    if kind < 0.75:
+        owner, pet = rng.choice((a, b)), pet_name(rng)
+        return [f"{owner} had a {rng.choice(PETS)} named {pet}.", f"{pet} liked to {rng.choice(PET_ACTS)}.",
+                f"{owner} and {pet} played in the {rng.choice(PLACES)}."]
+    if kind < 0.85 and others:
+        friend = rng.choice(others)
+        return [f"Then {friend} came to play with {giver}.", f"{friend} {rng.choice(GIVE_VERBS)} {rng.choice(OBJECTS)} to {taker}."]
+    return [f"{giver} was {rng.choice(FEELINGS)}.", f"{taker} hugged {giver}.", f"{giver} smiled at {taker}."]
+
+
+def write_story(rng: random.Random, names: tuple[str, ...] | list[str], events: int | None = None) -> str:
+    """One story about two (sometimes three) characters drawn from `names`: an optional opening, `events`
+    events (1-3 when None) and an ending."""
+    cast = rng.sample(list(names), 3)
+    a, b, others = cast[0], cast[1], cast[2:] if rng.random() < 0.3 else []
+    intros = [
+        f"Once upon a time, there were two friends, {a} and {b}.",
+        f"{a} and {b} were best friends.",
+        f"{a} had a friend named {b}.",
+        f"One day, {a} met {b} at the {rng.choice(PLACES)}.",
+    ]
+    sentences = [rng.choice(intros)] if rng.random() < 0.7 else []
+    for _ in range(rng.randint(1, 3) if events is None else events):
+        sentences += _event(rng, a, b, others)
+    sentences.append(rng.choice((f"{a} and {b} went home.", f"{a} and {b} were very happy.", "The end.",
+                                 f"{b} and {a} played until dark.")))
+    return " ".join(sentences)
+
+
+@functools.lru_cache(maxsize=8)
+def split_stories(seed: int, split: str, n: int) -> tuple[str, ...]:
+    """The `n` stories of a split ("train" or "validation"): training names only, one generator per
+    (seed, split), so the validation stories do not depend on how many training stories there are."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+    rng = random.Random(f"stories/{seed}/{split}")
+    return tuple(write_story(rng, TRAIN_NAMES) for _ in range(n))
+
+
+def heldout_stories(n: int, seed: int = 0, events: int | None = None) -> list[str]:
+    """`n` stories whose characters are all HELDOUT names (never in training or validation text)."""
+    rng = random.Random(f"stories/{seed}/heldout")
+    return [write_story(rng, HELDOUT_NAMES, events) for _ in range(n)]
+
+
+def names_in(text: str, names: tuple[str, ...] | list[str]) -> set[str]:
+    """The names of `names` that occur in `text` as whole words."""
+    found = set(re.findall(r"[A-Z][a-z]+", text))
+    return found & set(names)
+
+
+# Tokenizer and streams
+
+
+def _training_digest(config: StoriesConfig) -> str:
+    digest = hashlib.sha256()
+    for story in split_stories(config.seed, "train", config.train_stories):
+        digest.update(story.encode("utf-8") + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def tokenizer_folder(config: StoriesConfig) -> Path:
+    """`config.tokenizer_dir` if given, else <cache_root>/tokenizers/stories-v<vocab>-<hash of the training text>."""
+    if config.tokenizer_dir:
+        return Path(config.tokenizer_dir).expanduser()
+    return cache_root() / "tokenizers" / f"stories-v{config.vocab_size}-{_training_digest(config)}"
+
+
+def load_tokenizer(config: StoriesConfig) -> Tokenizer:
+    """Read from <tokenizer_folder>/tokenizer.json when present, else trained on the training stories and saved
+    there atomically."""
+    from tokenizers import Tokenizer
+
+    path = tokenizer_folder(config) / TOKENIZER_FILE
+    if path.exists():
+        tokenizer = Tokenizer.from_file(str(path))
+        source = str(path)
+    else:
+        tokenizer = train_tokenizer(list(split_stories(config.seed, "train", config.train_stories)), config.vocab_size)
+        source = "the tokenizer trained on the stories"
+    if tokenizer.get_vocab_size() != config.vocab_size:
+        raise ValueError(f"{source} has {tokenizer.get_vocab_size()} tokens but StoriesConfig.vocab_size="
+                         f"{config.vocab_size} (delete it, or point tokenizer_dir elsewhere)")
+    if tokenizer.token_to_id(ENDOFTEXT) != ENDOFTEXT_ID:
+        raise ValueError(f"{source} does not have {ENDOFTEXT} at id {ENDOFTEXT_ID}")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tokenizer.save(str(partial))
+        os.replace(partial, path)
+    return tokenizer
+
+
+def encode_stories(tokenizer: Tokenizer, stories: list[str] | tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stream, starts): the stories as one 1-D int64 stream, each preceded by <|endoftext|>, and the offset of
+    each story's <|endoftext|> in it."""
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    pieces: list[int] = []
+    starts: list[int] = []
+    for encoding in encode_batch(list(stories), add_special_tokens=False):
+        starts.append(len(pieces))
+        pieces.append(ENDOFTEXT_ID)
+        pieces.extend(encoding.ids)
+    return torch.tensor(pieces, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64)
+
+
+@register_task("stories")
+class Stories(Task):
+    """Next-token prediction on windows of procedurally generated children's stories.
+
+    `sample` draws TRAINING windows; `sample_validation` held-out stories with the same names (the validation
+    loss); `heldout_stories` text with names never seen in training (for in-context probes).
+    """
+
+    config_class = StoriesConfig
+    config: StoriesConfig
+
+    def __init__(self, config: StoriesConfig | None = None):
+        super().__init__(config)
+        self._tokenizer: Tokenizer | None = None
+        self._streams: dict[str, torch.Tensor] = {}
+        self._on_device: dict[tuple[str, str], torch.Tensor] = {}
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.config)
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def stories(self, split: str) -> tuple[str, ...]:
+        n = self.config.train_stories if split == "train" else self.config.validation_stories
+        return split_stories(self.config.seed, split, n)
+
+    def tokens(self, split: str) -> torch.Tensor:
+        """The split's token stream, 1-D int64 (CPU)."""
+        if split not in self._streams:
+            stream, _ = encode_stories(self.tokenizer, self.stories(split))
+            if len(stream) < self.config.seq_len + 1:
+                raise ValueError(f"the {split} stream has {len(stream)} tokens, fewer than StoriesConfig.seq_len + 1 = "
+                                 f"{self.config.seq_len + 1}: write more stories")
+            self._streams[split] = stream
+        return self._streams[split]
+
+    def _batch(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
+        device = generator.device
+        key = (split, str(device))
+        if key not in self._on_device:
+            self._on_device[key] = self.tokens(split).to(device)
+        stream = self._on_device[key]
+        width = self.config.seq_len + 1
+        starts = torch.randint(0, len(stream) - width + 1, (batch_size,), generator=generator, device=device)
+        windows = stream[starts[:, None] + torch.arange(width, device=device)]
+        inputs, targets = windows[:, :-1], windows[:, 1:]
+        return Batch(inputs=inputs, targets=targets, mask=torch.ones_like(inputs, dtype=torch.bool), info={"start": starts})
+
+    # Task protocol
+
+    def model_io(self) -> dict[str, int]:
+        return {"vocab_size": self.tokenizer.get_vocab_size()}
+
+    @property
+    def sequence_length(self) -> int:
+        return self.config.seq_len
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """Random windows of the TRAINING stream (every position a valid next-token target)."""
+        return self._batch("train", batch_size, generator)
+
+    def sample_validation(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """As `sample`, from the validation stories (new stories, training names)."""
+        return self._batch("validation", batch_size, generator)
+
+    def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+        logits = outputs[batch.mask]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits, batch.targets[batch.mask])
+
+    def evaluate(self, outputs: torch.Tensor, batch: Batch) -> dict[str, float | list[float]]:
+        loss = self.loss(outputs, batch).item()
+        return {"loss": loss, "perplexity": math.inf if loss > 700 else math.exp(loss)}
