@@ -173,6 +173,12 @@ class LinearForward:
         self.layout = layout
 
     def __call__(self, prefix, tokens, src: int, dst: int, use_bias: bool = True, accumulate: bool = False):
+        K = prefix.shape[0]
+        y = self.output_map(self.attention(prefix, tokens, src, use_bias), K)
+        return self.layout.write(tokens, dst, y[K:], accumulate)
+
+    def attention(self, prefix, tokens, src: int, use_bias: bool = True) -> torch.Tensor:
+        """The attention output before the output projection: (H_sim, T_sim, d_sim)."""
         L = self.layout
         K, T = prefix.shape[0], tokens.shape[0]
         e = torch.cat([prefix, tokens])
@@ -191,13 +197,18 @@ class LinearForward:
             q = torch.cat([q, const], 1)
             k = torch.cat([k, pos0], 1)
             v = torch.cat([v, heads[:, nw:] * float(use_bias)], 1)
-        out = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), _token_to_prefix_mask(K, T, e.device), "linear")
-        # output map (split-wise then dimension-wise): sum the shards, row s*K + j -> coordinate s*K + j
-        rows = out[:nw].view(L.S, L.shards, K + T, L.d_head)[..., :K].sum(1)  # (S, T_sim, K)
-        y = rows.permute(1, 0, 2).reshape(K + T, L.S * K)[:, : L.d_aux]
+        return attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), _token_to_prefix_mask(K, T, e.device), "linear")
+
+    def output_map(self, out: torch.Tensor, K: int) -> torch.Tensor:
+        """Output projection (split-wise then dimension-wise, `hsplit.output_map_linear_forward` as weights):
+        sum the shards, row s*K + j -> coordinate s*K + j, add the bias heads; (T_sim, D_aux)."""
+        L = self.layout
+        nw, t_sim = L.n_weight_heads, out.shape[1]
+        rows = out[:nw].view(L.S, L.shards, t_sim, L.d_head)[..., :K].sum(1)  # (S, T_sim, K)
+        y = rows.permute(1, 0, 2).reshape(t_sim, L.S * K)[:, : L.d_aux]
         if L.bias_slot:
-            y = y + out[nw:].permute(1, 0, 2).reshape(K + T, L.d_aux)
-        return L.write(tokens, dst, y[K:], accumulate)
+            y = y + out[nw:].permute(1, 0, 2).reshape(t_sim, L.d_aux)
+        return y
 
     def num_parameters(self, t_sim: int) -> int:
         return self.layout.q_attention(t_sim)
