@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import rel_error
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import rel_error
 from incontext.tint.counting import module_rows, paper_sizes
 from incontext.tint.hsplit import (
     DimensionWise,
