@@ -215,7 +215,7 @@ def dynamic_eval(model: Transformer, ids: torch.Tensor, n_train: int, learning_r
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:n_train].reshape(-1), reduction=reduction)
         updated.zero_grad(set_to_none=True)
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         with torch.no_grad():
             for p in updated.parameters():
                 if p.grad is not None:
@@ -226,3 +226,32 @@ def dynamic_eval(model: Transformer, ids: torch.Tensor, n_train: int, learning_r
     if not math.isfinite(losses[-1]):
         raise FloatingPointError("dynamic evaluation diverged (non-finite loss); lower the learning rate")
     return updated, losses
+
+
+def compare_with_exact(model: Transformer, ids: torch.Tensor, n_train: int, config: TintConfig,
+                       tint_logits: torch.Tensor, tint_state: dict[str, torch.Tensor]) -> dict[str, float]:
+    """TinT (or R-approx) against R-exact: relative logits gap, cosine between the two parameter updates
+    (over TinT's parameter subset), and the loss on the held-out tokens (after n_train) before and after."""
+    exact_logits, exact_state, _ = sgd_reference(model, ids, n_train, config, rules="exact")
+    c = model.config
+    n_top = c.n_layer if config.n_simulation_layers is None else config.n_simulation_layers
+    base = merge_parameters(split_parameters(model))
+    names = sorted({n.replace(".attn.v.", ".attn.qkv.") for n in trainable_names(model, n_top)})
+    delta_tint = torch.cat([(tint_state[n] - base[n]).flatten() for n in names])
+    delta_exact = torch.cat([(exact_state[n] - base[n]).flatten() for n in names])
+    with torch.no_grad():
+        before = model(ids[None])[0]
+
+    def heldout(logits):
+        if n_train >= ids.shape[0]:
+            return float("nan")
+        return float(F.cross_entropy(logits[n_train - 1 : -1], ids[n_train:]))
+
+    return {
+        "logits_rel_gap": float((tint_logits - exact_logits).norm() / exact_logits.norm()),
+        "update_cosine": float(F.cosine_similarity(delta_tint, delta_exact, dim=0)),
+        "update_norm_ratio": float(delta_tint.norm() / delta_exact.norm()),
+        "heldout_loss_before": heldout(before),
+        "heldout_loss_tint": heldout(tint_logits),
+        "heldout_loss_exact": heldout(exact_logits),
+    }
