@@ -19,7 +19,7 @@ VOCAB = 40
 
 def auxiliary(seed=0, **options) -> Transformer:
     torch.manual_seed(seed)
-    settings = dict(n_layer=2, n_head=2, d_model=12, vocab_size=VOCAB, max_seq_len=32)
+    settings = {"n_layer": 2, "n_head": 2, "d_model": 12, "vocab_size": VOCAB, "max_seq_len": 32}
     settings.update(options)
     model = Transformer(TransformerConfig(**settings)).double().eval()
     with torch.no_grad():  # nontrivial norm gains and biases
@@ -73,9 +73,9 @@ def test_only_tints_parameter_subset_changes():
     D = 12
     for name, value in read.items():
         moved = not torch.equal(value, original[name])
-        if name.startswith(("blocks.0.", "blocks.1.", "norm_f")) or name.endswith("norm1.weight") or name.endswith("norm2.weight"):
+        if name.startswith(("blocks.0.", "blocks.1.", "norm_f")) or name.endswith(("norm1.weight", "norm2.weight")):
             assert not moved, name
-        elif name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
+        elif name.endswith(("attn.qkv.weight", "attn.qkv.bias")):
             assert torch.equal(value[: 2 * D], original[name][: 2 * D])  # W_Q, W_K frozen
             assert not torch.equal(value[2 * D :], original[name][2 * D :])
         else:
