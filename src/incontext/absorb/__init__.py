@@ -9,6 +9,7 @@ from .base import (
     get_absorb_method,
 )
 from .cgt_fold import CGTFold, FoldedContext, fold, lora_factors, prompt_context
+from .dynamic_eval import DynamicEval, TinTStep, UpdatedWeights
 from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, convert
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 
@@ -19,11 +20,14 @@ __all__ = [
     "CGTFold",
     "ConversionError",
     "DropPrompt",
+    "DynamicEval",
     "FoldedContext",
     "ICLCAApprox",
     "KeepPrompt",
     "LinearAttentionBias",
     "SoftmaxFeaturePrefix",
+    "TinTStep",
+    "UpdatedWeights",
     "absorb_methods",
     "algorithm_1",
     "convert",
