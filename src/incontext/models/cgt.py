@@ -332,7 +332,8 @@ class CGT(nn.Module):
                 mu, logvar = self.y_mu(y), self.y_logvar(y)
                 y = mu
                 if self.training:
-                    noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+                    device = generator.device if generator is not None else mu.device
+                    noise = torch.randn(mu.shape, generator=generator, device=device, dtype=mu.dtype).to(mu.device)
                     y = mu + torch.exp(0.5 * logvar) * noise
         else:
             y = self._check_context(y, inputs.shape[0], t)

@@ -1,7 +1,9 @@
 """The configuration of a training run: model, task, optimizer, schedule and run sections.
 
     model:     {n_layer: 4, d_model: 64, n_head: 4, ...}   # TransformerConfig fields; sizes of the inputs
-                                                           # and outputs come from the task unless given
+                                                           # and outputs come from the task unless given;
+                                                           # `kind: cgt` takes CGTConfig fields instead
+    loss:      {eta: 0.5, w_c: 0.08, ...}                  # CGTLossConfig fields (model.kind cgt only)
     task:      {name: linear_regression, d_in: 4, ...}     # a registered task and its config fields
     optimizer: {name: adamw, lr: 3.0e-3, ...}
     schedule:  {warmup_steps: 100, total_steps: 4500, ...}
@@ -19,11 +21,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..config import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
-from ..models import TransformerConfig
+from ..models import CGTConfig, CGTLossConfig, TransformerConfig
 from ..tasks import get_task
 from ..tasks.base import Task
 
 _IO_KEYS = ("vocab_size", "d_input", "d_output")
+MODEL_KINDS = ("transformer", "cgt")
 
 
 @dataclass
@@ -92,6 +95,7 @@ class RunConfig:
 class TrainConfig:
     model: dict[str, Any] = field(default_factory=dict)
     task: dict[str, Any] = field(default_factory=lambda: {"name": "linear_regression"})
+    loss: dict[str, Any] = field(default_factory=dict)  # CGTLossConfig fields; only for model.kind = cgt
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -99,6 +103,7 @@ class TrainConfig:
     def __post_init__(self):
         self.build_task()  # validates the task section
         self.model_config()  # validates the model section against the task
+        self.loss_config()
 
     def build_task(self) -> Task:
         options = dict(self.task)
@@ -112,10 +117,27 @@ class TrainConfig:
         except ValueError as error:
             raise ConfigError(f"task: {error}") from error
 
-    def model_config(self) -> TransformerConfig:
-        """TransformerConfig: the model section, with input/output sizes and length taken from the task."""
+    @property
+    def model_kind(self) -> str:
+        kind = self.model.get("kind", "transformer")
+        if kind not in MODEL_KINDS:
+            raise ConfigError(f"model.kind={kind!r} is not one of {MODEL_KINDS}")
+        return kind
+
+    def loss_config(self) -> CGTLossConfig | None:
+        """The CGT objective's options (None for an ordinary transformer, trained on the task's loss)."""
+        if self.model_kind != "cgt":
+            if self.loss:
+                raise ConfigError(f"the loss section {self.loss} applies to model.kind=cgt only")
+            return None
+        return from_dict(CGTLossConfig, dict(self.loss), where="loss")
+
+    def model_config(self) -> TransformerConfig | CGTConfig:
+        """TransformerConfig (or CGTConfig for model.kind=cgt): the model section, with input/output sizes and
+        length taken from the task."""
         task = self.build_task()
-        values = dict(self.model)
+        kind = self.model_kind
+        values = {k: v for k, v in self.model.items() if k != "kind"}
         io = task.model_io()
         for key in _IO_KEYS:
             if key in values and values[key] != io.get(key):
@@ -124,7 +146,7 @@ class TrainConfig:
         values.setdefault("max_seq_len", task.sequence_length)
         if values["max_seq_len"] < task.sequence_length and values.get("positions", "learned") == "learned":
             raise ConfigError(f"model.max_seq_len={values['max_seq_len']} is shorter than the task's sequences ({task.sequence_length})")
-        return from_dict(TransformerConfig, values, where="model")
+        return from_dict(CGTConfig if kind == "cgt" else TransformerConfig, values, where="model")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..config import ConfigError
-from ..models import Transformer
+from ..models import CGT, Transformer, cgt_loss
 from ..tasks.base import Batch, Task
 from .checkpoint import latest_checkpoint, load_training_state, read_state, save_checkpoint
 from .config import OptimizerConfig, ScheduleConfig, TrainConfig
@@ -31,6 +31,7 @@ from .metrics import MetricsLogger, plot_losses, read_metrics
 
 KILL_AT_STEP_ENV = "INCONTEXT_TEST_KILL_AT_STEP"  # tests: die like `kill -9` right after this step
 _EVAL_SEED_OFFSET = 1_000_000_007
+_AUX_SEED_OFFSET = 2_000_000_011  # auxiliary-loss cut points and VAE noise
 
 
 class NonFiniteLossError(RuntimeError):
@@ -71,6 +72,26 @@ def pick_device(preference: str, local_rank: int = 0) -> torch.device:
 
 def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def build_model(config: TrainConfig) -> Transformer | CGT:
+    """The model the config describes: a Transformer, or a CGT for model.kind=cgt."""
+    model_config = config.model_config()
+    return CGT(model_config) if config.model_kind == "cgt" else Transformer(model_config)
+
+
+def training_loss(model: torch.nn.Module, raw_model: torch.nn.Module, task: Task, batch: Batch, config: TrainConfig,
+                  generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+    """The task's loss of the model's outputs, or for a CGT the full objective (eq. 3) and its parts."""
+    loss_config = config.loss_config()
+    if loss_config is None:
+        return task.loss(model(batch.inputs).float(), batch), {}
+
+    def task_loss(outputs: torch.Tensor, scored: torch.Tensor | None) -> torch.Tensor:
+        mask = batch.mask if scored is None else batch.mask & scored
+        return task.loss(outputs.float(), Batch(batch.inputs, batch.targets, mask, {}))
+
+    return cgt_loss(raw_model, batch.inputs, task_loss, loss_config, generator)
 
 
 def evaluation_batches(task: Task, config: TrainConfig) -> list[Batch]:
@@ -116,8 +137,8 @@ def _check_resumable(saved: dict[str, Any], config: TrainConfig) -> None:
     current = config.to_dict()
     differences = [
         f"{section}: checkpoint {saved[section]} vs now {current[section]}"
-        for section in ("model", "task", "optimizer")
-        if saved.get(section) != current[section]
+        for section in ("model", "task", "optimizer", "loss")
+        if saved.get(section, {} if section == "loss" else None) != current[section]  # older runs have no loss section
     ]
     if differences:
         raise ConfigError("cannot resume: the checkpoint was trained with a different configuration:\n  " + "\n  ".join(differences))
@@ -160,7 +181,10 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
         )
     task = config.build_task()
     torch.manual_seed(run.seed)  # parameter init; identical on every rank
-    model = Transformer(config.model_config()).to(device)
+    model = build_model(config).to(device)
+    if config.model_kind == "cgt" and (dist_info.enabled or run.compile):
+        raise ConfigError("model.kind=cgt trains in one process without torch.compile (its objective makes two passes "
+                          "through model.run); set run.compile=false and start without torchrun")
     optimizer = build_optimizer(model, config.optimizer)
 
     start_step = 0
@@ -211,7 +235,7 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
     bar = tqdm(total=schedule.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                disable=not (progress and dist_info.is_main))
     model.train()
-    window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+    window_loss, window_start, window_steps, window_parts = 0.0, time.perf_counter(), 0, {}
     final_eval: dict[str, Any] = {}
     for step in range(start_step, schedule.total_steps):
         lr = lr_at(step, config.optimizer, schedule)
@@ -226,9 +250,13 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
             piece = Batch(local.inputs[part], local.targets[part], local.mask[part], {}).to(device)
             sync = m == run.grad_accum - 1 or not dist_info.enabled
             with (contextlib.nullcontext() if sync else train_model.no_sync()), autocast:
-                loss = task.loss(train_model(piece.inputs).float(), piece) / run.grad_accum
+                loss, parts = training_loss(train_model, model, task, piece, config,
+                                            step_generator(run.seed + _AUX_SEED_OFFSET, step * run.grad_accum + m))
+                loss = loss / run.grad_accum
             loss.backward()
             step_loss += loss.detach()
+            for key, value in parts.items():
+                window_parts[key] = window_parts.get(key, 0.0) + value / run.grad_accum
         grad_norm = None
         if config.optimizer.grad_clip is not None:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optimizer.grad_clip)
@@ -253,9 +281,10 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
                       "tokens_per_s": tokens_per_step * window_steps / max(elapsed, 1e-9)}
             if grad_norm is not None:
                 record["grad_norm"] = float(grad_norm)
+            record.update({key: value / window_steps for key, value in window_parts.items()})  # CGT loss parts
             logger.log(done, "train", record)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
-            window_loss, window_start, window_steps = 0.0, time.perf_counter(), 0
+            window_loss, window_start, window_steps, window_parts = 0.0, time.perf_counter(), 0, {}
         if done == schedule.total_steps or (run.eval_every and done % run.eval_every == 0):
             final_eval = run_eval(done)
             if final_eval and dist_info.is_main:
@@ -276,14 +305,14 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
     return results
 
 
-def load_for_eval(checkpoint: Path, device: str = "cpu") -> tuple[Transformer, TrainConfig]:
+def load_for_eval(checkpoint: Path, device: str = "cpu") -> tuple[Transformer | CGT, TrainConfig]:
     """The model of a checkpoint and the config it was trained with."""
     from .checkpoint import load_weights
     from .config import config_from_dict
 
     state = read_state(checkpoint)
     config = config_from_dict(state["config"])
-    model = Transformer(config.model_config()).to(device)
+    model = build_model(config).to(device)
     load_weights(checkpoint, model)
     return model.eval(), config
 
@@ -297,6 +326,7 @@ def evaluate_checkpoint(checkpoint: Path, device: str = "cpu") -> dict[str, Any]
 
 __all__ = [
     "NonFiniteLossError",
+    "build_model",
     "build_optimizer",
     "evaluate",
     "evaluate_checkpoint",

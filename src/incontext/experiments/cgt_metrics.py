@@ -1,0 +1,178 @@
+"""CGT metrics (paper sec. 4.2, spec "Metrics"): base and specialised accuracy on the arithmetic sequences,
+representation variation (eq. 4), linear-fit error of the task parameters from y, the <n_s . n_t> map, t-SNE.
+
+Arithmetic layout: task k spans examples k*n_ex .. (k+1)*n_ex - 1 of `example_length(d)` characters each,
+the last one a separator. "Prompt" = the first n_prompt examples of a task (2 of 4 in the paper), "E1";
+the rest, "E2", is what accuracy, variation and the linear fit are measured on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..models import CGT
+from ..tasks.arithmetic import ArithmeticConfig, example_length
+from ..tasks.base import Batch
+
+
+@dataclass(frozen=True)
+class TaskSpans:
+    """Where each task's prompt examples (E1) and measured examples (E2) sit in a sequence."""
+
+    example_len: int
+    n_ex: int
+    n_tasks: int
+    n_prompt: int
+
+    @classmethod
+    def of(cls, config: ArithmeticConfig, n_prompt: int | None = None) -> TaskSpans:
+        n_prompt = config.n_ex // 2 if n_prompt is None else n_prompt
+        if not 1 <= n_prompt < config.n_ex:
+            raise ValueError(f"n_prompt must lie in [1, n_ex={config.n_ex}), got {n_prompt}")
+        return cls(example_length(config.digits), config.n_ex, config.n_tasks, n_prompt)
+
+    def task(self, k: int) -> tuple[int, int, int]:
+        """(start, cut, end): the task spans [start, end), its E2 examples [cut, end)."""
+        start = k * self.n_ex * self.example_len
+        return start, start + self.n_prompt * self.example_len, start + self.n_ex * self.example_len
+
+
+def _answer_scores(logits: torch.Tensor, batch: Batch, select: torch.Tensor, answer_chars: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-character correctness and per-answer exact match on the answer positions inside `select`."""
+    correct = logits.argmax(-1) == batch.targets
+    chosen = batch.mask & select
+    chars = correct[chosen]
+    return chars.float(), chars.reshape(-1, answer_chars).all(-1).float()
+
+
+@torch.no_grad()
+def base_accuracy(model: torch.nn.Module, batch: Batch, spans: TaskSpans, answer_chars: int) -> dict[str, float]:
+    """Teacher-forced accuracy on the answers of the E2 examples, the whole sequence in context (dynamic y)."""
+    select = batch.info["example_index"] >= spans.n_prompt
+    chars, exact = _answer_scores(model(batch.inputs), batch, select, answer_chars)
+    return {"char_accuracy": chars.mean().item(), "exact_match": exact.mean().item()}
+
+
+@torch.no_grad()
+def specialized_accuracy(model: torch.nn.Module, batch: Batch, spans: TaskSpans, answer_chars: int,
+                         frozen: bool = True) -> dict[str, float]:
+    """Accuracy on each task's E2 examples run alone (positions from 0). frozen=True: a CGT with y frozen at
+    the separator that ends the prompt examples (the specialised model; folding gives the same logits);
+    frozen=False: the prompt examples are simply dropped (no context; any model)."""
+    contexts = model.context(batch.inputs) if frozen else None
+    chars, exact = [], []
+    for k in range(spans.n_tasks):
+        _, cut, end = spans.task(k)
+        piece = Batch(batch.inputs[:, cut:end], batch.targets[:, cut:end], batch.mask[:, cut:end], {})
+        logits = model(piece.inputs, y=contexts[:, cut - 1]) if frozen else model(piece.inputs)
+        c, e = _answer_scores(logits, piece, torch.ones_like(piece.mask), answer_chars)
+        chars.append(c)
+        exact.append(e)
+    return {"char_accuracy": torch.cat(chars).mean().item(), "exact_match": torch.cat(exact).mean().item()}
+
+
+def representation_variation(y: torch.Tensor, spans: TaskSpans) -> float:
+    """Eq. (4): total variation of y over E2, after centring and normalising over each task's E1 + E2."""
+    values = []
+    for k in range(spans.n_tasks):
+        start, cut, end = spans.task(k)
+        delta = y[:, start:end] - y[:, start:end].mean(dim=1, keepdim=True)
+        scale = delta.square().sum(-1).mean(dim=1, keepdim=True).sqrt()[..., None]
+        normalised = delta / scale.clamp_min(1e-12)
+        local = cut - start
+        steps = normalised[:, local:] - normalised[:, local - 1 : -1]  # s in E2, s - 1 may be E1's last
+        values.append(steps.norm(dim=-1).mean(dim=1))
+    return torch.stack(values).mean().item()
+
+
+def linear_fit(y: torch.Tensor, params: dict[str, torch.Tensor], spans: TaskSpans) -> dict[str, float]:
+    """Least squares (with intercept) from y_s, s in E2, to the z-scored task parameters (a, b); fit on the
+    first half of the sequences, scored on the second. Mean absolute error (z units) and R^2 per parameter."""
+    n = y.shape[0]
+    if n < 4:
+        raise ValueError(f"the linear fit needs at least 4 sequences, got {n}")
+    feats, targets = [], []
+    for k in range(spans.n_tasks):
+        _, cut, end = spans.task(k)
+        feats.append(y[:, cut:end].double())  # (B, |E2|, d)
+        targets.append(torch.stack([params[p][:, k] for p in sorted(params)], -1)[:, None].expand(-1, end - cut, -1))
+    x = torch.cat(feats, 1)
+    t = torch.cat(targets, 1).double()
+    half = n // 2
+    mean, std = t[:half].reshape(-1, t.shape[-1]).mean(0), t[:half].reshape(-1, t.shape[-1]).std(0)
+    t = (t - mean) / std
+    design = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+    train_x, train_t = design[:half].reshape(-1, design.shape[-1]), t[:half].reshape(-1, t.shape[-1])
+    test_x, test_t = design[half:].reshape(-1, design.shape[-1]), t[half:].reshape(-1, t.shape[-1])
+    weights = torch.linalg.lstsq(train_x, train_t).solution
+    error = test_x @ weights - test_t
+    result = {"mean_abs_error": error.abs().mean().item()}
+    for i, name in enumerate(sorted(params)):
+        result[f"r2_{name}"] = (1 - error[:, i].square().mean() / test_t[:, i].var(unbiased=False)).item()
+        result[f"mean_abs_error_{name}"] = error[:, i].abs().mean().item()
+    return result
+
+
+def dot_product_map(y: torch.Tensor) -> torch.Tensor:
+    """<n_s . n_t> averaged over sequences, n = y / ||y||: (T, T)."""
+    n = y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return torch.einsum("bsd,btd->st", n, n) / y.shape[0]
+
+
+def cgt_arithmetic_metrics(model: torch.nn.Module, batch: Batch, config: ArithmeticConfig) -> dict[str, float]:
+    """Every Table-1 metric for one model on one held-out batch (CGT-only metrics skipped for a Transformer)."""
+    spans, answer_chars = TaskSpans.of(config), config.digits + 3
+    metrics = {f"base_{k}": v for k, v in base_accuracy(model, batch, spans, answer_chars).items()}
+    metrics.update({f"no_prompt_{k}": v for k, v in specialized_accuracy(model, batch, spans, answer_chars, frozen=False).items()})
+    if isinstance(model, CGT):
+        metrics.update({f"specialized_{k}": v for k, v in specialized_accuracy(model, batch, spans, answer_chars).items()})
+        y = model.context(batch.inputs)
+        metrics["variation"] = representation_variation(y, spans)
+        fit = linear_fit(y, {"a": batch.info["a"], "b": batch.info["b"]}, spans)
+        metrics.update({f"linear_fit_{k}": v for k, v in fit.items()})
+    return metrics
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plot_dot_map(matrix: torch.Tensor, path, title: str, boundaries: list[int] | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4.3))
+    image = ax.imshow(matrix.numpy(), cmap="viridis", vmin=min(0.0, float(matrix.min())), vmax=1.0)
+    for b in boundaries or []:
+        ax.axhline(b - 0.5, color="w", lw=0.5)
+        ax.axvline(b - 0.5, color="w", lw=0.5)
+    ax.set(title=title, xlabel="position t", ylabel="position s")
+    fig.colorbar(image, ax=ax, label="<n_s . n_t>")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_tsne(vectors: np.ndarray, labels: list[str], path, title: str, seed: int = 0) -> None:
+    """t-SNE of one vector per document, coloured by its label (topic)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.manifold import TSNE
+
+    perplexity = max(2.0, min(30.0, (len(vectors) - 1) / 3))
+    points = TSNE(n_components=2, perplexity=perplexity, random_state=seed, init="pca").fit_transform(vectors)
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for label in sorted(set(labels)):
+        chosen = np.array([lab == label for lab in labels])
+        ax.scatter(points[chosen, 0], points[chosen, 1], s=8, label=label)
+    ax.set(title=title, xticks=[], yticks=[])
+    ax.legend(fontsize=7, markerscale=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

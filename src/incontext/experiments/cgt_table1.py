@@ -1,0 +1,236 @@
+"""CGT Table 1 (paper sec. 4.2): baseline vs CGT (eta = 1) vs CGT + aux vs CGT + aux + reg on the arithmetic
+ICL sequences, several seeds, mean +- 3 standard errors.
+
+    incontext run cgt-table1                      # CPU scale (preset "cpu"): see PRESETS for every deviation
+    incontext run cgt-table1 --set preset=paper   # 6 layers, d_x 112, d_y 64, 3 digits, 4 tasks (a GPU job)
+
+Any preset value can be overridden (`--set steps=3000`). Runs go to <out>/<variant>-seed<k>/train, `workers`
+of them at a time (one CPU thread each on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..train import latest_checkpoint, load_for_eval
+from .cgt_metrics import (
+    TaskSpans,
+    cgt_arithmetic_metrics,
+    dot_product_map,
+    plot_dot_map,
+)
+from .common import train_fresh
+from .registry import register_experiment
+
+VARIANTS = ("baseline", "cgt", "cgt_aux", "cgt_aux_reg")
+PAPER = {  # Table 1, mean +- 3 sigma over 6 runs
+    "base_char_accuracy": {"baseline": (77.7, 0.8), "cgt": (79.0, 0.8), "cgt_aux": (77.5, 1.3), "cgt_aux_reg": (78.6, 1.2)},
+    "specialized_char_accuracy": {"cgt": (15.3, 7.2), "cgt_aux": (77.0, 1.0), "cgt_aux_reg": (77.5, 0.9)},
+    "variation": {"cgt": (0.80, None), "cgt_aux": (0.39, None), "cgt_aux_reg": (0.07, None)},
+    "linear_fit_mean_abs_error": {"cgt": (0.19, None), "cgt_aux": (0.12, None), "cgt_aux_reg": (0.04, None)},
+}
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU scale, every deviation from the paper: 4 layers (not 6), l = 3 (not 4), d_x 64 / 4 heads (not 112 / 7),
+    # d_y 32 / 2 heads (not 64 / 4), M = 8 (not 16), 2-digit numbers, 2 tasks x 4 examples (not 3 digits, 4 tasks),
+    # integer coefficients, 1500 steps of batch 32 at lr 1e-3 (not 400k steps of 128 at 2.5e-4..5e-4).
+    "cpu": {"n_layer": 4, "split_layer": 3, "d_x": 64, "n_head_x": 4, "d_y": 32, "n_head_y": 2, "rank": 4,
+            "n_templates": 8, "digits": 2, "n_tasks": 2, "n_ex": 4, "integer_coefficients": True, "steps": 1500,
+            "batch_size": 32, "lr": 1e-3, "warmup": 100},
+    "paper": {"n_layer": 6, "split_layer": 4, "d_x": 112, "n_head_x": 7, "d_y": 64, "n_head_y": 4, "rank": 4,
+              "n_templates": 16, "digits": 3, "n_tasks": 4, "n_ex": 4, "integer_coefficients": False,
+              "steps": 400_000, "batch_size": 128, "lr": 5e-4, "warmup": 10_000},
+}
+
+
+@dataclass
+class Table1Config:
+    preset: str = "cpu"
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    workers: int = 2  # runs trained at the same time (processes)
+    threads: int = 1  # torch threads per run
+    eval_sequences: int = 512
+    eta: float = 0.5
+    w_c: float = 0.08
+    w_d: float = 0.04
+    aux_cuts: int = 4
+    # None: the preset's value
+    n_layer: int | None = None
+    split_layer: int | None = None
+    d_x: int | None = None
+    n_head_x: int | None = None
+    d_y: int | None = None
+    n_head_y: int | None = None
+    rank: int | None = None
+    n_templates: int | None = None
+    digits: int | None = None
+    n_tasks: int | None = None
+    n_ex: int | None = None
+    integer_coefficients: bool | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    warmup: int | None = None
+
+    def __post_init__(self):
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset={self.preset!r} is not one of {sorted(PRESETS)}")
+        unknown = sorted(set(self.variants) - set(VARIANTS))
+        if unknown or not self.variants:
+            raise ValueError(f"variants {unknown or self.variants} not among {VARIANTS}")
+        if not self.seeds or self.workers < 1:
+            raise ValueError("give at least one seed and workers >= 1")
+
+    def resolved(self) -> dict[str, Any]:
+        """The preset with explicit settings on top."""
+        values = dict(PRESETS[self.preset])
+        values.update({k: v for k, v in dataclasses.asdict(self).items() if k in values and v is not None})
+        return values
+
+
+def variant_settings(config: Table1Config, variant: str, seed: int) -> dict[str, Any]:
+    """The trainer config of one run."""
+    s = config.resolved()
+    if variant == "baseline":
+        model = {"n_layer": s["n_layer"], "d_model": s["d_x"], "n_head": s["n_head_x"], "positions": "learned"}
+        loss = {}
+    else:
+        model = {"kind": "cgt", **{k: s[k] for k in ("n_layer", "split_layer", "d_x", "n_head_x", "d_y", "n_head_y",
+                                                     "rank", "n_templates")}}
+        loss = {"eta": 1.0 if variant == "cgt" else config.eta, "aux_cuts": config.aux_cuts}
+        if variant == "cgt_aux_reg":
+            loss.update({"w_c": config.w_c, "w_d": config.w_d})
+    return {
+        "model": model,
+        "task": {"name": "arithmetic", "digits": s["digits"], "n_tasks": s["n_tasks"], "n_ex": s["n_ex"],
+                 "integer_coefficients": s["integer_coefficients"]},
+        "loss": loss,
+        "optimizer": {"name": "adamw", "lr": s["lr"], "weight_decay": 0.0},
+        "schedule": {"total_steps": s["steps"], "warmup_steps": min(s["warmup"], s["steps"] // 2)},
+        "run": {"batch_size": s["batch_size"], "seed": seed, "eval_every": 0, "eval_sequences": 256,
+                "checkpoint_every": 0, "log_every": 50, "threads": config.threads, "tensorboard": False},
+    }
+
+
+def _train_one(run_dir: str, settings: dict[str, Any]) -> dict[str, Any]:
+    start = time.perf_counter()
+    _, _, results = train_fresh(Path(run_dir), settings)
+    seconds = time.perf_counter() - start
+    return {"train_eval": results["eval"], "seconds": seconds, "seconds_per_step": seconds / settings["schedule"]["total_steps"],
+            "parameters": results["parameters"]}
+
+
+def mean_3se(values: list[float]) -> tuple[float, float]:
+    """Mean and 3 standard errors (0 for a single value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, 3 * std / math.sqrt(n)
+
+
+@register_experiment("cgt-table1", "CGT Table 1: baseline / CGT / +aux / +aux+reg, base and specialised accuracy", Table1Config)
+def run(config: Table1Config, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(variant, seed) for variant in config.variants for seed in config.seeds]
+    settings = {job: variant_settings(config, *job) for job in jobs}
+    run_dirs = {job: out_dir / f"{job[0]}-seed{job[1]}" for job in jobs}
+    if config.workers == 1:
+        trained = {job: _train_one(str(run_dirs[job]), settings[job]) for job in jobs}
+    else:
+        with ProcessPoolExecutor(config.workers, mp_context=get_context("spawn")) as pool:
+            futures = {job: pool.submit(_train_one, str(run_dirs[job]), settings[job]) for job in jobs}
+            trained = {job: future.result() for job, future in futures.items()}
+
+    runs, maps = [], {}
+    for job in jobs:
+        model, train_config = load_for_eval(latest_checkpoint(run_dirs[job] / "train"))
+        task = train_config.build_task()
+        batch = task.sample(config.eval_sequences, torch.Generator().manual_seed(123_457))
+        metrics = cgt_arithmetic_metrics(model, batch, task.config)
+        runs.append({"variant": job[0], "seed": job[1], **trained[job], "metrics": metrics})
+        if job[0] != "baseline" and job[1] == config.seeds[0]:
+            maps[job[0]] = dot_product_map(model.context(batch.inputs))
+    spans = TaskSpans.of(task.config)
+
+    summary: dict[str, dict[str, list[float]]] = {}
+    for variant in config.variants:
+        chosen = [r["metrics"] for r in runs if r["variant"] == variant]
+        summary[variant] = {key: list(mean_3se([m[key] for m in chosen])) for key in chosen[0]}
+        summary[variant]["seconds_per_step"] = list(mean_3se([r["seconds_per_step"] for r in runs if r["variant"] == variant]))
+    results = {"experiment": "cgt-table1", "config": dataclasses.asdict(config), "resolved": config.resolved(),
+               "runs": runs, "summary": summary, "paper": PAPER}
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "table.md").write_text(table(results))
+    for variant, matrix in maps.items():
+        boundaries = [spans.task(k)[0] for k in range(1, spans.n_tasks)]
+        plot_dot_map(matrix, out_dir / f"dot_map_{variant}.png", f"{variant} (seed {config.seeds[0]})", boundaries)
+    plot_summary(results, out_dir / "table1.png")
+    return results
+
+
+ROWS = [("base accuracy (dynamic y)", "base_char_accuracy", 100), ("specialised accuracy (frozen y, examples 1-2 dropped)", "specialized_char_accuracy", 100),
+        ("no-prompt accuracy (examples 1-2 dropped)", "no_prompt_char_accuracy", 100), ("base exact match", "base_exact_match", 100),
+        ("specialised exact match", "specialized_exact_match", 100), ("representation variation, eq. (4)", "variation", 1),
+        ("linear-fit error (z units)", "linear_fit_mean_abs_error", 1), ("linear-fit R^2 of a", "linear_fit_r2_a", 1),
+        ("linear-fit R^2 of b", "linear_fit_r2_b", 1), ("seconds per training step", "seconds_per_step", 1)]
+
+
+def table(results: dict) -> str:
+    variants, s = list(results["summary"]), results["resolved"]
+    n = len(results["config"]["seeds"])
+    lines = [(f"CGT Table 1, preset {results['config']['preset']}: {s['n_layer']} layers (l = {s['split_layer']}), d_x {s['d_x']}, "
+             f"d_y {s['d_y']}, r {s['rank']}, M {s['n_templates']}, {s['digits']}-digit numbers, {s['n_tasks']} tasks x "
+             f"{s['n_ex']} examples, {s['steps']} steps of batch {s['batch_size']}; mean +- 3 standard errors over {n} seeds "
+             "(paper: 6 runs, 3 sigma). Accuracies on the answer characters of examples 3-4 of every task."), "",
+             "| metric | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+    for label, key, scale in ROWS:
+        cells = []
+        for v in variants:
+            if key not in results["summary"][v]:
+                cells.append("–")
+                continue
+            mean, err = results["summary"][v][key]
+            digits = 1 if scale == 100 else 3
+            cell = f"{scale * mean:.{digits}f} ± {scale * err:.{digits}f}"
+            paper = results["paper"].get(key, {}).get(v)
+            if paper:
+                cell += f" (paper {paper[0]}{f' ± {paper[1]}' if paper[1] else ''})"
+            cells.append(cell)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_summary(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(results["summary"])
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, keys, title in ((axes[0], ["base_char_accuracy", "specialized_char_accuracy", "no_prompt_char_accuracy"], "accuracy"),
+                            (axes[1], ["variation"], "representation variation"), (axes[2], ["linear_fit_mean_abs_error"], "linear-fit error")):
+        width = 0.8 / len(keys)
+        for j, key in enumerate(keys):
+            xs = [i + j * width for i, v in enumerate(variants) if key in results["summary"][v]]
+            values = [results["summary"][v][key] for v in variants if key in results["summary"][v]]
+            ax.bar(xs, [m for m, _ in values], width, yerr=[e for _, e in values], label=key.replace("_char_accuracy", ""))
+        ax.set_xticks(range(len(variants)), variants, rotation=15)
+        ax.set_title(title)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
