@@ -32,7 +32,7 @@ def test_tint_from_hf(kind):
     with torch.no_grad():
         assert rel_error(aux(ids[None]), hf(ids[None]).logits) < 1e-6  # HF keeps some float32 steps
     config = TintConfig(learning_rate=0.05)
-    logits, banks, _ = tint_from_hf(hf, config).simulate(ids, 6)
+    logits, _, _ = tint_from_hf(hf, config).simulate(ids, 6)
     ref_logits, _, _ = sgd_reference(aux, ids, 6, config)
     assert rel_error(logits, ref_logits) < 1e-7
 
