@@ -152,6 +152,8 @@ def test_bad_experiment_settings_are_reported(capsys):
     assert "variants" in capsys.readouterr().err
     assert main(["run", "residual-lm", "--set", "icl_late=[48, 99]"]) == 2
     assert "icl_late" in capsys.readouterr().err
+    assert main(["run", "residual-lm", "--set", "probe_every=-5"]) == 2
+    assert "probe_every" in capsys.readouterr().err
 
 
 def test_residual_lm_runs_at_toy_size(tmp_path, monkeypatch):
@@ -160,11 +162,14 @@ def test_residual_lm_runs_at_toy_size(tmp_path, monkeypatch):
     assert main(["run", "residual-lm", "--set", "steps=2", "--set", "seeds=[0]", "--set", "n_layer=1",
                  "--set", "d_model=32", "--set", "n_head=2", "--set", "vocab_size=300", "--set", "train_stories=800",
                  "--set", "ioi_pairs=3", "--set", "eval_windows=8", "--set", "icl_stories=4",
-                 "--set", "induction_sequences=4", "--set", "warmup_steps=1", "--out", str(out)]) == 0
+                 "--set", "induction_sequences=4", "--set", "warmup_steps=1", "--set", "probe_every=1",
+                 "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["runs"]) == {"none", "v"} and results["summary"]["v"]["validation loss"][0] > 0
     run = results["runs"]["v"][0]
     assert set(run["ioi"]) == {"paper 1", "paper 2", "paper 3", "paper 4", "paper", "train names", "held-out names"}
     assert run["ioi"]["held-out names"]["prompts"] == 6 and len(run["in_context_curve"]) == 64
     assert (out / "table.md").read_text().count("| 4: After Sam and Amy") == 1
-    assert (out / "loss_curves.png").is_file() and (out / "ioi.png").is_file()
+    assert [row["step"] for row in run["during_training"]] == [1, 2] and results["seeds_done"] == [0]
+    for name in ("loss_curves.png", "ioi.png", "icl_during_training.png"):
+        assert (out / name).is_file()

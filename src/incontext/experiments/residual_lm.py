@@ -42,6 +42,7 @@ from ..tasks.stories import (
     heldout_stories,
 )
 from ..tasks.text import ENDOFTEXT_ID
+from ..train import load_for_eval
 from ..train.metrics import read_metrics
 from .common import train_fresh
 from .registry import register_experiment
@@ -216,6 +217,7 @@ class ResidualLMConfig:
     icl_early: list[int] = field(default_factory=lambda: [4, 12])  # positions [start, end) of the early mean
     icl_late: list[int] = field(default_factory=lambda: [48, 63])
     induction_sequences: int = 256
+    probe_every: int = 250  # steps between checkpoints probed for IOI / induction during training; 0 = final only
     threads: int = 1
 
     def __post_init__(self):
@@ -224,6 +226,8 @@ class ResidualLMConfig:
             raise ValueError(f"variants must be residual_stream values from {sorted(VARIANT_NAMES)}, got {self.variants}")
         if not self.seeds:
             raise ValueError("seeds must name at least one seed")
+        if self.probe_every < 0:
+            raise ValueError(f"probe_every must be >= 0 (0 = probe the final model only), got {self.probe_every}")
         for name in ("icl_early", "icl_late"):
             lo, hi = getattr(self, name)
             if not 0 <= lo < hi <= self.seq_len:
@@ -240,7 +244,8 @@ def train_settings(config: ResidualLMConfig, variant: str, seed: int) -> dict:
         "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0, "betas": [0.9, 0.95]},  # = Adam
         "schedule": {"total_steps": config.steps, "warmup_steps": config.warmup_steps, "kind": "constant"},
         "run": {"batch_size": config.batch_size, "seed": seed, "eval_every": 0, "eval_sequences": 256,
-                "checkpoint_every": 0, "log_every": 10, "device": "cpu", "threads": config.threads, "tensorboard": False},
+                "checkpoint_every": config.probe_every, "keep_checkpoints": config.steps // max(config.probe_every, 1) + 1,
+                "log_every": 10, "device": "cpu", "threads": config.threads, "tensorboard": False},
     }
 
 
@@ -257,6 +262,20 @@ def evaluate_model(model: torch.nn.Module, task: Stories, config: ResidualLMConf
             "ioi": ioi, "in_context_curve": curve,
             "in_context_score": in_context_score(curve, tuple(config.icl_early), tuple(config.icl_late)),
             "induction": induction_accuracy(model, task, config.induction_sequences, seed=config.corpus_seed + 2)}
+
+
+def probe_checkpoints(train_dir: Path, task: Stories, config: ResidualLMConfig) -> list[dict]:
+    """IOI (training and held-out names), induction accuracy and validation loss of every checkpoint of a run."""
+    prompts = (sampled_prompts(TRAIN_NAMES, config.ioi_pairs, config.corpus_seed, "train names")
+               + sampled_prompts(HELDOUT_NAMES, config.ioi_pairs, config.corpus_seed, "held-out names"))
+    rows = []
+    for checkpoint in sorted((train_dir / "checkpoints").glob("step_*")):
+        model, _ = load_for_eval(checkpoint)
+        ioi = ioi_scores(model, task, prompts)
+        rows.append({"step": int(checkpoint.name.removeprefix("step_")), "ioi": ioi,
+                     "induction_accuracy": induction_accuracy(model, task, config.induction_sequences, seed=config.corpus_seed + 2)["accuracy"],
+                     "validation_loss": validation_loss(model, task, min(config.eval_windows, 256), seed=config.corpus_seed + 1)})
+    return rows
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -334,6 +353,7 @@ def run(config: ResidualLMConfig, out_dir: Path) -> dict:
     runs: dict[str, list[dict]] = {v: [] for v in config.variants}
     curves: dict[str, list[list[tuple[int, float]]]] = {v: [] for v in config.variants}
     parameters = 0
+    results: dict = {}
     for seed in config.seeds:  # seeds outermost: a cut-short study still has both variants for the first seeds
         for variant in config.variants:
             run_dir = out_dir / "train" / f"{variant}-seed{seed}"
@@ -342,16 +362,23 @@ def run(config: ResidualLMConfig, out_dir: Path) -> dict:
             seconds = time.perf_counter() - started
             task = train_config.build_task()
             result = {"seed": seed, "variant": variant, "train_seconds": seconds,
-                      "final_train_loss": trained["eval"].get("loss"), **evaluate_model(model, task, config)}
+                      "final_train_loss": trained["eval"].get("loss"), **evaluate_model(model, task, config),
+                      "during_training": probe_checkpoints(run_dir / "train", task, config)}
             runs[variant].append(result)
             curves[variant].append([(r["step"], r["loss"]) for r in read_metrics(run_dir / "train") if r["split"] == "train"])
             parameters = model.num_parameters()
             print(f"{VARIANT_NAMES[variant]} seed {seed}: {seconds:.0f} s, validation loss {result['validation_loss']:.3f}, "
                   f"IOI paper correct {result['ioi']['paper']['correct']:.1f}% incorrect {result['ioi']['paper']['incorrect']:.1f}%, "
                   f"held-out {result['ioi']['held-out names']['correct']:.1f}% / {result['ioi']['held-out names']['incorrect']:.1f}%")
+        results = write_outputs(config, out_dir, runs, curves, parameters)  # after every seed: a cut-short study keeps its seeds
+    return results
+
+
+def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: dict, parameters: int) -> dict:
     summary = summarize(runs)
     results = {"experiment": "residual-lm", "config": dataclasses.asdict(config), "parameters": parameters,
-               "summary": summary, "runs": runs, "train_loss_curves": curves, "paper": PAPER}
+               "seeds_done": [r["seed"] for r in runs[config.variants[-1]]], "summary": summary, "runs": runs,
+               "train_loss_curves": curves, "paper": PAPER}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     (out_dir / "table.md").write_text(table(config, runs, summary, parameters))
     plot(results, out_dir)
@@ -385,6 +412,28 @@ def plot(results: dict, out_dir: Path) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "loss_curves.png", dpi=120)
+    plt.close(fig)
+
+    # ICL during training: IOI with training / held-out names and induction, mean over seeds.
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for v in variants:
+        probes = [r["during_training"] for r in results["runs"][v]]
+        n = min(len(p) for p in probes)
+        if n == 0:
+            continue
+        steps = [row["step"] for row in probes[0][:n]]
+        for ax, group in zip(axes[:2], ("train names", "held-out names")):
+            for key, style in (("correct", "-"), ("incorrect", "--")):
+                values = np.mean([[row["ioi"][group][key] for row in p[:n]] for p in probes], axis=0)
+                ax.plot(steps, values, style, color=colors[v], marker="o", label=f"{VARIANT_NAMES[v]}: {key}")
+            ax.set(xlabel="step", ylabel="probability (%)", title=f"IOI, {group}")
+        induction = np.mean([[row["induction_accuracy"] for row in p[:n]] for p in probes], axis=0)
+        axes[2].plot(steps, induction, color=colors[v], marker="o", label=VARIANT_NAMES[v])
+    axes[2].set(xlabel="step", ylabel="accuracy", title="induction (repeated random tokens)")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "icl_during_training.png", dpi=120)
     plt.close(fig)
 
     # IOI probabilities: correct (solid) and incorrect (hatched) per prompt group, mean +- std over seeds.
