@@ -17,6 +17,7 @@ from incontext.tint.hsplit import (
     SplitWise,
     build_parameter_tree,
     count_weights,
+    module_parameters,
     output_map_linear_forward,
     query_map_linear_backward,
 )
@@ -345,11 +346,16 @@ def test_built_parameter_tree_matches_table3_module_rows(d_aux, h_sim):
               TintConfig(rows_per_prefix=4, shards=4, bias_slot=False))
     L = Layout(d_aux, config)
     assert L.d_sim == 4 * d_aux and L.n_heads == h_sim
-    tree = build_parameter_tree(L, n_layer=1, t_aux=2048)
     rows = module_rows(paper_sizes(d_aux, h_sim, 2048, k=L.K))
-    layer = tree["0"]
-    for module in ("linear", "layernorm", "activation"):
+    t_sim = L.K + 2048
+    for kind in ("linear", "layernorm", "activation"):
+        module = module_parameters(L, kind, t_sim)
         for op, key in (("forward", "fwd"), ("backward", "bwd"), ("descent", "descent")):
-            built = count_weights(layer[module][key]) if key in layer[module] else 0
-            assert built == rows[module][op], (module, op)
-    assert count_weights(layer["self_attention"]) == rows["self_attention"]["total"]  # 2Q+3Q+Q vs 2Q+2Q+2Q
+            built = count_weights(module[key]) if key in module else 0
+            assert built == rows[kind][op], (kind, op)
+    assert count_weights(module_parameters(L, "self_attention", t_sim)) == rows["self_attention"]["total"]  # 2Q+3Q+Q
+    # a whole block: the paper's per-op block row plus the activation forward's Q_split and the
+    # self-attention backward/descent split (Q moved from descent to backward)
+    block = build_parameter_tree(L, 1, 2048)["0"]
+    total = sum(count_weights(m) for m in block.values())
+    assert total == rows["transformer_block"]["total"] + rows["activation"]["forward"]

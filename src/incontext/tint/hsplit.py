@@ -141,31 +141,42 @@ class TokenMaps(nn.Module):
         return sum(m.weight.numel() for m in self.maps)
 
 
-def build_parameter_tree(layout: Layout, n_layer: int, t_aux: int, device="meta", dtype=torch.float32) -> nn.ModuleDict:
-    """Every fixed weight of a layer-unrolled TinT for an n_layer GPT-2/OPT-style auxiliary model, grouped
-    as `layer.module.operation` (Table 3's rows; operations "fwd", "bwd", "descent"): linear layers (shared by q/k/v, out, and the four
-    sub-MLPs), layer norms, self-attention, activation. Embeddings and the LM head are not counted."""
-    t_sim = layout.K + t_aux
+# the modules of one auxiliary pre-LN block, in order, and their kind (a row of Table 3)
+BLOCK_MODULES = (("norm1", "layernorm"), ("self_attention", "self_attention"), ("attn_out", "linear"),
+                 ("norm2", "layernorm"), ("fc_in", "linear"), ("activation", "activation"), ("fc_out", "linear"))
+
+
+def module_parameters(layout: Layout, kind: str, t_sim: int, device="meta", dtype=torch.float32) -> nn.ModuleDict:
+    """The fixed weights of the TinT modules simulating one auxiliary module of a kind, by operation ("fwd",
+    "bwd", "descent"). Self-attention: forward = the q/k/v Linear Forward (shared by the three) + the softmax
+    layer; backward = score recomputation + transposed-score layer + W_V Linear Backward; descent = W_V."""
 
     def attention():
         return AttentionParameters(layout, t_sim, device, dtype)
 
-    def hsplit():
-        return HSplitLinear(layout.n_heads, layout.d_head, device=device, dtype=dtype)
+    if kind == "linear":
+        return nn.ModuleDict({"fwd": attention(), "bwd": attention(), "descent": attention()})
+    if kind == "layernorm":
+        return nn.ModuleDict({"fwd": attention(), "bwd": nn.ModuleList([attention(), TokenMaps(layout, 2, device, dtype)]),
+                              "descent": attention()})
+    if kind == "self_attention":
+        return nn.ModuleDict({"fwd": nn.ModuleList([attention(), attention()]),
+                              "bwd": nn.ModuleList([attention(), attention(), attention()]), "descent": attention()})
+    if kind == "activation":
+        return nn.ModuleDict({"fwd": HSplitLinear(layout.n_heads, layout.d_head, device=device, dtype=dtype),
+                              "bwd": TokenMaps(layout, 2, device, dtype)})
+    raise ValueError(f"unknown module kind {kind!r}")
 
-    layers = nn.ModuleDict()
-    for i in range(n_layer):
-        layers[str(i)] = nn.ModuleDict({
-            "linear": nn.ModuleDict({"fwd": attention(), "bwd": attention(), "descent": attention()}),
-            "layernorm": nn.ModuleDict({"fwd": attention(),
-                                        "bwd": nn.ModuleList([attention(), TokenMaps(layout, 2, device, dtype)]),
-                                        "descent": attention()}),
-            "self_attention": nn.ModuleDict({"fwd": nn.ModuleList([attention(), attention()]),
-                                             "bwd": nn.ModuleList([attention(), attention(), attention()]),
-                                             "descent": attention()}),
-            "activation": nn.ModuleDict({"fwd": hsplit(), "bwd": TokenMaps(layout, 2, device, dtype)}),
-        })
-    return layers
+
+def build_parameter_tree(layout: Layout, n_layer: int, t_aux: int, device="meta", dtype=torch.float32) -> nn.ModuleDict:
+    """Every fixed weight of a layer-unrolled TinT for an n_layer GPT-2/OPT-style auxiliary model, grouped
+    as `layer.module.operation` (`BLOCK_MODULES`; operations "fwd", "bwd", "descent"). The four sub-MLPs
+    of an MLP share their modules (App. I), as do q/k/v. Embeddings and the LM head are not counted."""
+    t_sim = layout.K + t_aux
+    return nn.ModuleDict({
+        str(i): nn.ModuleDict({name: module_parameters(layout, kind, t_sim, device, dtype) for name, kind in BLOCK_MODULES})
+        for i in range(n_layer)
+    })
 
 
 def count_weights(module: nn.Module) -> int:

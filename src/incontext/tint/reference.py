@@ -235,7 +235,7 @@ def compare_with_exact(model: Transformer, ids: torch.Tensor, n_train: int, conf
     exact_logits, exact_state, _ = sgd_reference(model, ids, n_train, config, rules="exact")
     c = model.config
     n_top = c.n_layer if config.n_simulation_layers is None else config.n_simulation_layers
-    base = merge_parameters(split_parameters(model))
+    base = model.state_dict()
     names = sorted({n.replace(".attn.v.", ".attn.qkv.") for n in trainable_names(model, n_top)})
     delta_tint = torch.cat([(tint_state[n] - base[n]).flatten() for n in names])
     delta_exact = torch.cat([(exact_state[n] - base[n]).flatten() for n in names])

@@ -1,0 +1,25 @@
+import json
+
+from incontext.cli import main
+
+
+def test_tint_table3_runs_at_toy_size(tmp_path):
+    assert main(["run", "tint-table3", "--set", "d_model=48", "--set", "n_layer=1", "--set", "n_head=2",
+                 "--set", "vocab_size=100", "--set", "t_aux=64", "--set", "run_tokens=8", "--set", "run_train=5",
+                 "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["gpt2_small_built_meta"] == results["gpt2_small_formula"]
+    assert results["step"]["logits_rel_error_vs_r_approx"] < 1e-7
+    assert results["formula_billions"]["OPT-1.3B"]["total_sum"] == 10.824
+    assert (tmp_path / "table.md").is_file()
+
+
+def test_tint_perplexity_runs_at_toy_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path / "cache"))
+    assert main(["run", "tint-perplexity", "--set", "steps=2", "--set", "documents=2", "--set", "tune_documents=1",
+                 "--set", "n_layer=1", "--set", "vocab_size=300", "--set", "seq_len=24", "--set", "d_model=48",
+                 "--set", "n_head=2", "--set", "inner_lrs=[0.001]", "--set", "batch_size=4", "--set", "fractions=[0.5]",
+                 "--out", str(tmp_path / "out")]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(results["perplexity"]) == {"vanilla", "dynamic eval", "TinT"}
+    assert all(len(v) == 1 and v[0] > 1 for v in results["perplexity"].values())
