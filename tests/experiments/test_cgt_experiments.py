@@ -20,3 +20,26 @@ def test_cgt_table1_runs_at_toy_size(tmp_path):
     assert "specialized_char_accuracy" not in results["summary"]["baseline"]
     assert (tmp_path / "table.md").is_file() and (tmp_path / "dot_map_cgt_aux_reg.png").is_file()
     assert (tmp_path / "table1.png").is_file()
+
+
+def test_cgt_regression_runs_at_toy_size(tmp_path):
+    args = ["run", "cgt-regression", *TINY_MODEL, "--set", "steps=3", "--set", "batch_size=4", "--set", "d_in=3",
+            "--set", "n_points=8", "--set", "freeze_after=[2, 5]", "--set", "eval_sequences=8", "--out", str(tmp_path)]
+    assert main(args) == 0
+    curves = json.loads((tmp_path / "results.json").read_text())["mse_by_examples"]
+    assert set(curves) == {"baseline", "cgt dynamic", "cgt frozen after 2", "cgt frozen after 5", "ridge"}
+    assert curves["cgt frozen after 5"][:5] == [None] * 5 and len(curves["cgt frozen after 5"]) == 8
+    assert (tmp_path / "cgt_regression.png").is_file()
+
+
+def test_cgt_text_runs_at_toy_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path / "cache"))
+    args = ["run", "cgt-text", *TINY_MODEL, "--set", "steps=2", "--set", "batch_size=2", "--set", "vocab_size=300",
+            "--set", "seq_len=64", "--set", "cut_lo=20", "--set", "cut_hi=40", "--set", "prefix=16",
+            "--set", "eval_sequences=6", "--set", "docs_per_topic=6", "--set", "corpus_docs=30", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(results["models"]) == {"regularised", "unregularised"}
+    assert len(results["models"]["regularised"]["per_position_ce"]["specialised (frozen y, no prefix)"]) == 48
+    for name in ("tsne_regularised.png", "tsne_unregularised.png", "cgt_text.png", "table.md"):
+        assert (tmp_path / "out" / name).is_file()

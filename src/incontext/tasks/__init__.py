@@ -14,6 +14,7 @@ from .induction import Induction, InductionConfig, split_prompt  # importing reg
 from .registry import get_task, list_tasks, register_task
 from .stories import Stories, StoriesConfig  # importing registers "stories"
 from .text import Shakespeare, ShakespeareConfig  # importing registers "shakespeare"
+from .topic_mixture import TopicMixture, TopicMixtureConfig  # importing registers "topic_mixture"
 from .regression import LeastSquares, LinearRegression, LinearRegressionConfig, Ridge, error_by_examples
 
 __all__ = [
@@ -36,6 +37,8 @@ __all__ = [
     "Stories",
     "StoriesConfig",
     "ShakespeareConfig",
+    "TopicMixture",
+    "TopicMixtureConfig",
     "LinearRegression",
     "LinearRegressionConfig",
     "LeastSquares",
