@@ -359,3 +359,14 @@ def test_built_parameter_tree_matches_table3_module_rows(d_aux, h_sim):
     block = build_parameter_tree(L, 1, 2048)["0"]
     total = sum(count_weights(m) for m in block.values())
     assert total == rows["transformer_block"]["total"] + rows["activation"]["forward"]
+
+
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(["linear", "softmax"]))
+def test_block_restricted_attention_equals_dense(seed, kind):
+    from incontext.tint.modules import attend, attend_dense
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(3, 9, 4, generator=g, dtype=DT) for _ in range(3))
+    allowed = torch.rand(9, 9, generator=g) < 0.3
+    allowed[2] = False  # a row with no allowed key
+    assert torch.allclose(attend(q, k, v, allowed, kind), attend_dense(q, k, v, allowed, kind), rtol=1e-13, atol=1e-13)
