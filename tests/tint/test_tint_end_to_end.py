@@ -37,6 +37,10 @@ CASES = [
     ({"d_model": 16, "mlp": "gelu_tanh"}, {"rows_per_prefix": 5, "shards": 4, "n_steps": 2}),
     # appendix J: RMSnorm, RoPE, no biases (Llama-style), S = 4 without a bias slot as in the paper
     ({"norm": "rmsnorm", "positions": "rope", "bias": False}, {"rows_per_prefix": 4, "shards": 4, "bias_slot": False}),
+    # SwiGLU (Def. J.3-J.6; five slots: S = 4 and a bias slot), with and without biases
+    ({"norm": "rmsnorm", "positions": "rope", "bias": False, "mlp": "swiglu", "d_mlp": 24},
+     {"rows_per_prefix": 4, "shards": 4, "bias_slot": True}),
+    ({"mlp": "swiglu", "d_mlp": 36}, {"rows_per_prefix": 4, "shards": 4, "n_steps": 2}),
 ]
 
 
@@ -131,7 +135,7 @@ def test_dynamic_eval_lowers_training_loss():
 def test_builder_rejects_unsupported_models():
     with pytest.raises(ValueError, match="tied embeddings"):
         TinT(auxiliary(tie_embeddings=False))
-    with pytest.raises(ValueError, match="SwiGLU"):
+    with pytest.raises(ValueError, match="SwiGLU auxiliary model needs >= 5 slots"):
         TinT(auxiliary(mlp="swiglu"))
     with pytest.raises(ValueError, match="n_train"):
         TinT(auxiliary()).simulate(torch.zeros(5, dtype=torch.long), 1)

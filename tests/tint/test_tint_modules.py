@@ -370,3 +370,25 @@ def test_block_restricted_attention_equals_dense(seed, kind):
     allowed = torch.rand(9, 9, generator=g) < 0.3
     allowed[2] = False  # a row with no allowed key
     assert torch.allclose(attend(q, k, v, allowed, kind), attend_dense(q, k, v, allowed, kind), rtol=1e-13, atol=1e-13)
+
+
+def test_glu_forward_exact_and_backward_first_order():
+    """GLU (Def. J.3, J.5): y = silu(v) * u; d_up exact, d_gate = O(eps) with slope 1."""
+    from incontext.tint.modules import GatedBackward, GatedForward
+
+    L = Layout(12, TintConfig(rows_per_prefix=4, shards=4))
+    g = torch.Generator().manual_seed(10)
+    tokens = random_tokens(L, 5, g)
+    out = GatedForward(L)(tokens, 1, 2, 3)
+    assert rel_error(L.slot(out, 3), F.silu(L.slot(tokens, 1)) * L.slot(tokens, 2)) < 1e-14
+    v = torch.randn(5, 12, generator=g, dtype=DT).requires_grad_(True)
+    u = torch.randn(5, 12, generator=g, dtype=DT).requires_grad_(True)
+    dy = L.slot(tokens, 0)
+    d_v, d_u = torch.autograd.grad(F.silu(v) * u, (v, u), dy)
+    errors = []
+    for eps in (1e-2, 1e-3, 1e-4):
+        out = GatedBackward(L, eps)(tokens, 0, v.detach(), u.detach(), up_dst=2, gate_dst=3)
+        assert rel_error(L.slot(out, 2), d_u) < 1e-14
+        errors.append(rel_error(L.slot(out, 3), d_v))
+    slopes = [math.log10(errors[i] / errors[i + 1]) for i in range(2)]
+    assert all(0.8 < s < 1.2 for s in slopes), (errors, slopes)

@@ -381,6 +381,35 @@ class ActivationBackward:
         return 2 * self.layout.dim_wise()
 
 
+class GatedForward:
+    """GLU gate (Def. J.3, SwiGLU in our models): y = sigma(gate) * up, one gated (GLU-type) MLP layer on two
+    slots written by Linear Forward modules."""
+
+    def __init__(self, layout: Layout, activation: str = "silu"):
+        self.layout, self.act = layout, ACTIVATIONS[activation]
+
+    def __call__(self, tokens, gate: int, up: int, dst: int):
+        L = self.layout
+        return L.write(tokens, dst, self.act(L.slot(tokens, gate)) * L.slot(tokens, up))
+
+
+class GatedBackward:
+    """First-order GLU backward (Def. J.5): for y = sigma(v) * u and dy,
+    d_up = dy * sigma(v) (exact) and d_gate = (sigma(v + eps dy) - sigma(v)) * u / eps, from three gated
+    layers (products of two slots) and a dimension-wise map; v and u come from the forward module."""
+
+    def __init__(self, layout: Layout, eps: float, activation: str = "silu"):
+        self.layout, self.eps, self.act = layout, eps, ACTIVATIONS[activation]
+
+    def __call__(self, tokens, grad: int, gate_saved: torch.Tensor, up_saved: torch.Tensor, up_dst: int, gate_dst: int):
+        L = self.layout
+        dy = L.slot(tokens, grad)
+        d_gate = (self.act(gate_saved + self.eps * dy) * up_saved - self.act(gate_saved) * up_saved) / self.eps
+        d_up = dy * self.act(gate_saved)
+        tokens = L.write(tokens, gate_dst, d_gate)
+        return L.write(tokens, up_dst, d_up)
+
+
 # ============================================================================ self-attention (App. E)
 
 

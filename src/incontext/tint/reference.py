@@ -63,6 +63,23 @@ class _FiniteDifferenceActivation(torch.autograd.Function):
         return (act(x + eps * dy) - act(x)) / eps, None, None
 
 
+class _FirstOrderGLU(torch.autograd.Function):
+    """y = silu(gate) * up; backward d_up = dy * silu(gate), d_gate = (silu(gate + eps dy) - silu(gate)) * up / eps
+    (Def. J.5)."""
+
+    @staticmethod
+    def forward(ctx, gate, up, eps):
+        ctx.save_for_backward(gate, up)
+        ctx.eps = eps
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        eps = ctx.eps
+        return (F.silu(gate + eps * dy) - F.silu(gate)) * up / eps, dy * F.silu(gate), None
+
+
 def split_parameters(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's parameters as detached tensors, the fused qkv split into attn.{q,k,v}."""
     D = model.config.d_model
@@ -112,6 +129,9 @@ def functional_forward(model: Transformer, params: dict, ids: torch.Tensor, rule
         return out + params[prefix + ".bias"] if prefix + ".bias" in params else out
 
     def activation(x):
+        if c.mlp == "swiglu":
+            gate, up = x.chunk(2, dim=-1)
+            return _FirstOrderGLU.apply(gate, up, config.act_eps) if approx else F.silu(gate) * up
         return _FiniteDifferenceActivation.apply(x, c.mlp, config.act_eps) if approx else ACTIVATIONS[c.mlp](x)
 
     if hidden is None:

@@ -26,6 +26,8 @@ from .modules import (
     ActivationForward,
     AuxAttentionForward,
     AuxAttentionValueBackward,
+    GatedBackward,
+    GatedForward,
     Layout,
     LinearBackward,
     LinearDescent,
@@ -50,8 +52,6 @@ def _check_auxiliary(model: Transformer) -> None:
         problems.append("n_kv_head = n_head and head_dim = d_model / n_head")
     if c.mlp_width % c.d_model:
         problems.append(f"an MLP width that is a multiple of d_model (got {c.mlp_width})")
-    if c.mlp == "swiglu":
-        problems.append("a GELU/ReLU MLP (SwiGLU is not simulated)")
     if c.dropout or c.attn_dropout:
         problems.append("no dropout")
     if problems:
@@ -80,8 +80,14 @@ class TinT(nn.Module):
         self.linear_forward, self.linear_backward, self.linear_descent = LinearForward(L), LinearBackward(L), LinearDescent(L)
         self.norm_forward = NormForward(L, c.norm, c.norm_eps)
         self.norm_backward = NormBackward(L, self.norm_forward.normalize, config.ln_eps)
-        self.act_forward = ActivationForward(L, c.mlp)
-        self.act_backward = ActivationBackward(L, c.mlp, config.act_eps)
+        self.glu = c.mlp == "swiglu"
+        if self.glu:
+            if L.n_slots < 5:
+                raise ValueError(f"a SwiGLU auxiliary model needs >= 5 slots per token (rows_per_prefix + bias_slot), got {L.n_slots}")
+            self.gate_forward, self.gate_backward = GatedForward(L), GatedBackward(L, config.act_eps)
+        else:
+            self.act_forward = ActivationForward(L, c.mlp)
+            self.act_backward = ActivationBackward(L, c.mlp, config.act_eps)
         self.attn_forward = AuxAttentionForward(L, c.n_head, c.scale_attn)
         self.attn_backward = AuxAttentionValueBackward(self.attn_forward)
         self.lm_gradient = LMHeadGradient(L, self.embedding)
@@ -117,9 +123,15 @@ class TinT(nn.Module):
             blocks[f"{i}.out"] = (out.weight.detach(), None if out.bias is None else out.bias.detach())
             blocks[f"{i}.norm2"] = norm(block.norm2)
             fc_in, fc_out = block.mlp.fc_in, block.mlp.fc_out
+            width = self.aux_config.mlp_width
             for ch in range(self.n_chunks):
                 rows = slice(ch * D, (ch + 1) * D)
-                blocks[f"{i}.fc_in.{ch}"] = (fc_in.weight.detach()[rows], None if fc_in.bias is None else fc_in.bias.detach()[rows])
+                if self.glu:  # fc_in = [gate; up]
+                    up_rows = slice(width + ch * D, width + (ch + 1) * D)
+                    for name, r in (("gate", rows), ("up", up_rows)):
+                        blocks[f"{i}.{name}.{ch}"] = (fc_in.weight.detach()[r], None if fc_in.bias is None else fc_in.bias.detach()[r])
+                else:
+                    blocks[f"{i}.fc_in.{ch}"] = (fc_in.weight.detach()[rows], None if fc_in.bias is None else fc_in.bias.detach()[rows])
                 out_bias = None if (fc_out.bias is None or ch) else fc_out.bias.detach()
                 blocks[f"{i}.fc_out.{ch}"] = (fc_out.weight.detach()[:, rows], out_bias)
         blocks["norm_f"] = norm(model.norm_f)
@@ -167,16 +179,23 @@ class TinT(nn.Module):
         tokens = self.norm_forward(banks[f"{i}.norm2"], tokens, 0, 0)
         z2 = L.slot(tokens, 0).clone()
         tokens = L.write(tokens, 1, torch.zeros_like(z2))
-        pre, act = [], []
+        pre, act, up = [], [], []
         for ch in range(self.n_chunks):
-            tokens = self.linear_forward(banks[f"{i}.fc_in.{ch}"], tokens, 0, 2)
-            pre.append(L.slot(tokens, 2).clone())
-            tokens = self.act_forward(tokens, 2, 2)
+            if self.glu:
+                tokens = self.linear_forward(banks[f"{i}.gate.{ch}"], tokens, 0, 2)
+                tokens = self.linear_forward(banks[f"{i}.up.{ch}"], tokens, 0, 3)
+                pre.append(L.slot(tokens, 2).clone())
+                up.append(L.slot(tokens, 3).clone())
+                tokens = self.gate_forward(tokens, 2, 3, 2)
+            else:
+                tokens = self.linear_forward(banks[f"{i}.fc_in.{ch}"], tokens, 0, 2)
+                pre.append(L.slot(tokens, 2).clone())
+                tokens = self.act_forward(tokens, 2, 2)
             act.append(L.slot(tokens, 2).clone())
             tokens = self.linear_forward(banks[f"{i}.fc_out.{ch}"], tokens, 2, 1, accumulate=True)
         tokens = L.write(tokens, 0, h + L.slot(tokens, 1))
         if saved is not None:
-            saved[i] = {"x": x, "z1": z1, "q": q, "k": k, "o": o, "h": h, "z2": z2, "pre": pre, "act": act}
+            saved[i] = {"x": x, "z1": z1, "q": q, "k": k, "o": o, "h": h, "z2": z2, "pre": pre, "act": act, "up": up}
         return tokens
 
     def _block_backward(self, i, banks, new_banks, tokens, s, train) -> torch.Tensor:
@@ -189,6 +208,15 @@ class TinT(nn.Module):
             tokens = self.linear_backward(banks[fc_out], tokens, 0, 2)  # d act
             tokens = L.write(tokens, 3, s["act"][ch])
             new_banks[fc_out] = descend(banks[fc_out], tokens, 3, 0, train, eta, update_bias=self.has_bias and ch == 0)
+            if self.glu:  # slot 2: d up, slot 3: d gate (first order), slot 4: the MLP input
+                gate, up = f"{i}.gate.{ch}", f"{i}.up.{ch}"
+                tokens = self.gate_backward(tokens, 2, s["pre"][ch], s["up"][ch], up_dst=2, gate_dst=3)
+                tokens = L.write(tokens, 4, s["z2"])
+                new_banks[up] = descend(banks[up], tokens, 4, 2, train, eta, update_bias=self.has_bias)
+                new_banks[gate] = descend(banks[gate], tokens, 4, 3, train, eta, update_bias=self.has_bias)
+                tokens = self.linear_backward(banks[up], tokens, 2, 1, accumulate=True)
+                tokens = self.linear_backward(banks[gate], tokens, 3, 1, accumulate=True)
+                continue
             tokens = self.act_backward(tokens, 2, s["pre"][ch], 2)  # d pre-activation
             tokens = L.write(tokens, 3, s["z2"])
             new_banks[fc_in] = descend(banks[fc_in], tokens, 3, 2, train, eta, update_bias=self.has_bias)
@@ -277,12 +305,14 @@ class TinT(nn.Module):
             norm(f"{i}.norm2", b + "norm2")
             state[b + "attn.qkv.weight"] = torch.cat([read[f"{i}.{p}"][0] for p in "qkv"])
             state[b + "attn.out.weight"] = read[f"{i}.out"][0]
-            state[b + "mlp.fc_in.weight"] = torch.cat([read[f"{i}.fc_in.{ch}"][0] for ch in range(self.n_chunks)])
+            in_names = ([f"{i}.gate.{ch}" for ch in range(self.n_chunks)] + [f"{i}.up.{ch}" for ch in range(self.n_chunks)]
+                        if self.glu else [f"{i}.fc_in.{ch}" for ch in range(self.n_chunks)])
+            state[b + "mlp.fc_in.weight"] = torch.cat([read[n][0] for n in in_names])
             state[b + "mlp.fc_out.weight"] = torch.cat([read[f"{i}.fc_out.{ch}"][0] for ch in range(self.n_chunks)], 1)
             if c.bias:
                 state[b + "attn.qkv.bias"] = torch.cat([read[f"{i}.{p}"][1] for p in "qkv"])
                 state[b + "attn.out.bias"] = read[f"{i}.out"][1]
-                state[b + "mlp.fc_in.bias"] = torch.cat([read[f"{i}.fc_in.{ch}"][1] for ch in range(self.n_chunks)])
+                state[b + "mlp.fc_in.bias"] = torch.cat([read[n][1] for n in in_names])
                 state[b + "mlp.fc_out.bias"] = read[f"{i}.fc_out.0"][1]
         norm("norm_f", "norm_f")
         return state
