@@ -89,6 +89,8 @@ def training_loss(model: torch.nn.Module, raw_model: torch.nn.Module, task: Task
 
     def task_loss(outputs: torch.Tensor, scored: torch.Tensor | None) -> torch.Tensor:
         mask = batch.mask if scored is None else batch.mask & scored
+        if not bool(mask.any()):  # no scored position in the auxiliary chunks of this micro-batch
+            return outputs.sum() * 0.0
         return task.loss(outputs.float(), Batch(batch.inputs, batch.targets, mask, {}))
 
     return cgt_loss(raw_model, batch.inputs, task_loss, loss_config, generator)
