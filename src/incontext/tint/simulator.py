@@ -8,7 +8,7 @@ embeddings, and runs the updated model forward again from the cached hidden stat
     updated = sim.updated_model()             # the auxiliary model read back from the prefixes
 
 Token slots during the forward modules: 0 the residual stream x (z after a norm), 1-3 q, k and MLP
-scratch; during the backward: 0 the gradient dy, 1-3 scratch. Activations the backward and descent
+scratch; during the backward: 0 the gradient dy, 1-3 scratch (SwiGLU needs a fifth slot). Activations the backward and descent
 modules need (x, q, k, attention output, MLP activations) come from the forward modules through residual
 (skip) connections, as in the paper; here they are kept in `saved` and written into a slot when used.
 """
