@@ -42,12 +42,14 @@ PAPER = {  # Table 1, mean +- 3 sigma over 6 runs
 PRESETS: dict[str, dict[str, Any]] = {
     # CPU scale, every deviation from the paper: 4 layers (not 6), l = 3 (not 4), d_x 64 / 4 heads (not 112 / 7),
     # d_y 32 / 2 heads (not 64 / 4), M = 8 (not 16), 2-digit numbers, 2 tasks x 4 examples (not 3 digits, 4 tasks),
-    # integer coefficients, 1500 steps of batch 32 at lr 1e-3 (not 400k steps of 128 at 2.5e-4..5e-4).
+    # integer coefficients a in {0..4}, b in {-4..4} (not real a in [0, 10), b in (-10, 10)), 1500 steps of batch 32 at lr 1e-3 (not 400k steps of 128 at 2.5e-4..5e-4).
     "cpu": {"n_layer": 4, "split_layer": 3, "d_x": 64, "n_head_x": 4, "d_y": 32, "n_head_y": 2, "rank": 4,
-            "n_templates": 8, "digits": 2, "n_tasks": 2, "n_ex": 4, "integer_coefficients": True, "steps": 1500,
+            "n_templates": 8, "digits": 2, "n_tasks": 2, "n_ex": 4, "integer_coefficients": True,
+            "a_range": [0.0, 5.0], "b_range": [-5.0, 5.0], "steps": 1500,
             "batch_size": 32, "lr": 1e-3, "warmup": 100},
     "paper": {"n_layer": 6, "split_layer": 4, "d_x": 112, "n_head_x": 7, "d_y": 64, "n_head_y": 4, "rank": 4,
               "n_templates": 16, "digits": 3, "n_tasks": 4, "n_ex": 4, "integer_coefficients": False,
+              "a_range": [0.0, 10.0], "b_range": [-10.0, 10.0],
               "steps": 400_000, "batch_size": 128, "lr": 5e-4, "warmup": 10_000},
 }
 
@@ -77,6 +79,8 @@ class Table1Config:
     n_tasks: int | None = None
     n_ex: int | None = None
     integer_coefficients: bool | None = None
+    a_range: list[float] | None = None
+    b_range: list[float] | None = None
     steps: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -113,7 +117,7 @@ def variant_settings(config: Table1Config, variant: str, seed: int) -> dict[str,
     return {
         "model": model,
         "task": {"name": "arithmetic", "digits": s["digits"], "n_tasks": s["n_tasks"], "n_ex": s["n_ex"],
-                 "integer_coefficients": s["integer_coefficients"]},
+                 "integer_coefficients": s["integer_coefficients"], "a_range": s["a_range"], "b_range": s["b_range"]},
         "loss": loss,
         "optimizer": {"name": "adamw", "lr": s["lr"], "weight_decay": 0.0},
         "schedule": {"total_steps": s["steps"], "warmup_steps": min(s["warmup"], s["steps"] // 2)},

@@ -273,7 +273,7 @@ class CGT(nn.Module):
             elif name.endswith(".left") or p.dim() == 1:
                 nn.init.zeros_(p)
             else:
-                residual = name.endswith(("out.weight", "fc_out.weight"))
+                residual = name.endswith(("attn.out.weight", "attn_x.out.weight", "attn_y.out.weight", "fc_out.weight"))
                 scale = 1.0 / math.sqrt(2 * self.config.n_layer) if residual else 1.0
                 nn.init.normal_(p, 0.0, std * scale, generator=generator)
         if self.config.vae:  # start with a small posterior variance
