@@ -18,8 +18,9 @@ def test_tint_perplexity_runs_at_toy_size(tmp_path, monkeypatch):
     monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path / "cache"))
     assert main(["run", "tint-perplexity", "--set", "steps=2", "--set", "documents=2", "--set", "tune_documents=1",
                  "--set", "n_layer=1", "--set", "vocab_size=300", "--set", "seq_len=24", "--set", "d_model=48",
-                 "--set", "n_head=2", "--set", "inner_lrs=[0.001]", "--set", "batch_size=4", "--set", "fractions=[0.5]",
+                 "--set", "n_head=2", "--set", "inner_lrs=[0.001]", "--set", "batch_size=4", "--set", "fractions=[0.5]", "--set", "exact_documents=1",
                  "--out", str(tmp_path / "out")]) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(results["perplexity"]) == {"vanilla", "dynamic eval", "TinT"}
     assert all(len(v) == 1 and v[0] > 1 for v in results["perplexity"].values())
+    assert results["vs_r_exact"]["0.5"]["update_cosine"] > 0.9

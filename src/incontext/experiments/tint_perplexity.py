@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tint import TinT, TintConfig, dynamic_eval
+from ..tint.reference import compare_with_exact
 from .common import train_fresh
 from .registry import register_experiment
 
@@ -43,8 +44,9 @@ class PerplexityConfig:
     fractions: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
     documents: int = 64  # held-out documents evaluated
     tune_documents: int = 16  # other held-out documents for the inner learning rate
-    inner_lrs: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
+    inner_lrs: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 2e-4, 5e-4, 1e-3])
     n_simulation_layers: int | None = None  # None: all layers (as dynamic evaluation's step)
+    exact_documents: int = 8  # documents on which TinT's step is compared with exact SGD (R-exact)
     seed: int = 0
 
 
@@ -105,10 +107,12 @@ def run(config: PerplexityConfig, out_dir: Path) -> dict:
             tuning[method][str(fraction)] = {str(lr): s for lr, s in scores.items()}
             chosen[method].append(best)
             table[method].append(perplexity(method, model, documents, fraction, best, config.n_simulation_layers))
+    exact = against_exact(model, documents[: config.exact_documents], config, chosen["TinT"])
     results = {"experiment": "tint-perplexity", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
                "train_eval": trained.get("eval"), "train_seconds": round(train_seconds, 1),
                "total_seconds": round(time.perf_counter() - start, 1), "perplexity": table,
-               "inner_learning_rate": chosen, "tuning_perplexity": tuning, "paper_gpt2_wikitext103": PAPER_GPT2}
+               "inner_learning_rate": chosen, "tuning_perplexity": tuning, "vs_r_exact": exact,
+               "paper_gpt2_wikitext103": PAPER_GPT2}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     fracs = " | ".join(f"{round(100 * f)}%" for f in config.fractions)
     lines = [(f"Held-out perplexity, {config.documents} documents of {config.seq_len} tokens (Shakespeare plays held out), "
@@ -120,5 +124,29 @@ def run(config: PerplexityConfig, out_dir: Path) -> dict:
         lr = "" if method == "vanilla" else " (lr " + ", ".join(f"{x:g}" for x in chosen[method]) + ")"
         lines.append(f"| {method}{lr} | " + " | ".join(f"{v:.2f}" for v in values) + " | "
                      + " / ".join(str(p) for p in PAPER_GPT2[method]) + " |")
+    lines += ["", f"TinT's step vs exact SGD on the same parameters (R-exact), mean over {config.exact_documents} documents:", "",
+              "| fraction | TinT lr | logits rel. gap | update cosine | update norm ratio | held-out loss before / TinT / exact |",
+              "|---|---|---|---|---|---|"]
+    for fraction, row in exact.items():
+        lines.append(f"| {fraction} | {row['learning_rate']:g} | {row['logits_rel_gap']:.2e} | {row['update_cosine']:.5f} | "
+                     f"{row['update_norm_ratio']:.4f} | {row['heldout_loss_before']:.4f} / {row['heldout_loss_tint']:.4f} / "
+                     f"{row['heldout_loss_exact']:.4f} |")
     (out_dir / "table.md").write_text("\n".join(lines) + "\n")
     return results
+
+
+def against_exact(model, documents: torch.Tensor, config: PerplexityConfig, learning_rates: list[float]) -> dict:
+    """Per fraction: TinT's step (its tuned learning rate) against R-exact, averaged over documents."""
+    report = {}
+    for fraction, lr in zip(config.fractions, learning_rates):
+        tint_config = TintConfig(learning_rate=lr, n_simulation_layers=config.n_simulation_layers)
+        rows = []
+        for ids in documents:
+            n_train = max(2, round(fraction * ids.shape[0]))
+            sim = TinT(model, tint_config)
+            with torch.no_grad():
+                logits, banks, _ = sim.simulate(ids, n_train)
+            state = {**model.state_dict(), **sim.read_weights(banks)}
+            rows.append(compare_with_exact(model, ids, n_train, tint_config, logits, state))
+        report[str(fraction)] = {"learning_rate": lr, **{k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}}
+    return report
