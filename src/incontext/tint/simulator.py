@@ -4,12 +4,13 @@ LM loss of the training tokens (top n layers), takes `n_steps` SGD steps by writ
 embeddings, and runs the updated model forward again from the cached hidden state to predict.
 
     sim = TinT.from_transformer(model, TintConfig(learning_rate=1e-3, n_simulation_layers=2))
-    logits = sim(tokens, n_train=32)          # (T, vocab): second forward with the updated weights
-    updated = sim.updated_model()             # the auxiliary model read back from the prefixes
+    logits = sim(ids, n_train=32)                       # (T, vocab): second forward, updated weights
+    logits, prefixes, losses = sim.simulate(ids, 32)    # the same, with the updated prefix embeddings
+    updated = sim.updated_model(model, prefixes)        # the auxiliary model read back from them
 
 Token slots during the forward modules: 0 the residual stream x (z after a norm), 1-3 q, k and MLP
-scratch; during the backward: 0 the gradient dy, 1-3 scratch (SwiGLU needs a fifth slot). Activations the backward and descent
-modules need (x, q, k, attention output, MLP activations) come from the forward modules through residual
+scratch; during the backward: 0 the gradient dy, 1-3 scratch (SwiGLU needs a fifth slot). Activations
+the backward and descent modules need (x, q, k, attention output, MLP activations) come from the forward modules through residual
 (skip) connections, as in the paper; here they are kept in `saved` and written into a slot when used.
 """
 
