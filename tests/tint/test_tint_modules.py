@@ -392,3 +392,15 @@ def test_glu_forward_exact_and_backward_first_order():
         errors.append(rel_error(L.slot(out, 3), d_v))
     slopes = [math.log10(errors[i] / errors[i + 1]) for i in range(2)]
     assert all(0.8 < s < 1.2 for s in slopes), (errors, slopes)
+
+
+def test_softmax_attention_emulates_linear_attention():
+    """Theorem C.2 / 2.5: the softmax construction approaches the linear attention head as eps -> 0."""
+    from incontext.tint.modules import linear_attention_via_softmax
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (0.5 * torch.randn(2, 6, 4, generator=g, dtype=DT) for _ in range(3))
+    exact = (q @ k.transpose(-1, -2)) @ v
+    errors = [rel_error(linear_attention_via_softmax(q, k, v, eps), exact) for eps in (1e-2, 1e-3, 1e-4)]
+    assert all(errors[i] > 5 * errors[i + 1] for i in range(2)), errors  # O(eps) here (the bound is O(sqrt(eps)))
+    assert errors[2] < 2e-3

@@ -155,6 +155,20 @@ def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: tor
     return probs @ v
 
 
+def linear_attention_via_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """Theorem C.2: an (unmasked) linear attention head sum_j <q_t, k_j> v_j from softmax attention with 2H
+    heads and one extra token u. Heads 1..H take logits eps <q_t, k_j> and -2 log eps on u (value 0), with
+    values v_j / eps^3, giving sum_j (<q_t, k_j> + 1/eps + O(eps^0.9)) v_j; heads H+1..2H attend uniformly
+    (value v_j, 0 on u); the output map subtracts (T+1)/eps times the second group. Error O(sqrt(eps))."""
+    H, T, _ = q.shape
+    logits = eps * (q @ k.transpose(-1, -2))
+    logits = torch.cat([logits, torch.full((H, T, 1), -2 * math.log(eps), dtype=q.dtype, device=q.device)], -1)
+    values = torch.cat([v, torch.zeros_like(v[:, :1])], 1)
+    first = torch.softmax(logits, -1) @ (values / eps**3)
+    second = torch.softmax(torch.zeros_like(logits), -1) @ values
+    return first - (T + 1) / eps * second
+
+
 def _token_to_prefix_mask(n_prefix: int, n_tokens: int, device) -> torch.Tensor:
     allowed = torch.zeros(n_prefix + n_tokens, n_prefix + n_tokens, dtype=torch.bool, device=device)
     allowed[n_prefix:, :n_prefix] = True
