@@ -41,12 +41,13 @@ PAPER = {  # Table 1, mean +- 3 sigma over 6 runs
 }
 PRESETS: dict[str, dict[str, Any]] = {
     # CPU scale, every deviation from the paper: 4 layers (not 6), l = 3 (not 4), d_x 64 / 4 heads (not 112 / 7),
-    # d_y 32 / 2 heads (not 64 / 4), M = 8 (not 16), 2-digit numbers, 2 tasks x 4 examples (not 3 digits, 4 tasks),
-    # integer coefficients a in {0..4}, b in {-4..4} (not real a in [0, 10), b in (-10, 10)), 1500 steps of batch 32 at lr 1e-3 (not 400k steps of 128 at 2.5e-4..5e-4).
+    # d_y 32 / 2 heads (not 64 / 4), M = 8 (not 16), 1-digit numbers, 2 tasks x 4 examples (not 3 digits, 4 tasks),
+    # integer coefficients a in {0..4}, b in {-4..4} (not real a in [0, 10), b in (-10, 10)), 1500 steps of batch 64
+    # at lr 2e-3 (not 400k steps of 128 at 2.5e-4..5e-4). Pilot (eta = 1, one seed): base 81.4% vs 68.6% with
+    # examples 1-2 dropped, so the model does use its context at this scale.
     "cpu": {"n_layer": 4, "split_layer": 3, "d_x": 64, "n_head_x": 4, "d_y": 32, "n_head_y": 2, "rank": 4,
-            "n_templates": 8, "digits": 2, "n_tasks": 2, "n_ex": 4, "integer_coefficients": True,
-            "a_range": [0.0, 5.0], "b_range": [-5.0, 5.0], "steps": 1500,
-            "batch_size": 32, "lr": 1e-3, "warmup": 100},
+            "n_templates": 8, "digits": 1, "n_tasks": 2, "n_ex": 4, "integer_coefficients": True,
+            "a_range": [0.0, 5.0], "b_range": [-5.0, 5.0], "steps": 1500, "batch_size": 64, "lr": 2e-3, "warmup": 100},
     "paper": {"n_layer": 6, "split_layer": 4, "d_x": 112, "n_head_x": 7, "d_y": 64, "n_head_y": 4, "rank": 4,
               "n_templates": 16, "digits": 3, "n_tasks": 4, "n_ex": 4, "integer_coefficients": False,
               "a_range": [0.0, 10.0], "b_range": [-10.0, 10.0],
