@@ -6,7 +6,7 @@ y token, examples 1..k dropped, the x-only model reads the rest with positions r
 (the Bayes-optimal reference). Reduced scale by default (deviations from the paper: d_in 8 not 16, 40 points not
 64, 4 layers with l = 3 not 8 with l = 7, d_x 64 / d_y 32 not 128 / 64).
 
-    incontext run cgt-regression [--set steps=3000]
+    incontext run cgt-regression [--set steps=4000]
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class RegressionConfig:
     w_c: float = 0.0
     w_d: float = 0.0
     freeze_after: list[int] = field(default_factory=lambda: [5, 10, 20])
-    steps: int = 3000
-    batch_size: int = 64
+    steps: int = 2000
+    batch_size: int = 32
     lr: float = 1e-3
     eval_sequences: int = 1024
     seed: int = 0

@@ -48,8 +48,8 @@ class TextConfig:
     aux_cuts: int = 4
     w_c: float = 0.04  # the regularised model; the other has w_c = w_d = 0
     w_d: float = 0.02
-    steps: int = 2000
-    batch_size: int = 16
+    steps: int = 1500
+    batch_size: int = 8
     lr: float = 1e-3
     eval_sequences: int = 128
     docs_per_topic: int = 40  # t-SNE
