@@ -26,12 +26,12 @@ def random_cgt(seed, dtype=torch.float64, **options) -> CGT:
 
 @given(n_layer=st.integers(2, 4), split=st.integers(1, 3), heads_x=st.sampled_from([1, 2]), head_dim=st.sampled_from([4, 6]),
        d_y=st.sampled_from([2, 4]), rank=st.integers(1, 3), m=st.integers(1, 4), mixing=st.sampled_from(["tanh", "softmax"]),
-       tokens=st.booleans(), seed=st.integers(0, 10**6))
-def test_folded_equals_frozen_context_float64(n_layer, split, heads_x, head_dim, d_y, rank, m, mixing, tokens, seed):
+       tokens=st.booleans(), vae=st.booleans(), seed=st.integers(0, 10**6))
+def test_folded_equals_frozen_context_float64(n_layer, split, heads_x, head_dim, d_y, rank, m, mixing, tokens, vae, seed):
     split = min(split, n_layer - 1)
     io = {"vocab_size": 11} if tokens else {"d_input": 3, "d_output": 2}
     model = random_cgt(seed, n_layer=n_layer, split_layer=split, d_x=heads_x * head_dim, n_head_x=heads_x, d_y=d_y,
-                       n_head_y=1, rank=rank, n_templates=m, mixing=mixing, max_seq_len=24, **io)
+                       n_head_y=1, rank=rank, n_templates=m, mixing=mixing, vae=vae, max_seq_len=24, **io)
     g = torch.Generator().manual_seed(seed)
     if tokens:
         prompt, query = torch.randint(0, 11, (1, 9), generator=g), torch.randint(0, 11, (2, 7), generator=g)
