@@ -12,10 +12,12 @@ from incontext.cli import main
 from incontext.experiments.residual_lm import (
     IOIPrompt,
     continuation_logprobs,
+    first_step,
     in_context_score,
     induction_accuracy,
     ioi_scores,
     paper_prompts,
+    rewrite_outputs,
     sampled_prompts,
 )
 from incontext.models import Transformer, TransformerConfig
@@ -173,3 +175,13 @@ def test_residual_lm_runs_at_toy_size(tmp_path, monkeypatch):
     assert [row["step"] for row in run["during_training"]] == [1, 2] and results["seeds_done"] == [0]
     for name in ("loss_curves.png", "ioi.png", "icl_during_training.png"):
         assert (out / name).is_file()
+    table = (out / "table.md").read_text()
+    assert "| IOI training names P(correct) >= 50% |" in table and "| 2 | " in table
+    (out / "table.md").unlink()
+    assert rewrite_outputs(out)["summary"] == results["summary"] and (out / "table.md").read_text() == table
+
+
+def test_first_step():
+    probes = [{"step": 10, "x": 0.1}, {"step": 20, "x": 0.7}, {"step": 30, "x": 0.4}]
+    assert first_step(probes, lambda row: row["x"], 0.5) == 20
+    assert first_step(probes, lambda row: row["x"], 0.9) is None

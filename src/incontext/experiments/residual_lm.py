@@ -343,7 +343,52 @@ def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, 
             cells.append(f"{c[0]:.1f} +- {c[1]:.1f} / {w[0]:.1f} +- {w[1]:.1f}")
         cells += [f"{PAPER['sentence_correct'][v][i - 1]} / {PAPER['sentence_incorrect'][v][i - 1]}" for v in paper_variants]
         lines.append(f"| {i}: {PAPER_PROMPTS[i - 1][0].format(s='*')} | " + " | ".join(cells) + " |")
+    lines += ["", *training_table(runs)]
     return "\n".join(lines) + "\n"
+
+
+def first_step(probes: list[dict], value, threshold: float) -> int | None:
+    """The first probed step where value(probe) >= threshold (None if never)."""
+    return next((row["step"] for row in probes if value(row) >= threshold), None)
+
+
+EMERGENCE = (  # (label, value of a probe row, threshold)
+    ("IOI training names P(correct) >= 50%", lambda row: row["ioi"]["train names"]["correct"], 50.0),
+    ("IOI training names logit diff >= 2", lambda row: row["ioi"]["train names"]["logit_diff"], 2.0),
+    ("induction accuracy >= 0.5", lambda row: row["induction_accuracy"], 0.5),
+)
+
+
+def training_table(runs: dict[str, list[dict]]) -> list[str]:
+    """ICL during training: the first probed step past each threshold, and the probes step by step (seed means)."""
+    variants = [v for v in runs if all(r.get("during_training") for r in runs[v])]
+    if not variants:
+        return []
+    lines = ["First probed step past a threshold (per seed; - = not reached):", "",
+             "| threshold | " + " | ".join(VARIANT_NAMES[v] for v in variants) + " |", "|---" * (1 + len(variants)) + "|"]
+    for label, value, threshold in EMERGENCE:
+        cells = [", ".join(str(first_step(r["during_training"], value, threshold) or "-") for r in runs[v]) for v in variants]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "During training, mean over seeds: IOI with training names P(correct) / P(incorrect) %, induction accuracy, validation loss:", "", "| step | " + " | ".join(VARIANT_NAMES[v] for v in variants) + " |",
+              "|---" * (1 + len(variants)) + "|"]
+    n = min(len(r["during_training"]) for v in variants for r in runs[v])
+    for i in range(n):
+        cells = []
+        for v in variants:
+            rows = [r["during_training"][i] for r in runs[v]]
+            c, w = (np.mean([row["ioi"]["train names"][key] for row in rows]) for key in ("correct", "incorrect"))
+            induction = np.mean([row["induction_accuracy"] for row in rows])
+            loss = np.mean([row["validation_loss"] for row in rows])
+            cells.append(f"{c:.1f} / {w:.1f}, {induction:.2f}, {loss:.3f}")
+        lines.append(f"| {runs[variants[0]][0]['during_training'][i]['step']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def rewrite_outputs(out_dir: Path) -> dict:
+    """Rewrite table.md and the plots of a finished (or cut-short) study from its results.json."""
+    saved = json.loads((Path(out_dir) / "results.json").read_text())
+    config = ResidualLMConfig(**saved["config"])
+    return write_outputs(config, Path(out_dir), saved["runs"], saved["train_loss_curves"], saved["parameters"])
 
 
 @register_experiment("residual-lm", "Classic vs residual-V-stream small LMs on generated stories: IOI, in-context loss, induction", ResidualLMConfig)
