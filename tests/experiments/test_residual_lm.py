@@ -13,6 +13,7 @@ from incontext.experiments.residual_lm import (
     IOIPrompt,
     continuation_logprobs,
     first_step,
+    first_step_below,
     in_context_score,
     induction_accuracy,
     ioi_scores,
@@ -176,7 +177,7 @@ def test_residual_lm_runs_at_toy_size(tmp_path, monkeypatch):
     for name in ("loss_curves.png", "ioi.png", "icl_during_training.png"):
         assert (out / name).is_file()
     table = (out / "table.md").read_text()
-    assert "| IOI training names P(correct) >= 50% |" in table and "| 2 | " in table
+    assert "| IOI training names P(correct) >= 50% (probed) |" in table and "| training loss < 1.3 (logged" in table and "| 2 | " in table
     (out / "table.md").unlink()
     assert rewrite_outputs(out)["summary"] == results["summary"] and (out / "table.md").read_text() == table
 
@@ -185,3 +186,4 @@ def test_first_step():
     probes = [{"step": 10, "x": 0.1}, {"step": 20, "x": 0.7}, {"step": 30, "x": 0.4}]
     assert first_step(probes, lambda row: row["x"], 0.5) == 20
     assert first_step(probes, lambda row: row["x"], 0.9) is None
+    assert first_step_below([(10, 2.0), (20, 1.2), (30, 1.0)], 1.3) == 20 and first_step_below([(10, 2.0)], 1.3) is None

@@ -316,7 +316,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, list[float]]]:
             for variant, seed_runs in runs.items()}
 
 
-def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, parameters: int) -> str:
+def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, parameters: int,
+          curves: dict[str, list[list[tuple[int, float]]]] | None = None) -> str:
     variants = list(runs)
     intro = (f"GPT-2-style LMs on the procedurally generated stories (offline stand-in for TinyStories): {config.n_layer} "
              f"layers, width {config.d_model}, {config.n_head} heads, {parameters:,} parameters, T = {config.seq_len}, "
@@ -343,7 +344,7 @@ def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, 
             cells.append(f"{c[0]:.1f} +- {c[1]:.1f} / {w[0]:.1f} +- {w[1]:.1f}")
         cells += [f"{PAPER['sentence_correct'][v][i - 1]} / {PAPER['sentence_incorrect'][v][i - 1]}" for v in paper_variants]
         lines.append(f"| {i}: {PAPER_PROMPTS[i - 1][0].format(s='*')} | " + " | ".join(cells) + " |")
-    lines += ["", *training_table(runs)]
+    lines += ["", *training_table(runs, curves or {})]
     return "\n".join(lines) + "\n"
 
 
@@ -352,6 +353,7 @@ def first_step(probes: list[dict], value, threshold: float) -> int | None:
     return next((row["step"] for row in probes if value(row) >= threshold), None)
 
 
+LOSS_THRESHOLDS = (1.5, 1.3, 1.1)
 EMERGENCE = (  # (label, value of a probe row, threshold)
     ("IOI training names P(correct) >= 50%", lambda row: row["ioi"]["train names"]["correct"], 50.0),
     ("IOI training names logit diff >= 2", lambda row: row["ioi"]["train names"]["logit_diff"], 2.0),
@@ -359,16 +361,27 @@ EMERGENCE = (  # (label, value of a probe row, threshold)
 )
 
 
-def training_table(runs: dict[str, list[dict]]) -> list[str]:
-    """ICL during training: the first probed step past each threshold, and the probes step by step (seed means)."""
+def first_step_below(curve: list[tuple[int, float]], threshold: float) -> int | None:
+    """The first logged step whose training loss (a 10-step mean) is below threshold (None if never)."""
+    return next((step for step, loss in curve if loss < threshold), None)
+
+
+def training_table(runs: dict[str, list[dict]], curves: dict[str, list[list[tuple[int, float]]]]) -> list[str]:
+    """ICL during training: the first step past each threshold (training loss every 10 steps, probes every
+    probe_every steps), and the probes step by step (seed means)."""
     variants = [v for v in runs if all(r.get("during_training") for r in runs[v])]
     if not variants:
         return []
-    lines = ["First probed step past a threshold (per seed; - = not reached):", "",
+    intro = ("First step past a threshold (per seed; - = not reached). The training loss has a plateau until the model "
+             "starts copying names from the context, then drops: the loss thresholds time that drop.")
+    lines = [intro, "",
              "| threshold | " + " | ".join(VARIANT_NAMES[v] for v in variants) + " |", "|---" * (1 + len(variants)) + "|"]
+    for threshold in LOSS_THRESHOLDS:
+        cells = [", ".join(str(first_step_below(c, threshold) or "-") for c in curves.get(v, [])) for v in variants]
+        lines.append(f"| training loss < {threshold} (logged every 10 steps) | " + " | ".join(cells) + " |")
     for label, value, threshold in EMERGENCE:
         cells = [", ".join(str(first_step(r["during_training"], value, threshold) or "-") for r in runs[v]) for v in variants]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} (probed) | " + " | ".join(cells) + " |")
     lines += ["", "During training, mean over seeds: IOI with training names P(correct) / P(incorrect) %, induction accuracy, validation loss:", "", "| step | " + " | ".join(VARIANT_NAMES[v] for v in variants) + " |",
               "|---" * (1 + len(variants)) + "|"]
     n = min(len(r["during_training"]) for v in variants for r in runs[v])
@@ -425,7 +438,7 @@ def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: d
                "seeds_done": [r["seed"] for r in runs[config.variants[-1]]], "summary": summary, "runs": runs,
                "train_loss_curves": curves, "paper": PAPER}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
-    (out_dir / "table.md").write_text(table(config, runs, summary, parameters))
+    (out_dir / "table.md").write_text(table(config, runs, summary, parameters, curves))
     plot(results, out_dir)
     return results
 
