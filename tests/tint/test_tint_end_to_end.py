@@ -141,3 +141,14 @@ def test_builder_rejects_unsupported_models():
         TinT(auxiliary()).simulate(torch.zeros(5, dtype=torch.long), 1)
     with pytest.raises(ValueError, match="n_simulation_layers"):
         TinT(auxiliary(), TintConfig(n_simulation_layers=3))
+
+
+def test_simulator_follows_dtype_conversion():
+    model = auxiliary()
+    ids = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(7))
+    sim = TinT(model.float(), TintConfig(learning_rate=0.05))
+    logits32 = sim(ids, 5)
+    assert logits32.dtype == torch.float32
+    logits64 = sim.double()(ids, 5)
+    assert logits64.dtype == torch.float64
+    assert rel_error(logits32.double(), logits64) < 1e-2  # float32 rounding over the finite-difference eps

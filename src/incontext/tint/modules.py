@@ -491,14 +491,19 @@ class LMHeadGradient:
     E^T softmax(E x_t); a linear attention layer with scores 1 on (t, t+1) subtracts the next token's
     uncontextualized embedding E[s_{t+1}] (kept in a slot by a residual connection from the input layer)."""
 
-    def __init__(self, layout: Layout, embedding: torch.Tensor):
-        self.layout, self.embedding = layout, embedding
+    def __init__(self, layout: Layout, embedding):
+        """`embedding`: the (vocab, D_aux) matrix E, or a function returning it."""
+        self.layout, self._embedding = layout, embedding
+
+    @property
+    def embedding(self) -> torch.Tensor:
+        return self._embedding() if callable(self._embedding) else self._embedding
 
     def __call__(self, tokens, x_slot: int, emb_slot: int, dst: int, n_train: int):
         L = self.layout
-        T = tokens.shape[0]
+        T, E = tokens.shape[0], self.embedding
         x = L.slot(tokens, x_slot)
-        expected = torch.softmax(x @ self.embedding.T, -1) @ self.embedding  # MLP, softmax activation
+        expected = torch.softmax(x @ E.T, -1) @ E  # MLP, softmax activation
         shift = torch.zeros(T, T, dtype=tokens.dtype, device=tokens.device)
         rows = torch.arange(min(n_train, T) - 1, device=tokens.device)
         shift[rows, rows + 1] = 1  # head 1: t -> t+1 on the training segment, value -E[s]

@@ -91,7 +91,7 @@ class TinT(nn.Module):
             self.act_backward = ActivationBackward(L, c.mlp, config.act_eps)
         self.attn_forward = AuxAttentionForward(L, c.n_head, c.scale_attn)
         self.attn_backward = AuxAttentionValueBackward(self.attn_forward)
-        self.lm_gradient = LMHeadGradient(L, self.embedding)
+        self.lm_gradient = LMHeadGradient(L, lambda: self.embedding)  # read at call time (follows .to())
         self.rope = None
         if c.positions == "rope":
             self.rope = (c.rope_theta, c.dim_head)
