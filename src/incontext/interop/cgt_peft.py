@@ -8,6 +8,7 @@ bias row of R gives every folded layer a bias shift). Merging it reproduces the 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -62,5 +63,7 @@ def lora_adapter_model(model: CGT, y: torch.Tensor, base_hf_model=None):
 def save_lora_adapter(model: CGT, y: torch.Tensor, folder: str | Path) -> Path:
     """Save the context y as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)."""
     folder = Path(folder)
-    lora_adapter_model(model, y).save_pretrained(folder)
+    with warnings.catch_warnings():  # peft mistakes the 1-D lora_B bias (lora_bias=True) for an unsharded tensor
+        warnings.filterwarnings("ignore", message=".*LoRA tensor\\(s\\) have invalid shape.*")
+        lora_adapter_model(model, y).save_pretrained(folder)
     return folder
