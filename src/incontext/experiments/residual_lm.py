@@ -322,7 +322,7 @@ def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, 
     intro = (f"GPT-2-style LMs on the procedurally generated stories (offline stand-in for TinyStories): {config.n_layer} "
              f"layers, width {config.d_model}, {config.n_head} heads, {parameters:,} parameters, T = {config.seq_len}, "
              f"vocab {config.vocab_size}, {config.steps} steps of batch {config.batch_size}; mean +- std (population) over "
-             f"seeds {config.seeds}. Paper: TinyStories, width 256, 8 layers, 3 seeds.")
+             f"seeds {[r['seed'] for r in runs[variants[0]]]}. Paper: TinyStories, width 256, 8 layers, 3 seeds.")
     lines = [intro, ""]
     header = "| metric | " + " | ".join(VARIANT_NAMES[v] for v in variants)
     paper_variants = [v for v in variants if v in PAPER["ioi_correct"]]
