@@ -9,6 +9,7 @@ from . import arithmetic, regression  # noqa: F401  (importing registers the tas
 from .amicl import AMICLConfig, AMICLTask  # importing registers "amicl"
 from .arithmetic import Arithmetic, ArithmeticConfig
 from .base import Batch, Predictor, Task
+from .bbc_news import BBCNews, BBCNewsConfig  # importing registers "bbc-news"
 from .bursty import BurstyConfig, BurstyTask  # importing registers "bursty"
 from .induction import Induction, InductionConfig, split_prompt  # importing registers "induction"
 from .registry import get_task, list_tasks, register_task
@@ -21,6 +22,8 @@ __all__ = [
     "AMICLConfig",
     "AMICLTask",
     "Batch",
+    "BBCNews",
+    "BBCNewsConfig",
     "BurstyConfig",
     "BurstyTask",
     "Predictor",
