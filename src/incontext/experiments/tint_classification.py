@@ -67,6 +67,7 @@ class ClassificationConfig:
     lr: float = 2e-3
     excerpt_words: int = 16
     labelled_fraction: float = 0.5
+    max_train_per_topic: int = 0  # 0: all training articles (small values for smoke tests)
     heldout_per_topic: int = 60  # split per topic into demonstration pool / validation / test queries
     validation_per_topic: int = 10
     test_per_topic: int = 30
@@ -195,7 +196,8 @@ def run(config: ClassificationConfig, out_dir: Path) -> dict:
                   "norm": "layernorm", "mlp": "gelu_tanh", "attention": "softmax"},
         "task": {"name": "bbc-news", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
                  "excerpt_words": config.excerpt_words, "labelled_fraction": config.labelled_fraction,
-                 "heldout_per_topic": config.heldout_per_topic, "split_seed": config.seed},
+                 "heldout_per_topic": config.heldout_per_topic, "split_seed": config.seed,
+                 "max_train_per_topic": config.max_train_per_topic},
         "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.1, "betas": [0.9, 0.95]},
         "schedule": {"total_steps": config.steps, "warmup_steps": min(100, config.steps)},
         "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0,

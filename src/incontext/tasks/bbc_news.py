@@ -72,10 +72,13 @@ class BBCNewsConfig:
     excerpt_words: int = 16  # words of the body shown after "Article:"
     labelled_fraction: float = 0.5  # training articles preceded by their labelled example
     split_seed: int = 0
+    max_train_per_topic: int = 0  # 0: every remaining article; > 0: at most this many (small tests)
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "heldout_per_topic", "excerpt_words"):
             check_positive_int(self, name)
+        if self.max_train_per_topic < 0:
+            raise ValueError(f"max_train_per_topic must be >= 0 (0: all), got {self.max_train_per_topic}")
         if not 0.0 <= self.labelled_fraction <= 1.0:
             raise ValueError(f"labelled_fraction must lie in [0, 1], got {self.labelled_fraction}")
 
@@ -90,7 +93,8 @@ def split_articles(config: BBCNewsConfig) -> tuple[list[tuple[str, str, str]], l
         random.Random(f"{config.split_seed}-{topic}").shuffle(order)
         chosen = [(topic, rows[i][1], rows[i][2]) for i in order]
         heldout += chosen[: config.heldout_per_topic]
-        train += chosen[config.heldout_per_topic :]
+        rest = chosen[config.heldout_per_topic :]
+        train += rest[: config.max_train_per_topic] if config.max_train_per_topic > 0 else rest
     return train, heldout
 
 
@@ -140,7 +144,7 @@ class BBCNews(Shakespeare):
 
     def _key(self) -> tuple:
         c = self.config
-        return (c.vocab_size, c.seq_len, c.heldout_per_topic, c.excerpt_words, c.labelled_fraction, c.split_seed)
+        return (c.vocab_size, c.seq_len, c.heldout_per_topic, c.excerpt_words, c.labelled_fraction, c.split_seed, c.max_train_per_topic)
 
     @property
     def tokenizer(self):
