@@ -63,6 +63,7 @@ class Table1Config:
     workers: int = 2  # runs trained at the same time (processes)
     threads: int = 1  # torch threads per run
     eval_sequences: int = 512
+    reuse: bool = False  # keep runs already trained to the end in <out>/<variant>-seed<k> (split a study over processes)
     eta: float = 0.5
     w_c: float = 0.08
     w_d: float = 0.04
@@ -131,8 +132,36 @@ def _train_one(run_dir: str, settings: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     _, _, results = train_fresh(Path(run_dir), settings)
     seconds = time.perf_counter() - start
-    return {"train_eval": results["eval"], "seconds": seconds, "seconds_per_step": seconds / settings["schedule"]["total_steps"],
+    record = {"train_eval": results["eval"], "seconds": seconds, "seconds_per_step": seconds / settings["schedule"]["total_steps"],
+              "parameters": results["parameters"]}
+    (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def _finished_run(run_dir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of a run trained to its last step earlier, or None. Runs from before run.json existed get their
+    time per step from the logged training throughput."""
+    steps = settings["schedule"]["total_steps"]
+    trained = run_dir / "train" / "results.json"
+    if not trained.is_file() or json.loads(trained.read_text()).get("steps") != steps:
+        return None
+    if (run_dir / "run.json").is_file():
+        return json.loads((run_dir / "run.json").read_text())
+    results = json.loads(trained.read_text())
+    rates = [r["tokens_per_s"] for r in map(json.loads, (run_dir / "train" / "metrics.jsonl").read_text().splitlines())
+             if r.get("split") == "train" and r.get("tokens_per_s")]
+    config = json.loads(json.dumps(settings))
+    tokens = config["run"]["batch_size"] * _sequence_length(config)
+    per_step = tokens * len(rates) / sum(rates) if rates else math.nan
+    return {"train_eval": results["eval"], "seconds": per_step * steps, "seconds_per_step": per_step,
             "parameters": results["parameters"]}
+
+
+def _sequence_length(settings: dict[str, Any]) -> int:
+    from ..tasks import get_task
+
+    task = settings["task"]
+    return get_task(task["name"], **{k: v for k, v in task.items() if k != "name"}).sequence_length
 
 
 def mean_3se(values: list[float]) -> tuple[float, float]:
@@ -151,12 +180,16 @@ def run(config: Table1Config, out_dir: Path) -> dict:
     jobs = [(variant, seed) for variant in config.variants for seed in config.seeds]
     settings = {job: variant_settings(config, *job) for job in jobs}
     run_dirs = {job: out_dir / f"{job[0]}-seed{job[1]}" for job in jobs}
+    trained = {}
+    if config.reuse:
+        trained = {job: record for job in jobs if (record := _finished_run(run_dirs[job], settings[job])) is not None}
+    todo = [job for job in jobs if job not in trained]
     if config.workers == 1:
-        trained = {job: _train_one(str(run_dirs[job]), settings[job]) for job in jobs}
-    else:
+        trained.update({job: _train_one(str(run_dirs[job]), settings[job]) for job in todo})
+    elif todo:
         with ProcessPoolExecutor(config.workers, mp_context=get_context("spawn")) as pool:
-            futures = {job: pool.submit(_train_one, str(run_dirs[job]), settings[job]) for job in jobs}
-            trained = {job: future.result() for job, future in futures.items()}
+            futures = {job: pool.submit(_train_one, str(run_dirs[job]), settings[job]) for job in todo}
+            trained.update({job: future.result() for job, future in futures.items()})
 
     runs, maps = [], {}
     for job in jobs:
