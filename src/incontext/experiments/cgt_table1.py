@@ -64,6 +64,7 @@ class Table1Config:
     threads: int = 1  # torch threads per run
     eval_sequences: int = 512
     reuse: bool = False  # keep runs already trained to the end in <out>/<variant>-seed<k> (split a study over processes)
+    only_finished: bool = False  # with reuse: summarise the finished runs only (a variant may then have fewer seeds)
     eta: float = 0.5
     w_c: float = 0.08
     w_d: float = 0.04
@@ -184,6 +185,10 @@ def run(config: Table1Config, out_dir: Path) -> dict:
     if config.reuse:
         trained = {job: record for job in jobs if (record := _finished_run(run_dirs[job], settings[job])) is not None}
     todo = [job for job in jobs if job not in trained]
+    if config.reuse and config.only_finished:
+        jobs, todo = [job for job in jobs if job in trained], []
+        if not jobs:
+            raise ValueError(f"only_finished: no finished runs under {out_dir}")
     if config.workers == 1:
         trained.update({job: _train_one(str(run_dirs[job]), settings[job]) for job in todo})
     elif todo:
@@ -203,10 +208,11 @@ def run(config: Table1Config, out_dir: Path) -> dict:
     spans = TaskSpans.of(task.config)
 
     summary: dict[str, dict[str, list[float]]] = {}
-    for variant in config.variants:
+    for variant in sorted({job[0] for job in jobs}, key=config.variants.index):
         chosen = [r["metrics"] for r in runs if r["variant"] == variant]
         summary[variant] = {key: list(mean_3se([m[key] for m in chosen])) for key in chosen[0]}
         summary[variant]["seconds_per_step"] = list(mean_3se([r["seconds_per_step"] for r in runs if r["variant"] == variant]))
+        summary[variant]["seeds"] = [r["seed"] for r in runs if r["variant"] == variant]
     results = {"experiment": "cgt-table1", "config": dataclasses.asdict(config), "resolved": config.resolved(),
                "runs": runs, "summary": summary, "paper": PAPER}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
@@ -227,12 +233,13 @@ ROWS = [("base accuracy (dynamic y)", "base_char_accuracy", 100), ("specialised 
 
 def table(results: dict) -> str:
     variants, s = list(results["summary"]), results["resolved"]
-    n = len(results["config"]["seeds"])
+    seeds = {v: results["summary"][v].get("seeds", results["config"]["seeds"]) for v in variants}
+    n = ", ".join(sorted({str(len(x)) for x in seeds.values()}))
     lines = [(f"CGT Table 1, preset {results['config']['preset']}: {s['n_layer']} layers (l = {s['split_layer']}), d_x {s['d_x']}, "
              f"d_y {s['d_y']}, r {s['rank']}, M {s['n_templates']}, {s['digits']}-digit numbers, {s['n_tasks']} tasks x "
              f"{s['n_ex']} examples, {s['steps']} steps of batch {s['batch_size']}; mean +- 3 standard errors over {n} seeds "
              "(paper: 6 runs, 3 sigma). Accuracies on the answer characters of examples 3-4 of every task."), "",
-             "| metric | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+             "| metric | " + " | ".join(f"{v} ({len(seeds[v])} seeds)" for v in variants) + " |", "|---" * (len(variants) + 1) + "|"]
     for label, key, scale in ROWS:
         cells = []
         for v in variants:
