@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import random
 import statistics
 import time
@@ -402,6 +403,10 @@ def render_table(results: dict) -> str:
         for setting in SETTINGS:
             entry = shots[f"{method} {setting}"]
             lines.append(f"| {method} {setting} | | | {cell(entry['plain'])} | {cell(entry['calibrated'])} |")
+    base = zero["vanilla"]["plain"] / 100
+    lines += ["", (f"One accuracy on {n['test']} queries has a binomial standard error of about "
+              f"{100 * math.sqrt(base * (1 - base) / n['test']):.1f} points (at the vanilla accuracy); the +- columns are "
+              "the spread over demonstration draws only.")]
     p = results["paper_opt125m_average"]
     lines += ["", ("Paper, OPT-125M, average over 7 tasks (plain / calibrated): "
               f"0-shot vanilla {p['0-shot']['vanilla'][0]} / {p['0-shot']['vanilla'][1]}, dynamic eval "
