@@ -21,6 +21,18 @@ def test_cgt_table1_runs_at_toy_size(tmp_path):
     assert (tmp_path / "table.md").is_file() and (tmp_path / "dot_map_cgt_aux_reg.png").is_file()
     assert (tmp_path / "table1.png").is_file()
 
+    # reuse: finished runs are kept (not retrained); only_finished summarises them without training the rest
+    stamp = (tmp_path / "baseline-seed0" / "run.json").stat().st_mtime_ns
+    again = ["run", "cgt-table1", *TINY_MODEL, "--set", "steps=3", "--set", "batch_size=4", "--set", "seeds=[0, 1, 2]",
+             "--set", "workers=1", "--set", "eval_sequences=8", "--set", "digits=1", "--set", "n_tasks=2",
+             "--set", "variants=[baseline, cgt_aux_reg]", "--set", "reuse=true", "--set", "only_finished=true",
+             "--out", str(tmp_path)]
+    assert main(again) == 0
+    assert (tmp_path / "baseline-seed0" / "run.json").stat().st_mtime_ns == stamp
+    assert not (tmp_path / "baseline-seed2").exists()
+    summary = json.loads((tmp_path / "results.json").read_text())["summary"]
+    assert summary["baseline"]["seeds"] == [0, 1] and summary["cgt_aux_reg"]["seeds"] == [0, 1]
+
 
 def test_cgt_regression_runs_at_toy_size(tmp_path):
     args = ["run", "cgt-regression", *TINY_MODEL, "--set", "steps=3", "--set", "batch_size=4", "--set", "d_in=3",
