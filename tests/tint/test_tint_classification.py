@@ -104,6 +104,7 @@ def test_label_targets_and_calibrated_accuracy():
 
 
 def test_tint_classification_runs_at_toy_size(tmp_path):
+    torch.set_num_threads(1)  # thousands of tiny ops: a second thread only adds synchronisation (20x slower on a busy machine)
     assert main(["run", "tint-classification", "--set", "steps=2", "--set", "n_layer=1", "--set", "d_model=48",
                  "--set", "n_head=2", "--set", "vocab_size=512", "--set", "seeds=2", "--set", "inner_lrs=[0.001]",
                  "--set", "validation_per_topic=1", "--set", "test_per_topic=1", "--set", "heldout_per_topic=4",
