@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 from torch.func import functional_call, grad, vmap
 
+from absorb_latency import median_ms  # same folder: the scripts share one timer
 from incontext.models.toy_transformer import STREAMS, ToyTransformer, ToyTransformerConfig
 from incontext.tasks.bursty import BurstyConfig, BurstyTask
 from incontext.train.batched import per_run_cross_entropy
@@ -28,14 +27,8 @@ from incontext.train.batched import per_run_cross_entropy
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def seconds_per_call(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def seconds(fn, repeats: int) -> float:
+    return median_ms(fn, repeats) / 1000
 
 
 def sgd_step(model: ToyTransformer, x: torch.Tensor, y: torch.Tensor, lr: float = 0.01) -> None:
@@ -55,10 +48,10 @@ def measure(dim: int, max_pairs: int, runs: int, batch: int, repeats: int) -> di
     streams = [STREAMS[r % len(STREAMS)] for r in range(runs)]
 
     batched = ToyTransformer(config, streams)
-    t_batched = seconds_per_call(lambda: sgd_step(batched, x, y), repeats)
+    t_batched = seconds(lambda: sgd_step(batched, x, y), repeats)
 
     singles = [ToyTransformer(config, [s]) for s in streams]
-    t_loop = seconds_per_call(lambda: [sgd_step(m, x[r:r + 1], y[r:r + 1]) for r, m in enumerate(singles)], max(3, repeats // 4))
+    t_loop = seconds(lambda: [sgd_step(m, x[r:r + 1], y[r:r + 1]) for r, m in enumerate(singles)], max(3, repeats // 4))
 
     # vmap peer: a one-run module, parameters stacked over runs; the stream choice rides along as a buffer
     template = ToyTransformer(config, ["none"])
@@ -78,7 +71,7 @@ def measure(dim: int, max_pairs: int, runs: int, batch: int, repeats: int) -> di
             for name in stacked:
                 stacked[name].sub_(0.01 * grads[name])
 
-    t_vmap = seconds_per_call(vmap_step, repeats)
+    t_vmap = seconds(vmap_step, repeats)
     return {"dim": dim, "d_model": x.shape[-1], "runs": runs, "batch": batch,
             "run_steps_per_s": {"batched": runs / t_batched, "vmap": runs / t_vmap, "one at a time": runs / t_loop}}
 

@@ -16,26 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from absorb_latency import median_ms  # same folder: the scripts share one timer
 from incontext.absorb import KeepPrompt, fold, lora_factors, prompt_context
 from incontext.models import CGT, CGTConfig, Transformer, TransformerConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def tensor_bytes(tensors) -> int:

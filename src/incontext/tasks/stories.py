@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from .base import Batch, Task, check_positive_int
 from .registry import register_task
 from .text import (
+    TokenizedText,
     ENDOFTEXT,
     ENDOFTEXT_ID,
     N_BYTES,
@@ -250,7 +251,7 @@ def encode_stories(tokenizer: Tokenizer, stories: list[str] | tuple[str, ...]) -
 
 
 @register_task("stories")
-class Stories(Task):
+class Stories(TokenizedText, Task):
     """Next-token prediction on windows of procedurally generated children's stories.
 
     `sample` draws TRAINING windows; `sample_validation` held-out stories with the same names (the validation
@@ -266,19 +267,8 @@ class Stories(Task):
         self._streams: dict[str, torch.Tensor] = {}
         self._on_device: dict[tuple[str, str], torch.Tensor] = {}
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.config)
-        return self._tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: list[int] | torch.Tensor) -> str:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+    def load_tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.config)
 
     def stories(self, split: str) -> tuple[str, ...]:
         n = self.config.train_stories if split == "train" else self.config.validation_stories

@@ -221,8 +221,32 @@ def load_streams(config: ShakespeareConfig, tokenizer: Tokenizer | None = None) 
     return streams
 
 
+class TokenizedText:
+    """Lazy BPE tokenizer with encode/decode for a text task; the task says how to load it (`load_tokenizer`)."""
+
+    _tokenizer: Tokenizer | None = None
+
+    def load_tokenizer(self) -> Tokenizer:
+        raise NotImplementedError
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = self.load_tokenizer()
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int] | torch.Tensor) -> str:
+        """Token ids -> text; <|endoftext|> (a document boundary) is kept as written."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
 @register_task("shakespeare")
-class Shakespeare(Task):
+class Shakespeare(TokenizedText, Task):
     """Next-token prediction on windows of Shakespeare's plays.
 
     `sample` draws TRAINING windows; `sample_validation` and `validation_windows` draw held-out ones. The
@@ -238,22 +262,8 @@ class Shakespeare(Task):
         self._streams: dict[str, torch.Tensor] | None = None
         self._on_device: dict[tuple[str, str], torch.Tensor] = {}
 
-    # Tokenizer
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.config)
-        return self._tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: list[int] | torch.Tensor) -> str:
-        """Token ids -> text; <|endoftext|> (a play boundary) is kept as written."""
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+    def load_tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.config)
 
     # Streams
 
