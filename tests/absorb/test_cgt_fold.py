@@ -80,5 +80,5 @@ def test_absorb_protocol_round_trip(tmp_path):
     assert torch.equal(AdaptedModel.load(tmp_path / "folded")(query), adapted(query))
     with pytest.raises(ValueError, match="one prompt"):
         prompt_context(model, torch.randint(0, 16, (2, 5)))
-    with pytest.raises(TypeError, match="CGT"):
+    with pytest.raises(ValueError, match="needs a CGT model"):
         get_absorb_method("cgt-fold").absorb(model.x_only_transformer(), prompt)

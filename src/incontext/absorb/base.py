@@ -46,6 +46,11 @@ class AdaptedModel(nn.Module, ABC):
         """JSON-able constructor arguments besides the base model (sizes of buffers, offsets)."""
         return {}
 
+    def kept_bytes(self, base: nn.Module) -> int:
+        """Bytes this adapted model keeps per prompt beyond `base`: its tensors whose storage base does not own."""
+        shared = {t.untyped_storage().data_ptr() for t in base.state_dict().values()}
+        return tensor_bytes(t for t in self.state_dict().values() if t.untyped_storage().data_ptr() not in shared)
+
     @classmethod
     def empty(cls, base: Transformer, extra: dict[str, Any]) -> "AdaptedModel":
         """An instance with buffers of the right shapes, to load saved values into."""
@@ -77,16 +82,105 @@ class AdaptedModel(nn.Module, ABC):
         return model.eval()
 
 
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
 class AbsorbMethod(ABC):
+    """A way to absorb a prompt into a model. Subclasses set `name` (the registry key), `needs` (a phrase
+    the harness shows when the method does not apply) and implement `_absorb` for one prompt (or, with
+    `batched = True`, for a batch of prompts); `absorb` checks the input once for every method."""
+
     name: ClassVar[str]
+    needs: ClassVar[str] = "a causal LM"
+    batched: ClassVar[bool] = False  # _absorb takes (B, M) prompts; otherwise one prompt at a time
+    uses_loss_mask: ClassVar[bool] = False  # the method trains on the prompt and honours a loss mask
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if getattr(cls, "name", None):
             _METHODS[cls.name] = cls
 
+    def unsupported(self, model: nn.Module) -> str | None:
+        """None when the method applies to `model`, else why not (e.g. "needs linear attention")."""
+        if not isinstance(model, Transformer):
+            return f"needs a Transformer, got {type(model).__name__}"
+        return None
+
+    def absorb(self, model: nn.Module, prompt: torch.Tensor, *, loss_mask: torch.Tensor | None = None,
+               train_queries: list[torch.Tensor] | None = None) -> AdaptedModel:
+        """Absorb `prompt` ((M,) or (B, M) token ids; (M, d) or (B, M, d) vectors for a vector model) into
+        `model`; the result answers queries without the prompt. `loss_mask` ((M,) or (B, M) bool) marks
+        the prompt positions whose next token a training-based method learns (None: all); `train_queries`
+        are task-provided queries a method may train on (never the evaluation queries)."""
+        reason = self.unsupported(model)
+        if reason is not None:
+            raise ValueError(f"{self.name} does not apply to this model: {reason}")
+        prompt = check_prompt(model, prompt)
+        if loss_mask is not None:
+            loss_mask = loss_mask.to(torch.bool)
+            if loss_mask.dim() == 1:
+                loss_mask = loss_mask[None].expand(prompt.shape[0], -1)
+            if tuple(loss_mask.shape) != tuple(prompt.shape[:2]):
+                raise ValueError(f"loss_mask has shape {tuple(loss_mask.shape)}; the prompt is {tuple(prompt.shape[:2])}")
+        if self.batched or prompt.shape[0] == 1:
+            return self._absorb(model, prompt, loss_mask, train_queries)
+        return PerPrompt([self._absorb(model, prompt[i : i + 1], None if loss_mask is None else loss_mask[i : i + 1],
+                                       train_queries) for i in range(prompt.shape[0])])
+
     @abstractmethod
-    def absorb(self, model: Transformer, prompt: torch.Tensor) -> AdaptedModel: ...
+    def _absorb(self, model: nn.Module, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
+                train_queries: list[torch.Tensor] | None) -> AdaptedModel:
+        """`prompt` is checked and batched ((B, M) or (B, M, d)); B == 1 unless the method is `batched`."""
+
+
+def max_context(model: nn.Module) -> int | None:
+    """The longest sequence the model takes (its configured context, max_seq_len), or None."""
+    config = getattr(model, "config", None)
+    return getattr(config, "max_seq_len", None)
+
+
+def check_prompt(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
+    """The prompt as a batch ((B, M) ids or (B, M, d) vectors); one-line errors for what cannot be a prompt."""
+    if not isinstance(prompt, torch.Tensor):
+        raise TypeError(f"the prompt must be a tensor, got {type(prompt).__name__}")
+    tokens = getattr(getattr(model, "config", None), "tokens", True)
+    if tokens:
+        if prompt.is_floating_point() or prompt.dtype == torch.bool or prompt.dim() not in (1, 2):
+            raise ValueError(f"the prompt must be token ids of shape (M,) or (B, M); got {tuple(prompt.shape)} {prompt.dtype}")
+        prompt = prompt[None] if prompt.dim() == 1 else prompt
+    else:
+        if not prompt.is_floating_point() or prompt.dim() not in (2, 3):
+            raise ValueError(f"the prompt must be float vectors of shape (M, d) or (B, M, d); got {tuple(prompt.shape)} {prompt.dtype}")
+        prompt = prompt[None] if prompt.dim() == 2 else prompt
+        if not bool(torch.isfinite(prompt).all()):
+            raise ValueError("the prompt holds NaN or infinite values")
+    if prompt.shape[0] == 0 or prompt.shape[1] == 0:
+        raise ValueError("the prompt is empty: there is nothing to absorb")
+    limit = max_context(model)
+    if limit is not None and prompt.shape[1] >= limit:
+        raise ValueError(f"the prompt has {prompt.shape[1]} tokens; the model's context holds {limit} "
+                         "(and the query needs room after the prompt)")
+    return prompt
+
+
+class PerPrompt(AdaptedModel):
+    """Several prompts absorbed one at a time: row i of a query batch runs through adapted model i."""
+
+    method = "per-prompt"
+
+    def __init__(self, adapted: list[AdaptedModel]):
+        nn.Module.__init__(self)
+        self.adapted = nn.ModuleList(adapted)
+        self.base = adapted[0].base
+
+    def forward(self, query: torch.Tensor) -> torch.Tensor:
+        if query.shape[0] != len(self.adapted):
+            raise ValueError(f"{len(self.adapted)} prompts were absorbed; the query batch has {query.shape[0]} rows")
+        return torch.cat([model(query[i : i + 1]) for i, model in enumerate(self.adapted)])
+
+    def save(self, folder: str | Path) -> Path:
+        raise NotImplementedError("save each prompt's adapted model (PerPrompt.adapted[i]) on its own")
 
 
 def absorb_methods() -> list[str]:
@@ -127,6 +221,11 @@ class PromptInContext(AdaptedModel):
     def extra_state(self) -> dict[str, Any]:
         return {"prompt_shape": list(self.prompt.shape)}
 
+    def kept_bytes(self, base: nn.Module) -> int:
+        """The K/V cache (or linear-attention state) of the prompt: what keeping it in context costs."""
+        cache = self.prompt_cache()
+        return sum(tensor_bytes(layer if isinstance(layer, tuple) else vars(layer).values()) for layer in cache.layers)
+
     @classmethod
     def empty(cls, base, extra):
         return cls(base, torch.zeros(extra["prompt_shape"], dtype=torch.long))
@@ -145,13 +244,15 @@ class WithoutPrompt(AdaptedModel):
 
 class KeepPrompt(AbsorbMethod):
     name = "keep-prompt"
+    batched = True
 
-    def absorb(self, model: Transformer, prompt: torch.Tensor) -> AdaptedModel:
+    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
         return PromptInContext(model, prompt)
 
 
 class DropPrompt(AbsorbMethod):
     name = "drop-prompt"
+    batched = True
 
-    def absorb(self, model: Transformer, prompt: torch.Tensor) -> AdaptedModel:
+    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
         return WithoutPrompt(model)

@@ -71,8 +71,10 @@ class FoldedContext(AdaptedModel):
 
 class CGTFold(AbsorbMethod):
     name = "cgt-fold"
+    needs = "a CGT model"
 
-    def absorb(self, model: CGT, prompt: torch.Tensor) -> AdaptedModel:  # type: ignore[override]
-        if not isinstance(model, CGT):
-            raise TypeError(f"cgt-fold needs a CGT model, got {type(model).__name__}")
+    def unsupported(self, model) -> str | None:
+        return None if isinstance(model, CGT) else f"needs a CGT model (a context stream), got {type(model).__name__}"
+
+    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
         return FoldedContext(fold(model, prompt_context(model, prompt)))

@@ -1,16 +1,24 @@
 """Dynamic evaluation (Krause et al.; the baseline of TinT's Table 2) and TinT's simulated step as absorb
-methods: the prompt is absorbed by SGD steps on its LM loss, and queries run on the updated weights with
-the prompt out of the context (query positions continue after the prompt, as in dynamic evaluation).
+methods: the prompt is absorbed by gradient steps on its LM loss (or on the tokens a loss mask selects, e.g.
+the labels of few-shot demonstrations), and queries run on the updated weights with the prompt out of the
+context (query positions continue after the prompt, as in dynamic evaluation).
 
     adapted = get_absorb_method("dynamic-eval", learning_rate=1e-3).absorb(model, prompt)
+    adapted = get_absorb_method("dynamic-eval", learning_rate=1e-3).absorb(model, prompt, loss_mask=labels)
     adapted = get_absorb_method("tint", learning_rate=1e-3, n_simulation_layers=2).absorb(model, prompt)
+
+`prompt_sgd` is the project's one implementation of dynamic evaluation; the TinT experiments and the harness
+both use it through `DynamicEval`.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from ..models import Transformer
 from .base import AbsorbMethod, AdaptedModel
@@ -36,47 +44,175 @@ class UpdatedWeights(AdaptedModel):
         return cls(base, extra.get("offset", 0))
 
 
-def _prompt_ids(prompt: torch.Tensor) -> torch.Tensor:
-    if prompt.dim() == 2:
-        if prompt.shape[0] != 1:
-            raise ValueError(f"absorb one prompt at a time; got a batch of shape {tuple(prompt.shape)}")
-        prompt = prompt[0]
-    if prompt.dim() != 1 or prompt.shape[0] < 2:
-        raise ValueError("the prompt must be a 1-D sequence of at least 2 token ids")
-    return prompt
+def full_mask(ids: torch.Tensor) -> torch.Tensor:
+    """Every token after the first is a target (the plain LM loss of a sequence)."""
+    keep = torch.ones(ids.shape[-1], dtype=torch.bool, device=ids.device)
+    keep[0] = False
+    return keep
+
+
+def masked_lm_loss(model: Transformer, ids: torch.Tensor, targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+    """Cross-entropy of the tokens `targets` marks ((T,) bool; position 0 cannot be one), predicted from
+    their prefix; summed or averaged over those tokens."""
+    logits = model(ids[None])[0]
+    keep = targets[1:]
+    return F.cross_entropy(logits[:-1][keep], ids[1:][keep], reduction=reduction)
+
+
+def trainable_parameters(model: Transformer, n_top_layers: int | None) -> list[torch.nn.Parameter]:
+    """All parameters, or those of the top n blocks plus the final norm (the head stays: it is tied to the
+    embeddings in most models here)."""
+    if n_top_layers is None:
+        return list(model.parameters())
+    if not 1 <= n_top_layers <= model.config.n_layer:
+        raise ValueError(f"n_top_layers must lie in [1, {model.config.n_layer}], got {n_top_layers}")
+    blocks = model.blocks[model.config.n_layer - n_top_layers:]
+    return [p for block in blocks for p in block.parameters()] + list(model.norm_f.parameters())
+
+
+def prompt_sgd(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor] | None = None, *,
+               learning_rate: float, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
+               n_top_layers: int | None = None) -> tuple[Transformer, list[float]]:
+    """Dynamic evaluation: `n_steps` optimizer steps on a copy of `model`, each on the loss of all `sequences`
+    (summed over sequences; within one, summed or averaged over its target tokens), exact gradients.
+    Plain SGD reproduces Krause et al. / TinT's R-dyn; AdamW is offered for pretrained LMs. Returns the updated
+    copy (eval mode, no gradients) and the loss before each step."""
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    if optimizer not in ("sgd", "adamw"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {optimizer!r}")
+    if not (isinstance(n_steps, int) and n_steps >= 1):
+        raise ValueError(f"n_steps must be an integer >= 1, got {n_steps!r}")
+    if not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
+    targets = [full_mask(ids) for ids in sequences] if targets is None else targets
+    if not any(bool(t[1:].any()) for t in targets):
+        raise ValueError("no target token to learn from: the loss mask selects nothing after the first token")
+    updated = copy.deepcopy(model)
+    updated.train(False)
+    updated.requires_grad_(False)
+    params = trainable_parameters(updated, n_top_layers)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.SGD(params, lr=learning_rate) if optimizer == "sgd" else torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
+    losses = []
+    for _ in range(n_steps):
+        opt.zero_grad(set_to_none=True)
+        loss = sum(masked_lm_loss(updated, ids, keep, reduction) for ids, keep in zip(sequences, targets) if keep[1:].any())
+        loss.backward()
+        losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            raise FloatingPointError("dynamic evaluation diverged (non-finite loss); lower the learning rate")
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    updated.requires_grad_(False)
+    if not all(bool(torch.isfinite(p).all()) for p in params):
+        raise FloatingPointError("dynamic evaluation produced non-finite weights; lower the learning rate")
+    return updated, losses
 
 
 class DynamicEval(AbsorbMethod):
-    """`n_steps` SGD steps on all parameters, exact gradient of the summed (or mean) LM loss of the prompt."""
+    """Gradient steps on the prompt's LM loss (or its masked tokens): plain SGD on all parameters by default,
+    as Krause et al. and TinT's R-dyn; AdamW and the top-n layers only are options."""
 
     name = "dynamic-eval"
+    needs = "a token-input causal LM"
+    uses_loss_mask = True
 
-    def __init__(self, learning_rate: float = 1e-3, n_steps: int = 1, reduction: str = "sum"):
+    def __init__(self, learning_rate: float = 1e-3, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
+                 n_top_layers: int | None = None):
         self.learning_rate, self.n_steps, self.reduction = learning_rate, n_steps, reduction
+        self.optimizer, self.n_top_layers = optimizer, n_top_layers
 
-    def absorb(self, model: Transformer, prompt: torch.Tensor) -> AdaptedModel:
-        from ..tint.reference import dynamic_eval
+    def unsupported(self, model) -> str | None:
+        if not isinstance(model, Transformer) or not model.config.tokens:
+            return "needs a token-input causal LM"
+        return None
 
-        prompt = _prompt_ids(prompt)
-        updated, _ = dynamic_eval(model, prompt, prompt.shape[0], self.learning_rate, self.n_steps, self.reduction)
-        return UpdatedWeights(updated, offset=prompt.shape[0])
+    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
+        ids = prompt[0]
+        if ids.shape[0] < 2:
+            raise ValueError("dynamic evaluation needs a prompt of at least 2 tokens (one prediction to learn)")
+        targets = None if loss_mask is None else [loss_mask[0]]
+        updated, _ = prompt_sgd(model, [ids], targets, learning_rate=self.learning_rate, n_steps=self.n_steps,
+                                reduction=self.reduction, optimizer=self.optimizer, n_top_layers=self.n_top_layers)
+        return UpdatedWeights(updated, offset=ids.shape[0])
+
+
+class LabelLossGradient:
+    """TinT's LM-head gradient restricted to the target tokens: rows t whose next token is not a target are
+    zeroed (a token-wise mask; a simulator reads the indicator from an input slot, as it does the training
+    segment), so the backward and descent see the gradient of the target tokens only."""
+
+    def __init__(self, inner, targets: torch.Tensor):
+        self.inner, self.keep = inner, torch.cat([targets[1:], targets.new_zeros(1)])
+
+    def __call__(self, tokens, x_slot, emb_slot, dst, n_train):
+        layout = self.inner.layout
+        tokens = self.inner(tokens, x_slot, emb_slot, dst, n_train)
+        return layout.write(tokens, dst, layout.slot(tokens, dst) * self.keep[:, None].to(tokens.dtype))
+
+
+def tint_simulate(model: Transformer, ids: torch.Tensor, targets: torch.Tensor | None, config):
+    """The simulator on one sequence, trained on its target tokens (the training segment ends at the last
+    target; None: every token); returns (simulator, logits of its second forward, updated prefixes)."""
+    from ..tint import TinT
+
+    sim = TinT(model, config)
+    targets = full_mask(ids) if targets is None else targets
+    if not bool(targets[1:].any()):
+        raise ValueError("no target token to learn from: the loss mask selects nothing after the first token")
+    n_train = int(targets.nonzero().max()) + 1
+    if not bool(targets[1:n_train].all()):  # label loss: only some tokens of the segment are targets
+        sim.lm_gradient = LabelLossGradient(sim.lm_gradient, targets)
+    with torch.no_grad():
+        logits, banks, _ = sim.simulate(ids, n_train)
+    return sim, logits, banks
+
+
+def tint_update(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor | None], config) -> Transformer:
+    """TinT's step on the sequences (one simulator pass each): the updates read back from the prefixes are
+    summed (one step of a summed loss) into a copy of the auxiliary model."""
+    if len(sequences) == 1:
+        sim, _, banks = tint_simulate(model, sequences[0], targets[0], config)
+        return sim.updated_model(model, banks).eval().requires_grad_(False)
+    base = model.state_dict()
+    total = {name: value.clone() for name, value in base.items()}
+    for ids, keep in zip(sequences, targets):
+        sim, _, banks = tint_simulate(model, ids, keep, config)
+        for name, value in sim.read_weights(banks).items():
+            total[name] += value - base[name]
+    updated = copy.deepcopy(model)
+    updated.load_state_dict(total)
+    return updated.eval().requires_grad_(False)
 
 
 class TinTStep(AbsorbMethod):
     """TinT's simulated SGD step(s) on the prompt; the auxiliary weights are read back from the prefixes."""
 
     name = "tint"
+    needs = "a token-input causal LM that TinT can simulate"
+    uses_loss_mask = True
 
     def __init__(self, **tint_options):
         from ..tint import TintConfig
 
         self.config = TintConfig(**tint_options)
 
-    def absorb(self, model: Transformer, prompt: torch.Tensor) -> AdaptedModel:
-        from ..tint import TinT
+    def unsupported(self, model) -> str | None:
+        if not isinstance(model, Transformer) or not model.config.tokens:
+            return "needs a token-input causal LM"
+        from ..tint.simulator import _check_auxiliary
 
-        prompt = _prompt_ids(prompt)
-        sim = TinT(model, self.config)
-        with torch.no_grad():
-            _, banks, _ = sim.simulate(prompt, prompt.shape[0])
-        return UpdatedWeights(sim.updated_model(model, banks), offset=prompt.shape[0])
+        try:
+            _check_auxiliary(model)
+        except (ValueError, NotImplementedError) as error:
+            return str(error).replace("TinT needs", "needs")
+        return None
+
+    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
+        ids = prompt[0]
+        if ids.shape[0] < 2:
+            raise ValueError("TinT needs a prompt of at least 2 tokens (one prediction to learn)")
+        keep = None if loss_mask is None else loss_mask[0]
+        return UpdatedWeights(tint_update(model, [ids], [keep], self.config), offset=ids.shape[0])

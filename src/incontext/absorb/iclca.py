@@ -110,8 +110,19 @@ class ICLCA(AbsorbMethod):
     """Exact prompt-to-bias conversion for linear-attention transformers."""
 
     name = "iclca"
+    needs = "linear attention"
+    batched = True
 
-    def absorb(self, model: Transformer, prompt: torch.Tensor) -> LinearAttentionBias:
+    def unsupported(self, model) -> str | None:
+        if not isinstance(model, Transformer):
+            return f"needs linear attention (a Transformer), got {type(model).__name__}"
+        try:
+            check_exactly_convertible(model)
+        except ConversionError as error:
+            return str(error)
+        return None
+
+    def _absorb(self, model, prompt, loss_mask, train_queries) -> LinearAttentionBias:
         return LinearAttentionBias(model, convert(model, prompt))
 
 

@@ -102,7 +102,15 @@ class ICLCAApprox(AbsorbMethod):
     def __init__(self, n_features: int = 256, orthogonal: bool = True, seed: int = 0, exact_sinks: int = 0):
         self.n_features, self.orthogonal, self.seed, self.exact_sinks = n_features, orthogonal, seed, exact_sinks
 
-    def absorb(self, model: Transformer, prompt: torch.Tensor) -> SoftmaxFeaturePrefix:
+    needs = "softmax attention"
+    batched = True
+
+    def unsupported(self, model) -> str | None:
+        if not isinstance(model, Transformer) or model.config.attention != "softmax":
+            return "needs softmax attention; linear attention converts exactly (iclca)"
+        return None
+
+    def _absorb(self, model, prompt, loss_mask, train_queries) -> SoftmaxFeaturePrefix:
         state = convert_approximately(model, prompt, n_features=self.n_features, orthogonal=self.orthogonal,
                                       seed=self.seed, exact_sinks=self.exact_sinks)
         return SoftmaxFeaturePrefix(model, state)
