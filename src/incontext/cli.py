@@ -1,6 +1,7 @@
 """The `incontext` command line.
 
-    incontext demo                                   # the main job: in-context linear regression vs least squares
+    incontext demo                                   # the main job: absorb methods compared on SmolLM2 + facts
+    incontext compare --model M --task T [--methods a,b]  # the absorb harness: every method, one table
     incontext train CONFIG [--set section.key=v] [--resume]   # train from a YAML config (torchrun for many processes)
     incontext eval CHECKPOINT                        # re-run a checkpoint's evaluation
     incontext run EXPERIMENT [--set k=v]             # any registered experiment
@@ -17,6 +18,25 @@ import sys
 from pathlib import Path
 
 DEFAULT_OUT = Path("runs")
+
+# for --help without importing torch; tests check these against the registries
+_EPISODE_TASKS = (
+    ("facts", "invented people's facts in the prompt, questions ask them back (exact match); text models"),
+    ("topics", "few-shot BBC News topic classification, label-word scoring; text models"),
+    ("continuation", "held-out Shakespeare: prompt = a passage, queries = what follows (CE); text models"),
+    ("induction", "induction heads (ICLCA Table 2); models trained on the induction task"),
+    ("linear_regression", "in-context linear regression (MSE); models trained on linear_regression"),
+    ("arithmetic", "CGT's arithmetic sequences (token accuracy); models trained on arithmetic"),
+)
+_METHODS_HELP = (
+    ("keep-prompt", "nothing: the prompt stays in the context as a K/V cache (the reference)"),
+    ("drop-prompt", "nothing: the prompt is removed"),
+    ("iclca", "linear attention: exact conversion into bias terms"),
+    ("iclca-approx", "softmax attention: FAVOR+ random-feature conversion"),
+    ("dynamic-eval", "a token-input causal LM: gradient steps on the prompt"),
+    ("tint", "a model TinT can simulate: a simulated SGD step on the prompt"),
+    ("cgt-fold", "a CGT model: its context vector folded into the weights"),
+)
 
 
 def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
@@ -38,12 +58,54 @@ def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
     return results
 
 
+COMPARE_FILES = {"results.json", "table.md", "compare.png"}
+DEMO = {"model": "smollm2", "task": "facts", "episodes": 12, "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval"],
+        "method_options": {"iclca-approx": {"n_features": 256, "exact_sinks": 1}},
+        "tune": {"dynamic-eval.learning_rate": [1e-5, 3e-5, 1e-4]}, "validation_episodes": 4}
+
+
+def _check_out(out: Path) -> None:
+    """Refuse to write into a folder that holds anything but an earlier comparison's files."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder")
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in COMPARE_FILES) if out.is_dir() else []
+    if foreign:
+        raise FileExistsError(f"--out {out} holds files this command did not write ({', '.join(foreign[:3])}"
+                              f"{', ...' if len(foreign) > 3 else ''}); choose an empty or new folder")
+
+
+def _compare(spec, out: Path) -> dict:
+    from .experiments.absorb_compare import run_compare
+
+    _check_out(out)
+    results = run_compare(spec, out)
+    print((out / "table.md").read_text())
+    print(f"results: {out / 'results.json'}\nplot:    {out / 'compare.png'}")
+    return results
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    results = _run_experiment("regression-demo", args.set, args.out)
-    curves = results["mse_by_examples"]
-    last = len(next(iter(curves.values()))) - 1
-    print(f"squared error after {last} in-context examples: "
-          + ", ".join(f"{name} {curve[-1]:.3f}" for name, curve in curves.items()))
+    from .experiments.absorb_compare import CompareSpec
+
+    spec = CompareSpec(**{k: v for k, v in DEMO.items()})
+    print("demo: absorbing a prompt of invented facts into SmolLM2-135M with every method that applies to a softmax "
+          "LM; learning rates chosen on validation episodes (this takes a few minutes on 2 CPU cores)")
+    _compare(spec, args.out or DEFAULT_OUT / "demo")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .config import parse_overrides
+    from .experiments.absorb_compare import CompareSpec, parse_tune, split_settings
+
+    task_options, method_options = split_settings(parse_overrides(args.set))
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else []
+    if args.episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    spec = CompareSpec(model=args.model, task=args.task, methods=methods, episodes=args.episodes, seed=args.seed,
+                       task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),
+                       validation_episodes=args.validation_episodes)
+    _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}")
     return 0
 
 
@@ -119,13 +181,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="main job: train a small transformer on in-context linear regression (~2 min on 2 CPU cores)",
-        description="Train a 4-layer transformer on in-context linear regression and print its squared error "
-        "next to least squares and ridge (Bayes-optimal) by number of in-context examples; writes "
-        "results.json, table.md and a plot.",
+        help="main job: compare the absorb methods on SmolLM2 and invented facts (a few minutes on 2 CPU cores)",
+        description="Absorb prompts of invented facts into the shipped SmolLM2-135M with keep-prompt, drop-prompt, "
+        "approximate ICLCA and dynamic evaluation (learning rate chosen on validation episodes), and print "
+        "exact match with 95% intervals, agreement with the prompted model and costs; writes results.json, "
+        "table.md and compare.png. The earlier regression demo is `incontext run regression-demo`.",
     )
-    add_common(demo)
+    demo.add_argument("--out", type=Path, default=None, help="output folder (default: runs/demo)")
     demo.set_defaults(func=cmd_demo)
+
+    comparer = sub.add_parser(
+        "compare",
+        help="the absorb harness: every method on one model and task, one table",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Absorb each episode's prompt with every method, answer its queries without the prompt, and "
+        "report the task score (95% interval over episodes), agreement with the prompted model (top-1, KL, "
+        "relative logits error) and costs (absorb ms, ms per query, bytes kept, peak memory).\n\n"
+        "tasks:\n" + "\n".join(f"  {name:18s} {text}" for name, text in _EPISODE_TASKS) +
+        "\n\nmethods (n/a where they do not apply to the model):\n" +
+        "\n".join(f"  {name:18s} needs {text}" for name, text in _METHODS_HELP),
+    )
+    comparer.add_argument("--model", required=True, help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
+    comparer.add_argument("--task", required=True, help="one of the tasks listed above")
+    comparer.add_argument("--methods", default="", help="comma-separated methods (default: all; keep-prompt and drop-prompt always run)")
+    comparer.add_argument("--episodes", type=int, default=20, help="test episodes (default 20)")
+    comparer.add_argument("--seed", type=int, default=0, help="seed of the test episodes (validation: seed + 10000)")
+    comparer.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                          help="task option (e.g. --set people=4) or method option (e.g. --set dynamic-eval.learning_rate=1e-4)")
+    comparer.add_argument("--tune", action="append", default=[], metavar="METHOD.OPTION=V1,V2",
+                          help="choose a method option on validation episodes, e.g. --tune dynamic-eval.learning_rate=1e-5,1e-4")
+    comparer.add_argument("--validation-episodes", type=int, default=8, help="episodes for --tune (default 8)")
+    comparer.add_argument("--out", type=Path, default=None, help="output folder (default: runs/compare-MODEL-TASK)")
+    comparer.set_defaults(func=cmd_compare)
 
     trainer = sub.add_parser(
         "train",

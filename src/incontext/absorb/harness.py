@@ -1,0 +1,315 @@
+"""The absorb harness: every method on the same model and episodes, one table.
+
+    rows = compare(model, source, episodes, {"keep-prompt": {}, "drop-prompt": {}, "iclca": {}})
+
+For each method and episode: absorb the prompt (timed), run each query alone (timed), score it with the
+source's metric and compare its logits with the prompted model's (keep-prompt, always computed as the
+reference). Per method the result holds:
+
+- `score`: the task score's mean over episodes with a 95% t-interval (`score_calibrated` too for "choice";
+  `answer_logprob` for "exact");
+- `agreement` with the prompted model on the scored query positions: top-1 agreement, mean
+  KL(prompted || method) in nats, and the relative Frobenius error of the query's logits;
+- costs: `absorb_ms` per prompt and `query_ms` per query (medians of CPU time per thread, i.e. process CPU
+  time / torch threads, which a shared machine's load distorts far less than wall-clock; CUDA events on a
+  GPU), `kept_bytes` per prompt (what the method stores beyond the base model: a K/V cache, a state, a
+  weight copy, factors) and `peak_bytes` (the largest memory growth seen while absorbing: sampled resident
+  memory on CPU, the allocator's peak on CUDA).
+
+Methods run interleaved (episode i starts with method i mod k), so load on the machine spreads over all of
+them. A method that does not apply reports "n/a" with its reason; one that fails on an episode reports the
+error instead of stopping the comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..tasks.episodes import Episode, EpisodeSource, Query
+from .base import get_absorb_method
+
+REFERENCE = "keep-prompt"
+
+
+# ------------------------------------------------------------------------------------------- measuring
+
+
+class CostTimer:
+    """Times a call as CPU time per thread (CPU) or with CUDA events (GPU), in milliseconds."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            return out, start.elapsed_time(end)
+        threads = max(1, torch.get_num_threads())
+        start = time.process_time()
+        out = fn()
+        return out, 1000 * (time.process_time() - start) / threads
+
+
+def _resident_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+class PeakMemory:
+    """Largest memory growth during a block: CUDA allocator peak, or resident memory sampled every 2 ms
+    (Linux; None elsewhere). Sampling can miss a spike shorter than the interval."""
+
+    def __init__(self, device: torch.device):
+        self.cuda, self.peak = device.type == "cuda", None
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.start = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            return self
+        self.start = _resident_bytes()
+        self.highest, self.stop = self.start, threading.Event()
+        if self.start is not None:
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def _sample(self):
+        while not self.stop.wait(0.002):
+            now = _resident_bytes()
+            if now is not None and now > self.highest:
+                self.highest = now
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated() - self.start
+        elif self.start is not None:
+            self.stop.set()
+            self.thread.join()
+            now = _resident_bytes()
+            self.peak = max(self.highest, now if now is not None else 0) - self.start
+        return False
+
+
+def interval95(values: list[float]) -> dict[str, float]:
+    """Mean and 95% t-interval of the mean over episodes (half-width NaN for fewer than 2 values)."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n if n else float("nan")
+    if n < 2:
+        return {"mean": mean, "low": float("nan"), "high": float("nan"), "n": n}
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
+
+
+# ------------------------------------------------------------------------------------------- scoring
+
+
+@dataclass
+class QueryScore:
+    """Sums over one query's scored positions; an episode's score pools its queries."""
+
+    correct: float = 0.0  # exact / accuracy / choice
+    total: int = 0
+    calibrated: float = 0.0  # choice, calibrated
+    loss: float = 0.0  # ce (nats) or mse
+    logprob: float = 0.0  # exact: log-probability of the whole answer
+    exact: float = 0.0
+
+
+def choice_scores(logits: torch.Tensor, query: Query) -> torch.Tensor:
+    position = int(query.mask.nonzero().max())
+    return F.log_softmax(logits[position].double(), -1)[query.choices]
+
+
+def score_query(metric: str, out: torch.Tensor, query: Query, calibration: torch.Tensor | None = None) -> QueryScore:
+    """Scores one query's outputs (N, V) logits or (N, d) predictions at its masked positions."""
+    mask = query.mask
+    s = QueryScore(total=int(mask.sum()))
+    if metric == "mse":
+        s.loss = float(((out[mask].double() - query.targets[mask].double()) ** 2).mean(-1).sum())
+        return s
+    log_probs = F.log_softmax(out[mask].double(), -1)
+    targets = query.targets[mask]
+    hits = out[mask].argmax(-1) == targets
+    if metric == "choice":
+        scores = choice_scores(out, query)
+        truth = int((query.choices == int(query.targets[int(mask.nonzero().max())])).nonzero()[0])
+        s.correct, s.total = float(int(scores.argmax()) == truth), 1
+        if calibration is not None:
+            s.calibrated = float(int((scores - calibration).argmax()) == truth)
+        return s
+    s.correct = float(hits.sum())
+    s.loss = float(-log_probs.gather(-1, targets[:, None]).sum())
+    s.logprob = -s.loss
+    s.exact = float(bool(hits.all()))
+    return s
+
+
+def episode_score(metric: str, scores: list[QueryScore]) -> dict[str, float]:
+    total = sum(s.total for s in scores)
+    if metric == "exact":
+        return {"score": sum(s.exact for s in scores) / len(scores), "answer_logprob": sum(s.logprob for s in scores) / len(scores)}
+    if metric == "accuracy":
+        return {"score": sum(s.correct for s in scores) / total}
+    if metric == "choice":
+        return {"score": sum(s.correct for s in scores) / total, "score_calibrated": sum(s.calibrated for s in scores) / total}
+    return {"score": sum(s.loss for s in scores) / total}  # ce, mse
+
+
+def agreement(out: torch.Tensor, reference: torch.Tensor, query: Query, tokens: bool) -> dict[str, float]:
+    """Top-1 agreement and KL(reference || out) summed over the scored positions (with their count), and the
+    relative Frobenius error of the whole query's outputs."""
+    relative = float((out.double() - reference.double()).norm() / reference.double().norm().clamp_min(1e-300))
+    if not tokens:
+        return {"relative": relative}
+    mask = query.mask
+    p, q = F.log_softmax(reference[mask].double(), -1), F.log_softmax(out[mask].double(), -1)
+    kl = float((p.exp() * (p - q)).sum())
+    top1 = float((reference[mask].argmax(-1) == out[mask].argmax(-1)).sum())
+    return {"relative": relative, "kl_sum": kl, "top1_sum": top1, "positions": int(mask.sum())}
+
+
+# ------------------------------------------------------------------------------------------- the harness
+
+
+@dataclass
+class MethodRecord:
+    name: str
+    options: dict[str, Any]
+    status: str = "ok"  # ok | n/a | failed
+    reason: str = ""
+    episode_scores: list[dict[str, float]] = field(default_factory=list)
+    agreements: list[dict[str, float]] = field(default_factory=list)
+    absorb_ms: list[float] = field(default_factory=list)
+    query_ms: list[float] = field(default_factory=list)
+    kept_bytes: list[int] = field(default_factory=list)
+    peak_bytes: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self, metric: str) -> dict[str, Any]:
+        row: dict[str, Any] = {"method": self.name, "options": self.options, "status": self.status, "reason": self.reason}
+        if self.status != "ok":
+            return row
+        for key in self.episode_scores[0]:
+            row[key] = interval95([s[key] for s in self.episode_scores])
+        positions = sum(a.get("positions", 0) for a in self.agreements)
+        row["agreement"] = {
+            "top1": sum(a["top1_sum"] for a in self.agreements) / positions if positions else None,
+            "kl": sum(a["kl_sum"] for a in self.agreements) / positions if positions else None,
+            "relative_logits_error": statistics.fmean(a["relative"] for a in self.agreements),
+        }
+        row["absorb_ms"] = statistics.median(self.absorb_ms)
+        row["query_ms"] = statistics.median(self.query_ms)
+        row["kept_bytes"] = int(statistics.median(self.kept_bytes))
+        peaks = [p for p in self.peak_bytes if p is not None]
+        row["peak_bytes"] = max(peaks) if peaks else None
+        if self.errors:
+            row["failed_episodes"] = len(self.errors)
+            row["first_error"] = self.errors[0]
+        return row
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _as_model_input(x: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    p = next(model.parameters())
+    x = x.to(p.device)
+    return x.to(p.dtype) if x.is_floating_point() else x
+
+
+def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], methods: dict[str, dict[str, Any]], *,
+            progress: bool = True, max_failures: int = 3) -> list[dict[str, Any]]:
+    """Runs every method on every episode; returns one summary row per method (keep-prompt and drop-prompt
+    always included, keep-prompt first). See the module docstring for the fields."""
+    if not episodes:
+        raise ValueError("no episodes to compare on")
+    methods = {REFERENCE: {}, "drop-prompt": {}, **{k: v for k, v in methods.items() if k not in (REFERENCE, "drop-prompt")},
+               **({"drop-prompt": methods["drop-prompt"]} if "drop-prompt" in methods else {})}
+    model.eval()
+    device = _model_device(model)
+    tokens = getattr(model.config, "tokens", True)
+    timer = CostTimer(device)
+    records = {name: MethodRecord(name, options) for name, options in methods.items()}
+    instances = {}
+    for name, options in methods.items():
+        method = get_absorb_method(name, **options)  # unknown names and options fail here, before any work
+        reason = method.unsupported(model)
+        if reason is not None:
+            records[name].status, records[name].reason = "n/a", reason
+        else:
+            instances[name] = method
+    from tqdm.auto import tqdm
+
+    names = list(instances)
+    for index, episode in enumerate(tqdm(episodes, desc=f"{source.name} episodes", disable=not progress)):
+        prompt = _as_model_input(episode.prompt, model)
+        loss_mask = None if episode.prompt_loss_mask is None else episode.prompt_loss_mask.to(device)
+        queries = [Query(_as_model_input(q.inputs, model), q.targets.to(device), q.mask.to(device),
+                         None if q.choices is None else q.choices.to(device)) for q in episode.queries]
+        train = [_as_model_input(t, model) for t in episode.train_queries]
+        order = names[index % len(names):] + names[: index % len(names)]
+        reference: list[torch.Tensor] | None = None
+        outputs: dict[str, list[torch.Tensor]] = {}
+        for name in order:
+            record = records[name]
+            if record.status != "ok":
+                continue
+            try:
+                with PeakMemory(device) as peak:
+                    adapted, absorb_ms = timer(lambda: instances[name].absorb(model, prompt, loss_mask=loss_mask, train_queries=train))
+                adapted.eval()
+                outs = []
+                with torch.no_grad():
+                    if index == 0:
+                        adapted(queries[0].inputs[None])  # warm-up, untimed (first calls allocate and dispatch)
+                    for q in queries:
+                        out, ms = timer(lambda: adapted(q.inputs[None])[0])
+                        if not bool(torch.isfinite(out).all()):
+                            raise FloatingPointError("non-finite outputs")
+                        outs.append(out)
+                        record.query_ms.append(ms)
+                    calibration = None
+                    if episode.calibration is not None:
+                        c = episode.calibration
+                        cq = Query(_as_model_input(c.inputs, model), c.targets.to(device), c.mask.to(device), c.choices.to(device))
+                        calibration = choice_scores(adapted(cq.inputs[None])[0], cq)
+                record.absorb_ms.append(absorb_ms)
+                record.kept_bytes.append(adapted.kept_bytes(model))
+                record.peak_bytes.append(peak.peak)
+                scores = [score_query(source.metric, out, q, calibration) for out, q in zip(outs, queries)]
+                record.episode_scores.append(episode_score(source.metric, scores))
+                outputs[name] = outs
+            except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
+                record.errors.append(f"episode {index}: {type(error).__name__}: {error}")
+                if len(record.errors) >= max_failures or not record.episode_scores and len(record.errors) >= 1 and index == 0:
+                    record.status, record.reason = "failed", record.errors[0]
+            del adapted
+        reference = outputs.get(REFERENCE)
+        if reference is None:
+            raise RuntimeError(f"the reference method {REFERENCE} failed: {records[REFERENCE].errors[-1:]}")
+        for name, outs in outputs.items():
+            records[name].agreements += [agreement(o, r, q, tokens) for o, r, q in zip(outs, reference, queries)]
+    return [records[name].summary(source.metric) for name in methods]

@@ -1,0 +1,242 @@
+"""`incontext compare` and `incontext demo`: the absorb harness on one model and one task, written out as
+results.json, table.md and compare.png (score vs query cost with its Pareto front; agreement vs absorb cost).
+
+Settings that a method takes (a learning rate) can be chosen with `tune`: each candidate runs on validation
+episodes (another seed, never the test episodes) and the best validation score is used on the test episodes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..absorb import absorb_methods, get_absorb_method
+from ..absorb.harness import compare
+from ..tasks.episodes import get_episode_source
+
+VALIDATION_SEED_OFFSET = 10_000  # validation episodes: seed + this (test episodes use the seed itself)
+
+
+@dataclass
+class CompareSpec:
+    model: str = "smollm2"
+    task: str = "facts"
+    methods: list[str] = field(default_factory=list)  # empty: every registered method (n/a where it does not apply)
+    episodes: int = 20
+    seed: int = 0
+    task_options: dict[str, Any] = field(default_factory=dict)
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tune: dict[str, list[Any]] = field(default_factory=dict)  # "method.option" -> candidate values
+    validation_episodes: int = 8
+
+
+def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """--set values: `method.option=v` for a registered method, anything else for the task."""
+    known = set(absorb_methods())
+    task, methods = {}, {}
+    for key, value in settings.items():
+        if key in known:
+            if not isinstance(value, dict):
+                raise ValueError(f"--set {key}=... needs an option: {key}.OPTION=VALUE")
+            methods[key] = value
+        else:
+            task[key] = value
+    return task, methods
+
+
+def parse_tune(items: list[str]) -> dict[str, list[Any]]:
+    """["dynamic-eval.learning_rate=1e-5,1e-4"] -> {"dynamic-eval.learning_rate": [1e-05, 0.0001]}."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        method, dot, option = key.partition(".")
+        if not sep or not dot or not option or not raw:
+            raise ValueError(f"--tune {item!r} must look like METHOD.OPTION=v1,v2,... (e.g. dynamic-eval.learning_rate=1e-5,1e-4)")
+        if method not in absorb_methods():
+            raise ValueError(f"--tune {item!r}: unknown method {method!r}; methods: {', '.join(absorb_methods())}")
+        out[key] = [yaml.safe_load(v) for v in raw.split(",")]
+    return out
+
+
+def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progress: bool = True) -> dict[str, Any]:
+    """Runs the comparison (loading the model unless `loaded` is given) and writes the result files."""
+    from ..interop.models import load_model
+
+    source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
+    methods = spec.methods or absorb_methods()
+    for name in methods:
+        if name not in absorb_methods():
+            raise KeyError(f"unknown method {name!r}; methods: {', '.join(absorb_methods())}")
+    method_options = {name: dict(spec.method_options.get(name, {})) for name in methods}
+    for name in spec.method_options:
+        if name not in methods:
+            raise ValueError(f"options given for {name!r}, which is not among the compared methods ({', '.join(methods)})")
+    for name, options in method_options.items():
+        get_absorb_method(name, **options)  # unknown options fail here
+    start = time.perf_counter()
+    loaded = loaded or load_model(spec.model)
+    load_s = time.perf_counter() - start
+    tuning = {}
+    for key, values in spec.tune.items():
+        name, option = key.split(".", 1)
+        if name not in methods:
+            raise ValueError(f"--tune {key}: {name!r} is not among the compared methods")
+        validation = source.episodes(spec.validation_episodes, spec.seed + VALIDATION_SEED_OFFSET,
+                                     tokenizer=loaded.tokenizer, task=loaded.task)
+        scores = {}
+        for value in values:
+            row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}}, progress=False)[-1]
+            scores[repr(value)] = row["score"]["mean"] if row["status"] == "ok" else None
+        valid = [(s, v) for v, s in zip(values, scores.values()) if s is not None and math.isfinite(s)]
+        if valid:
+            best = (max if source.higher_is_better else min)(valid, key=lambda sv: sv[0])[1]
+            method_options[name][option] = best
+        tuning[key] = {"validation_scores": scores, "chosen": method_options[name].get(option),
+                       "validation_episodes": spec.validation_episodes, "validation_seed": spec.seed + VALIDATION_SEED_OFFSET}
+    episodes = source.episodes(spec.episodes, spec.seed, tokenizer=loaded.tokenizer, task=loaded.task)
+    rows = compare(loaded.model, source, episodes, method_options, progress=progress)
+    results = {
+        "model": spec.model, "model_description": loaded.description, "task": spec.task, "metric": source.metric,
+        "higher_is_better": source.higher_is_better, "task_options": vars(source.config), "episodes": len(episodes),
+        "queries": sum(len(e.queries) for e in episodes), "seed": spec.seed,
+        "mean_prompt_tokens": sum(e.prompt.shape[0] for e in episodes) / len(episodes),
+        "tuning": tuning, "rows": rows, "model_load_s": load_s, "torch_threads": _threads(),
+        "command": command_line(spec),
+    }
+    if out_dir is not None:
+        write_results(results, out_dir)
+    return results
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def command_line(spec: CompareSpec) -> str:
+    parts = [f"incontext compare --model {spec.model} --task {spec.task} --episodes {spec.episodes} --seed {spec.seed}"]
+    if spec.methods:
+        parts.append("--methods " + ",".join(spec.methods))
+    parts += [f"--set {k}={v}" for k, v in spec.task_options.items()]
+    parts += [f"--set {m}.{k}={v}" for m, options in spec.method_options.items() for k, v in options.items()]
+    parts += [f"--tune {k}=" + ",".join(map(str, v)) for k, v in spec.tune.items()]
+    return " ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------- writing
+
+
+def _interval(cell: dict | None, percent: bool) -> str:
+    if not cell:
+        return "–"
+    f = (lambda x: f"{100 * x:.1f}") if percent else (lambda x: f"{x:.3f}")
+    if math.isnan(cell["low"]):
+        return f(cell["mean"])
+    return f"{f(cell['mean'])} [{f(cell['low'])}, {f(cell['high'])}]"
+
+
+def _options(row: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in row["options"].items())
+
+
+def table(results: dict[str, Any]) -> str:
+    metric = results["metric"]
+    percent = metric in ("exact", "accuracy", "choice")
+    name = {"exact": "exact match %", "accuracy": "accuracy %", "choice": "accuracy %", "ce": "CE (nats)", "mse": "MSE"}[metric]
+    extra = metric == "choice"
+    head = ["method", f"{name} [95% CI]"] + (["calibrated %"] if extra else []) + \
+           ["top-1 agree %", "KL (nats)", "rel. logits err", "absorb ms", "ms / query", "kept KiB", "peak MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in results["rows"]:
+        label = row["method"] + (f" ({_options(row)})" if row["options"] else "")
+        if row["status"] != "ok":
+            lines.append(f"| {label} | {row['status']}: {row['reason']} |" + " |" * (len(head) - 2))
+            continue
+        a = row["agreement"]
+        cells = [label, _interval(row["score"], percent)]
+        if extra:
+            cells.append(_interval(row["score_calibrated"], True))
+        cells += [
+            "–" if a["top1"] is None else f"{100 * a['top1']:.1f}",
+            "–" if a["kl"] is None else f"{a['kl']:.3g}",
+            f"{a['relative_logits_error']:.2g}",
+            f"{row['absorb_ms']:.1f}", f"{row['query_ms']:.1f}", f"{row['kept_bytes'] / 1024:.0f}",
+            "–" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.0f}",
+        ]
+        if row.get("failed_episodes"):
+            cells[0] += f" ({row['failed_episodes']} episodes failed)"
+        lines.append("| " + " | ".join(cells) + " |")
+    intro = (f"{results['model_description']}, task `{results['task']}` ({results['episodes']} episodes, "
+             f"{results['queries']} queries, prompts of {results['mean_prompt_tokens']:.0f} tokens on average). "
+             f"Costs: medians, CPU time per thread ({results['torch_threads']} threads) or CUDA events.")
+    tuned = [f"{k}: {v['chosen']} (validation scores {v['validation_scores']})" for k, v in results["tuning"].items()]
+    return intro + "\n\n" + "\n".join(lines) + "\n" + ("\nChosen on validation episodes: " + "; ".join(tuned) + "\n" if tuned else "")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results["rows"] if r["status"] == "ok"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    percent = results["metric"] in ("exact", "accuracy", "choice")
+    scale = 100 if percent else 1
+    points = []
+    for r in rows:
+        s = r["score"]
+        err = None if math.isnan(s["low"]) else [[scale * (s["mean"] - s["low"])], [scale * (s["high"] - s["mean"])]]
+        left.errorbar(r["query_ms"], scale * s["mean"], yerr=err, fmt="o", capsize=3, label=r["method"])
+        points.append((r["query_ms"], s["mean"]))
+        a = r["agreement"]
+        y = a["kl"] if a["kl"] is not None else a["relative_logits_error"]
+        right.scatter(max(r["absorb_ms"], 1e-3), max(y, 1e-12), label=r["method"])
+        right.annotate(r["method"], (max(r["absorb_ms"], 1e-3), max(y, 1e-12)), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    better = (lambda a, b: a >= b) if results["higher_is_better"] else (lambda a, b: a <= b)
+    front, best = [], None
+    for cost, score in sorted(points):
+        if best is None or not better(best, score) or score == best:
+            if best is None or better(score, best):
+                front.append((cost, score))
+                best = score
+    if len(front) > 1:
+        left.plot([c for c, _ in front], [scale * s for _, s in front], "k--", lw=1, label="Pareto front")
+    left.set_xscale("log")
+    left.set_xlabel("query cost (ms per query)")
+    left.set_ylabel({"exact": "exact match %", "accuracy": "accuracy %", "choice": "accuracy %", "ce": "CE (nats)", "mse": "MSE"}[results["metric"]])
+    left.set_title(f"{results['task']}: score vs query cost")
+    left.legend(fontsize=8)
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("absorb cost (ms per prompt)")
+    right.set_ylabel("KL(prompted || method)" if rows and rows[0]["agreement"]["kl"] is not None else "relative logits error")
+    right.set_title("agreement with the prompted model")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _strict_json(value):
+    """NaN/inf -> None, so results.json is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
+
+
+def write_results(results: dict[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(_strict_json(results), indent=2, allow_nan=False))
+    (out_dir / "table.md").write_text(table(results))
+    plot(results, out_dir / "compare.png")

@@ -1,0 +1,372 @@
+"""Absorb episodes: a prompt, queries that need it, and how to score them (the harness's input).
+
+An `Episode` is what one absorb method sees once: a prompt to absorb, then queries answered without the
+prompt in the context. Each `Query` is a token (or vector) sequence with next-token targets and a mask of the
+positions that are scored; the source's `metric` says how:
+
+- `exact`: 1 if the greedy answer is the target, i.e. the argmax at every masked position equals its target
+  (teacher-forced, so the first len(answer) greedy tokens are the answer); also the answer's log-probability;
+- `accuracy`: share of masked positions whose argmax is the target (pooled over an episode's queries);
+- `choice`: the candidate token (`Query.choices`) with the highest log-probability at the last masked
+  position; calibrated: minus the same scores on the episode's content-free `calibration` query;
+- `ce`: mean cross-entropy of the masked targets (lower is better);
+- `mse`: mean squared error at the masked positions, for vector tasks (lower is better).
+
+Sources come in two kinds. Text sources (`facts`, `topics`, `continuation`) produce text and need the model's
+tokenizer (anything with `encode(text) -> list[int]`; `chat(messages) -> str` for the chat format). Task
+sources (`induction`, `linear_regression`, `arithmetic`) cut sequences of a registered training task in two, so
+they need a model trained on that task (the task object is passed in).
+
+    source = get_episode_source("facts", people=3)
+    episodes = source.episodes(20, seed=0, tokenizer=codec)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Protocol
+
+import torch
+
+from .base import Task
+from .facts import ATTRIBUTES, facts_prompt, make_people
+
+METRICS = {"exact": True, "accuracy": True, "choice": True, "ce": False, "mse": False}  # name -> higher is better
+
+
+@dataclass
+class Query:
+    inputs: torch.Tensor  # (N,) token ids, or (N, d_input) vectors
+    targets: torch.Tensor  # (N,) next-token ids, or (N, d_output)
+    mask: torch.Tensor  # (N,) bool: the scored positions
+    choices: torch.Tensor | None = None  # (C,) candidate token ids (metric "choice"); the target is one of them
+
+    def __post_init__(self):
+        n = self.inputs.shape[0]
+        if n == 0 or self.targets.shape[0] != n or tuple(self.mask.shape) != (n,):
+            raise ValueError(f"a query needs inputs, targets and mask of one length > 0; got {tuple(self.inputs.shape)}, "
+                             f"{tuple(self.targets.shape)}, {tuple(self.mask.shape)}")
+        if not bool(self.mask.any()):
+            raise ValueError("a query needs at least one scored position")
+
+
+@dataclass
+class Episode:
+    prompt: torch.Tensor  # (M,) token ids or (M, d_input) vectors
+    queries: list[Query]
+    prompt_loss_mask: torch.Tensor | None = None  # (M,) bool: prompt tokens a training method learns (None: all)
+    train_queries: list[torch.Tensor] = field(default_factory=list)  # a method may train on these; never scored
+    calibration: Query | None = None  # content-free query for calibrated "choice" scoring
+
+
+class Codec(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+def text_query(codec: Codec, question: str, answer: str) -> Query:
+    """A query that reads `question` and is scored on predicting `answer`'s tokens (teacher-forced)."""
+    q, a = codec.encode(question), codec.encode(answer)
+    if not q or not a:
+        raise ValueError(f"empty question or answer after tokenization: {question!r} / {answer!r}")
+    ids = torch.tensor(q + a)
+    scored = torch.zeros(len(ids), dtype=torch.bool)
+    scored[len(q):] = True
+    return Query(inputs=ids[:-1], targets=ids[1:], mask=scored[1:])
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+_SOURCES: dict[str, type["EpisodeSource"]] = {}
+
+
+class EpisodeSource(ABC):
+    """Makes seeded episodes; subclasses set `name`, `description`, `metric`, `config_class`, and either
+    `needs_tokenizer = True` (text) or `task_name` (the training task a model must know)."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    metric: ClassVar[str]
+    config_class: ClassVar[type]
+    needs_tokenizer: ClassVar[bool] = False
+    task_name: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "name", None):
+            _SOURCES[cls.name] = cls
+
+    def __init__(self, config: Any | None = None):
+        self.config = config if config is not None else self.config_class()
+
+    @abstractmethod
+    def episodes(self, n: int, seed: int = 0, *, tokenizer: Codec | None = None, task: Task | None = None) -> list[Episode]:
+        """n episodes, every draw from `seed`."""
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.metric]
+
+
+def episode_sources() -> list[str]:
+    return sorted(_SOURCES)
+
+
+def get_episode_source(name: str, **options: Any) -> EpisodeSource:
+    if name not in _SOURCES:
+        raise KeyError(f"unknown task {name!r}; tasks with episodes: {', '.join(episode_sources())}")
+    cls = _SOURCES[name]
+    allowed = [f.name for f in dataclasses.fields(cls.config_class)]
+    for key in options:
+        if key not in allowed:
+            raise ValueError(f"unknown option {key!r} for task {name!r}; options: {', '.join(allowed)}")
+    return cls(cls.config_class(**options))
+
+
+def _need(value, what: str, name: str):
+    if value is None:
+        raise ValueError(f"task {name!r} needs {what}")
+    return value
+
+
+def _positive(config, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{type(config).__name__}.{name} must be a positive integer, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------- text sources
+
+
+@dataclass
+class FactsConfig:
+    people: int = 3  # invented people per prompt (4 facts each; one is the worked example)
+    format: Literal["plain", "chat"] = "plain"  # chat: the facts and questions as chat turns (Instruct models)
+
+    def __post_init__(self):
+        _positive(self, "people")
+        if self.format not in ("plain", "chat"):
+            raise ValueError(f"FactsConfig.format must be 'plain' or 'chat', got {self.format!r}")
+
+
+class Facts(EpisodeSource):
+    name = "facts"
+    description = "invented people's facts in the prompt; questions ask each fact back (exact match of the greedy answer)"
+    metric = "exact"
+    config_class = FactsConfig
+    needs_tokenizer = True
+
+    def episodes(self, n, seed=0, *, tokenizer=None, task=None):
+        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
+        if self.config.format == "chat" and not hasattr(codec, "chat"):
+            raise ValueError("facts format=chat needs a tokenizer with a chat template")
+        rng = random.Random(f"facts-{seed}")
+        out = []
+        for _ in range(n):
+            people = make_people(self.config.people, rng)
+            text, pairs, example = facts_prompt(people, rng)
+            if self.config.format == "plain":
+                prompt_text = text
+                queries = [text_query(codec, *person.question(a)) for person, a in pairs]
+            else:
+                prompt_text, queries = self._chat(codec, text, pairs, example)
+            train = [torch.tensor(codec.encode(person.cloze(a))) for person, a in pairs]
+            out.append(Episode(prompt=torch.tensor(codec.encode(prompt_text)), queries=queries, train_queries=train))
+        return out
+
+    @staticmethod
+    def _chat(codec, text: str, pairs, example) -> tuple[str, list[Query]]:
+        facts = text[: text.index("\n\nQ:")]
+        question, answer = example[0].question(example[1])
+        turns = [{"role": "user", "content": f"Remember these facts:\n{facts}"},
+                 {"role": "assistant", "content": "I will remember them."},
+                 {"role": "user", "content": question.removeprefix("Q: ").removesuffix("\nA:")},
+                 {"role": "assistant", "content": answer.strip()}]
+        prompt = codec.chat(turns, add_generation_prompt=False)
+        queries = []
+        for person, attribute in pairs:
+            q, a = person.question(attribute)
+            full = codec.chat(turns + [{"role": "user", "content": q.removeprefix("Q: ").removesuffix("\nA:")}],
+                              add_generation_prompt=True)
+            if not full.startswith(prompt):
+                raise ValueError("the chat template does not extend a conversation by appending to it")
+            queries.append(text_query(codec, full[len(prompt):], a.strip()))
+        return prompt, queries
+
+
+@dataclass
+class TopicsConfig:
+    shots: int = 4  # labelled demonstrations in the prompt
+    queries: int = 8  # articles to classify per episode
+    excerpt_words: int = 16
+    label_loss: bool = False  # training methods learn only the demonstrations' label tokens
+
+    def __post_init__(self):
+        _positive(self, "shots", "queries", "excerpt_words")
+
+
+class Topics(EpisodeSource):
+    name = "topics"
+    description = "few-shot BBC News topic classification: k labelled articles in the prompt, label-word scoring"
+    metric = "choice"
+    config_class = TopicsConfig
+    needs_tokenizer = True
+
+    def episodes(self, n, seed=0, *, tokenizer=None, task=None):
+        from .bbc_news import TOPICS, BBCNewsConfig, excerpt, format_example, split_articles
+
+        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
+        c = self.config
+        labels = [codec.encode(" " + topic)[0] for topic in TOPICS]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"the label words {TOPICS} share first tokens under this tokenizer: {labels}")
+        _, heldout = split_articles(BBCNewsConfig())  # never in the training split of the BBC task
+        rng = random.Random(f"topics-{seed}")
+        content_free = torch.tensor(codec.encode(format_example("")))
+        out = []
+        for _ in range(n):
+            chosen = rng.sample(heldout, c.shots + c.queries)
+            ids, label_mask = [], []
+            for topic, _, body in chosen[: c.shots]:
+                part = codec.encode(format_example(excerpt(body, c.excerpt_words)))
+                ids += part + [labels[TOPICS.index(topic)]]
+                label_mask += [False] * len(part) + [True]
+                sep = codec.encode("\n\n")
+                ids += sep
+                label_mask += [False] * len(sep)
+            queries = []
+            for topic, _, body in chosen[c.shots:]:
+                q = torch.tensor(codec.encode(format_example(excerpt(body, c.excerpt_words))))
+                queries.append(self._choice(q, labels, labels[TOPICS.index(topic)]))
+            out.append(Episode(prompt=torch.tensor(ids), queries=queries,
+                               prompt_loss_mask=torch.tensor(label_mask) if c.label_loss else None,
+                               calibration=self._choice(content_free, labels, labels[0])))
+        return out
+
+    @staticmethod
+    def _choice(ids: torch.Tensor, labels: list[int], target: int) -> Query:
+        targets = torch.zeros_like(ids)
+        targets[-1] = target
+        mask = torch.zeros(len(ids), dtype=torch.bool)
+        mask[-1] = True
+        return Query(inputs=ids, targets=targets, mask=mask, choices=torch.tensor(labels))
+
+
+@dataclass
+class ContinuationConfig:
+    prompt_tokens: int = 256  # the first part of a held-out passage
+    query_tokens: int = 64  # the tokens that follow it, scored by cross-entropy
+
+    def __post_init__(self):
+        _positive(self, "prompt_tokens", "query_tokens")
+        if self.query_tokens < 2:
+            raise ValueError("ContinuationConfig.query_tokens must be >= 2 (one scored prediction)")
+
+
+class Continuation(EpisodeSource):
+    name = "continuation"
+    description = "long-document continuation on held-out Shakespeare plays: prompt = a passage, queries = what follows (CE)"
+    metric = "ce"
+    config_class = ContinuationConfig
+    needs_tokenizer = True
+
+    def episodes(self, n, seed=0, *, tokenizer=None, task=None):
+        from .corpora import shakespeare_plays
+        from .text import ShakespeareConfig, split_plays
+
+        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
+        c = self.config
+        plays = shakespeare_plays()
+        _, heldout = split_plays(ShakespeareConfig(), plays)  # never in the Shakespeare task's training plays
+        need = c.prompt_tokens + c.query_tokens
+        rng = random.Random(f"continuation-{seed}")
+        out = []
+        while len(out) < n:
+            text = plays[rng.choice(heldout)]
+            start = rng.randrange(max(1, len(text) - 12 * need))
+            ids = codec.encode(text[start: start + 12 * need])[1:need + 1]  # the first token may be cut
+            if len(ids) < need:
+                continue
+            query = torch.tensor(ids[c.prompt_tokens:])
+            out.append(Episode(prompt=torch.tensor(ids[: c.prompt_tokens]),
+                               queries=[Query(inputs=query[:-1], targets=query[1:], mask=torch.ones(len(query) - 1, dtype=torch.bool))]))
+        return out
+
+
+# ------------------------------------------------------------------------------------------- task sources
+
+
+@dataclass
+class SplitConfig:
+    prompt_fraction: float = 0.5  # share of each sampled sequence that becomes the prompt
+
+    def __post_init__(self):
+        if not 0.0 < self.prompt_fraction < 1.0:
+            raise ValueError(f"prompt_fraction must lie in (0, 1), got {self.prompt_fraction}")
+
+
+class TaskSplit(EpisodeSource):
+    """Sequences of a training task cut in two: the prompt, then one query scored at the task's own masked
+    positions (the model must have been trained on the task)."""
+
+    config_class = SplitConfig
+
+    def episodes(self, n, seed=0, *, tokenizer=None, task=None):
+        task = _need(task, f"a model trained on the {self.task_name!r} task", self.name)
+        if task.name != self.task_name:
+            raise ValueError(f"task {self.name!r} needs a model trained on {self.task_name!r}; this one knows {task.name!r}")
+        generator = torch.Generator().manual_seed(seed)
+        out = []
+        for _ in range(100):  # draws until n sequences have a scored position in their query
+            batch = task.sample(n, generator)
+            length = batch.inputs.shape[1]
+            cut = self.cut(max(1, min(length - 1, round(self.config.prompt_fraction * length))))
+            scored = self.scored(batch, cut)
+            for i in range(n):
+                if bool(scored[i].any()) and len(out) < n:
+                    out.append(Episode(prompt=batch.inputs[i, :cut],
+                                       queries=[Query(batch.inputs[i, cut:], batch.targets[i, cut:], scored[i])]))
+            if len(out) == n:
+                return out
+        raise ValueError(f"task {self.name!r}: too few sequences have a scored position after the prompt; "
+                         "lower prompt_fraction")
+
+    def cut(self, cut: int) -> int:
+        return cut
+
+    def scored(self, batch, cut: int) -> torch.Tensor:
+        return batch.mask[:, cut:]
+
+
+class InductionEpisodes(TaskSplit):
+    name = "induction"
+    description = "induction heads (ICLCA Table 2): triggers committed in the prompt, scored where only the prompt tells the next token"
+    metric = "accuracy"
+    task_name = "induction"
+
+    def scored(self, batch, cut):
+        from .induction import split_prompt
+
+        return split_prompt(batch, cut)[2]
+
+
+class RegressionEpisodes(TaskSplit):
+    name = "linear_regression"
+    description = "in-context linear regression: (x, y) pairs in the prompt, later x's scored by squared error"
+    metric = "mse"
+    task_name = "linear_regression"
+
+    def cut(self, cut):
+        return cut - cut % 2  # whole (x, y) pairs in the prompt
+
+
+class ArithmeticEpisodes(TaskSplit):
+    name = "arithmetic"
+    description = "CGT's arithmetic sequences: the first part in the prompt, the rest scored by token accuracy"
+    metric = "accuracy"
+    task_name = "arithmetic"
+
+
