@@ -57,9 +57,9 @@ def from_hf_opt(hf_model) -> Transformer:
             ours[b + f"mlp.fc_in.{part}"] = sd[h + f"fc1.{part}"]
             ours[b + f"mlp.fc_out.{part}"] = sd[h + f"fc2.{part}"]
     ours["lm_head.weight"] = sd.get("lm_head.weight", ours["tok_emb.weight"])
-    model = Transformer(config)
+    model = Transformer(config).to(next(hf_model.parameters()).dtype)  # built in the source dtype: no float32 rounding
     model.load_state_dict({k: v.clone() for k, v in ours.items()})
-    return model.to(next(hf_model.parameters()).dtype).eval()
+    return model.eval()
 
 
 def auxiliary_from_hf(hf_model) -> Transformer:
