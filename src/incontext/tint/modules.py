@@ -40,6 +40,13 @@ class TintConfig:
     # rounding / eps; 1e-4 suits float64; in float32 use ~1e-2 (the update is then ~3e-4 off exact SGD's, 3% with 1e-4)
     ln_eps: float = 1e-4
     act_eps: float = 1e-4
+    # the paper's construction (and the released code) descends on every LayerNorm bias, the final one included;
+    # False freezes the final norm (it is still back-propagated through)
+    update_final_norm: bool = True
+    # compatibility with the released code's numbers, an artefact there: its MLP is split into sub-MLPs of
+    # width D_aux that each carry b_out / n_chunks and each take the full bias step, so b_out moves n_chunks
+    # times (4x for GPT-2); False stores b_out once and steps it once (faithful SGD)
+    released_mlp_out_bias: bool = False
 
     def __post_init__(self):
         if self.rows_per_prefix < 1 or self.shards < 1 or self.n_steps < 1:

@@ -108,7 +108,7 @@ class TinT(nn.Module):
     # ------------------------------------------------------------------ prefix bookkeeping
     def _blocks_of(self, model: Transformer) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         """Every auxiliary weight as D_aux x D_aux blocks (norms as diag(gamma)); the MLP output bias is
-        stored once, with chunk 0 (the released code's b/4 in each of 4 sub-MLPs steps it 4x)."""
+        stored once, with chunk 0, or as b / n_chunks in every chunk with `released_mlp_out_bias`."""
         D = self.aux_config.d_model
         blocks: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
@@ -133,7 +133,11 @@ class TinT(nn.Module):
                         blocks[f"{i}.{name}.{ch}"] = (fc_in.weight.detach()[r], None if fc_in.bias is None else fc_in.bias.detach()[r])
                 else:
                     blocks[f"{i}.fc_in.{ch}"] = (fc_in.weight.detach()[rows], None if fc_in.bias is None else fc_in.bias.detach()[rows])
-                out_bias = None if (fc_out.bias is None or ch) else fc_out.bias.detach()
+                out_bias = None if fc_out.bias is None else fc_out.bias.detach()
+                if out_bias is not None and self.config.released_mlp_out_bias:
+                    out_bias = out_bias / self.n_chunks
+                elif ch:
+                    out_bias = None
                 blocks[f"{i}.fc_out.{ch}"] = (fc_out.weight.detach()[:, rows], out_bias)
         blocks["norm_f"] = norm(model.norm_f)
         return blocks
@@ -208,7 +212,8 @@ class TinT(nn.Module):
             fc_in, fc_out = f"{i}.fc_in.{ch}", f"{i}.fc_out.{ch}"
             tokens = self.linear_backward(banks[fc_out], tokens, 0, 2)  # d act
             tokens = L.write(tokens, 3, s["act"][ch])
-            new_banks[fc_out] = descend(banks[fc_out], tokens, 3, 0, train, eta, update_bias=self.has_bias and ch == 0)
+            steps_out_bias = self.has_bias and (ch == 0 or self.config.released_mlp_out_bias)
+            new_banks[fc_out] = descend(banks[fc_out], tokens, 3, 0, train, eta, update_bias=steps_out_bias)
             if self.glu:  # slot 2: d up, slot 3: d gate (first order), slot 4: the MLP input
                 gate, up = f"{i}.gate.{ch}", f"{i}.up.{ch}"
                 tokens = self.gate_backward(tokens, 2, s["pre"][ch], s["up"][ch], up_dst=2, gate_dst=3)
@@ -270,8 +275,11 @@ class TinT(nn.Module):
             losses.append(self._loss(L.slot(tokens, 0), ids, n_train))
             tokens = L.write(tokens, 3, self.embedding[ids])  # x^un from the input layer
             tokens = self.lm_gradient(tokens, 0, 3, 0, n_train)
-            tokens = self.norm_backward(banks["norm_f"], tokens, 0, x_final, 0, scratch=(1, 2))
             new_banks = dict(banks)
+            if self.norm_has_bias and self.config.update_final_norm:  # bias-only descent, as every LayerNorm
+                new_banks["norm_f"] = self.linear_descent(banks["norm_f"], tokens, 3, 0, train, self.config.learning_rate,
+                                                          update_weight=False)
+            tokens = self.norm_backward(banks["norm_f"], tokens, 0, x_final, 0, scratch=(1, 2))
             for i in reversed(range(self.first_updated, self.aux_config.n_layer)):
                 tokens = self._block_backward(i, banks, new_banks, tokens, saved[i], train)
             banks = new_banks
@@ -314,7 +322,7 @@ class TinT(nn.Module):
                 state[b + "attn.qkv.bias"] = torch.cat([read[f"{i}.{p}"][1] for p in "qkv"])
                 state[b + "attn.out.bias"] = read[f"{i}.out"][1]
                 state[b + "mlp.fc_in.bias"] = torch.cat([read[n][1] for n in in_names])
-                state[b + "mlp.fc_out.bias"] = read[f"{i}.fc_out.0"][1]
+                state[b + "mlp.fc_out.bias"] = sum(read[f"{i}.fc_out.{ch}"][1] for ch in range(self.n_chunks))
         norm("norm_f", "norm_f")
         return state
 
