@@ -41,6 +41,8 @@ CASES = [
     ({"norm": "rmsnorm", "positions": "rope", "bias": False, "mlp": "swiglu", "d_mlp": 24},
      {"rows_per_prefix": 4, "shards": 4, "bias_slot": True}),
     ({"mlp": "swiglu", "d_mlp": 36}, {"rows_per_prefix": 4, "shards": 4, "n_steps": 2}),
+    # grouped K/V heads (4 query heads share 2) and an MLP width that is not a multiple of d_model
+    ({"n_head": 4, "n_kv_head": 2, "d_mlp": 20}, {"n_steps": 2}),
     # the switches: frozen final norm; the released code's n_chunks-fold MLP output bias step
     ({}, {"update_final_norm": False}),
     ({"n_layer": 3}, {"released_mlp_out_bias": True, "n_steps": 2, "n_simulation_layers": 2}),

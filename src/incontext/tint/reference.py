@@ -84,12 +84,13 @@ class _FirstOrderGLU(torch.autograd.Function):
 
 def split_parameters(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's parameters as detached tensors, the fused qkv split into attn.{q,k,v}."""
-    D = model.config.d_model
+    c = model.config
+    sizes = [c.n_head * c.dim_head, c.kv_heads * c.dim_head, c.kv_heads * c.dim_head]
     params = {}
     for name, value in model.state_dict().items():
         if ".attn.qkv." in name:
-            for j, part in enumerate("qkv"):
-                params[name.replace("qkv", part)] = value[j * D : (j + 1) * D].detach().clone()
+            for part, rows in zip("qkv", value.split(sizes)):
+                params[name.replace("qkv", part)] = rows.detach().clone()
         else:
             params[name] = value.detach().clone()
     return params
@@ -148,7 +149,7 @@ def functional_forward(model: Transformer, params: dict, ids: torch.Tensor, rule
 
         cos, sin = rope_cos_sin(torch.arange(T, device=ids.device), c.dim_head, c.rope_theta, x.dtype)
         rope = lambda t: apply_rope(t, cos, sin)
-    H, dh = c.n_head, c.dim_head
+    H, KV, dh = c.n_head, c.kv_heads, c.dim_head
     causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
     cached = None
     for i in range(start_layer, c.n_layer):
@@ -156,9 +157,10 @@ def functional_forward(model: Transformer, params: dict, ids: torch.Tensor, rule
             cached = x
         b = f"blocks.{i}."
         z = norm(b + "norm1", x)
-        q, k, v = (linear(b + "attn." + p, z).view(T, H, dh).transpose(0, 1) for p in "qkv")
+        q, k, v = (linear(b + "attn." + p, z).view(T, n, dh).transpose(0, 1) for p, n in zip("qkv", (H, KV, KV)))
         if rope is not None:
             q, k = rope(q.unsqueeze(0))[0], rope(k.unsqueeze(0))[0]
+        k, v = k.repeat_interleave(H // KV, 0), v.repeat_interleave(H // KV, 0)  # grouped K/V heads
         if approx:  # value path only: no gradient through the attention scores
             q, k = q.detach(), k.detach()
         scores = (q @ k.transpose(-1, -2)) * (dh**-0.5 if c.scale_attn else 1.0)
@@ -200,7 +202,7 @@ def sgd_reference(model: Transformer, ids: torch.Tensor, n_train: int, config: T
     params = split_parameters(model)
     params["lm_head.weight"] = params.get("lm_head.weight", params["tok_emb.weight"])
     names = trainable_names(model, n_top, config.update_final_norm)
-    n_chunks = c.mlp_width // c.d_model
+    n_chunks = -(-c.mlp_width // c.d_model)
     with torch.no_grad():  # the hidden state at the first updated layer does not change
         _, cached = functional_forward(model, params, ids, "exact", config, return_hidden_at=first)
     losses = []
