@@ -12,6 +12,9 @@ Token slots during the forward modules: 0 the residual stream x (z after a norm)
 scratch; during the backward: 0 the gradient dy, 1-3 scratch (SwiGLU needs a fifth slot). Activations
 the backward and descent modules need (x, q, k, attention output, MLP activations) come from the forward modules through residual
 (skip) connections, as in the paper; here they are kept in `saved` and written into a slot when used.
+Every LayerNorm bias descends, the final norm's included (`update_final_norm=False` freezes that one).
+Grouped K/V heads (Llama, GQA) are stored zero-padded to D_aux rows, repeated for their query heads in the
+forward and their value gradient summed over the group in the backward (one step of the shared W_V).
 """
 
 from __future__ import annotations
