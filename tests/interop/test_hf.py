@@ -154,3 +154,73 @@ def test_smollm2_greedy_generation_matches(smollm2):
     mine = ours.generate(ids, 16, eos_token_id=hf.generation_config.eos_token_id)
     print(f"\ngreedy continuation: {tokenizer.decode(mine[0, ids.shape[1]:])!r}")
     assert torch.equal(mine, theirs), (tokenizer.decode(mine[0]), tokenizer.decode(theirs[0]))
+
+
+# ----------------------------------------------------------------------------- float64: no rounding on the way
+
+
+def randomize64(model, seed):
+    """float64 weights with nonzero low bits (not float32-representable); norm gains near 1."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            is_gain = name.endswith("weight") and ("norm" in name or ".ln_" in name)
+            p.copy_(1.0 + 0.2 * noise if is_gain else 0.1 * noise)
+    assert all(not torch.equal(p, p.float().double()) for p in model.parameters())
+    return model
+
+
+def without_float32_steps(hf, theta: float, dim: int):
+    """transformers' Llama computes RoPE angles and RMSNorm statistics in float32 even in a float64 model
+    (a ~1e-7 logit gap unrelated to the weights); redo both in float64, to test the import itself."""
+
+    def rope(x, position_ids):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).double() / dim))
+        angles = position_ids[..., None].double() * inv_freq
+        emb = torch.cat([angles, angles], -1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    def rms_norm(module):
+        return lambda x: module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
+
+    hf.model.rotary_emb.forward = rope
+    for module in hf.modules():
+        if type(module).__name__ == "LlamaRMSNorm":
+            module.forward = rms_norm(module)
+    return hf
+
+
+def assert_bit_exact(a: dict, b: dict):
+    assert set(a) == set(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype == torch.float64, name
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("options", GPT2_CONFIGS)
+def test_gpt2_float64_import_is_exact_and_round_trip_bit_exact(options):
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=101, n_positions=64, bos_token_id=0, eos_token_id=0, **options)).double()
+    hf = randomize64(hf, 5).eval()
+    ours = from_hf_gpt2(hf).eval()
+    x = tokens(101, 5)
+    with torch.no_grad():
+        reference = hf(x).logits
+        assert (ours(x) - reference).abs().max() < 1e-12
+    assert_bit_exact(to_hf_gpt2(ours).state_dict(), hf.state_dict())
+    assert_bit_exact(from_hf_gpt2(to_hf_gpt2(ours)).state_dict(), ours.state_dict())
+
+
+@pytest.mark.parametrize("options", LLAMA_CONFIGS)
+def test_llama_float64_import_is_exact_and_round_trip_bit_exact(options):
+    options = {"tie_word_embeddings": False, **options}
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=97, max_position_embeddings=128, **options)).double()
+    hf = randomize64(hf, 6).eval()
+    ours = from_hf_llama(hf).eval()
+    x = tokens(97, 6)
+    without_float32_steps(hf, ours.config.rope_theta, ours.config.dim_head)
+    with torch.no_grad():
+        reference = hf(x).logits
+        assert (ours(x) - reference).abs().max() < 1e-12
+    assert_bit_exact(to_hf_llama(ours).state_dict(), hf.state_dict())
+    assert_bit_exact(from_hf_llama(to_hf_llama(ours)).state_dict(), ours.state_dict())

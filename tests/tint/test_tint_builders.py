@@ -42,3 +42,20 @@ def test_opt_projection_rejected():
                        max_position_embeddings=32, word_embed_proj_dim=8)
     with pytest.raises(ValueError, match="word_embed_proj_dim"):
         from_hf_opt(OPTForCausalLM(config))
+
+
+def test_opt_float64_import_is_exact():
+    """float64 weights with nonzero low bits survive the import (no float32 model on the way)."""
+    torch.manual_seed(1)
+    hf = OPTForCausalLM(OPTConfig(vocab_size=50, hidden_size=12, num_hidden_layers=2, ffn_dim=48, num_attention_heads=2,
+                                  max_position_embeddings=32, word_embed_proj_dim=12)).double().eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    ours = from_hf_opt(hf)
+    ids = torch.randint(0, 50, (2, 12), generator=g)
+    with torch.no_grad():
+        assert (ours(ids) - hf(ids).logits).abs().max() < 1e-12
+    assert ours.tok_emb.weight.dtype == torch.float64
+    assert torch.equal(ours.blocks[0].mlp.fc_in.weight, hf.model.decoder.layers[0].fc1.weight)

@@ -41,6 +41,11 @@ CASES = [
     ({"norm": "rmsnorm", "positions": "rope", "bias": False, "mlp": "swiglu", "d_mlp": 24},
      {"rows_per_prefix": 4, "shards": 4, "bias_slot": True}),
     ({"mlp": "swiglu", "d_mlp": 36}, {"rows_per_prefix": 4, "shards": 4, "n_steps": 2}),
+    # grouped K/V heads (4 query heads share 2) and an MLP width that is not a multiple of d_model
+    ({"n_head": 4, "n_kv_head": 2, "d_mlp": 20}, {"n_steps": 2}),
+    # the switches: frozen final norm; the released code's n_chunks-fold MLP output bias step
+    ({}, {"update_final_norm": False}),
+    ({"n_layer": 3}, {"released_mlp_out_bias": True, "n_steps": 2, "n_simulation_layers": 2}),
 ]
 
 
@@ -77,7 +82,7 @@ def test_only_tints_parameter_subset_changes():
     D = 12
     for name, value in read.items():
         moved = not torch.equal(value, original[name])
-        if name.startswith(("blocks.0.", "blocks.1.", "norm_f")) or name.endswith(("norm1.weight", "norm2.weight")):
+        if name.startswith(("blocks.0.", "blocks.1.")) or name.endswith(("norm1.weight", "norm2.weight", "norm_f.weight")):
             assert not moved, name
         elif name.endswith(("attn.qkv.weight", "attn.qkv.bias")):
             assert torch.equal(value[: 2 * D], original[name][: 2 * D])  # W_Q, W_K frozen

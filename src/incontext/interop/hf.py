@@ -3,8 +3,9 @@
 Our layout: fused `qkv` (rows [q; k; v]), `out`, MLP `fc_in` (for SwiGLU rows [gate; up]) and `fc_out`,
 stored as nn.Linear (out_features, in_features). GPT-2 stores Conv1D weights transposed (in, out);
 Llama keeps separate q/k/v and gate/up projections. RoPE uses the same "rotate half" layout as
-transformers' Llama, so no row permutation is needed. Every conversion is a pure copy: logits agree to
-float32 rounding (tests check 1e-5 both ways).
+transformers' Llama, so no row permutation is needed. Every conversion is a pure copy in the source's
+dtype: float32 logits agree to float32 rounding (tests check 1e-5 both ways), float64 ones to ~1e-12, and
+export round trips are bit-exact.
 """
 
 from __future__ import annotations
@@ -19,6 +20,14 @@ _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", 
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+def load_into_new(config: TransformerConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Transformer:
+    """A Transformer built in `dtype` (the source's), then loaded: loading into a float32 model first would
+    round float64 weights to float32."""
+    model = Transformer(config).to(dtype)
+    model.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    return model
 
 
 # ----------------------------------------------------------------------------- GPT-2
@@ -73,9 +82,7 @@ def from_hf_gpt2(hf_model) -> Transformer:
     sd = hf_model.state_dict()
     ours = {mine: sd[theirs].T if transposed else sd[theirs] for mine, theirs, transposed in _gpt2_names(config.n_layer)}
     ours["lm_head.weight"] = sd.get("lm_head.weight", sd["transformer.wte.weight"])
-    model = Transformer(config)
-    model.load_state_dict({k: v.detach().clone() for k, v in ours.items()})
-    return model.to(next(hf_model.parameters()).dtype)
+    return load_into_new(config, ours, next(hf_model.parameters()).dtype)
 
 
 def to_hf_gpt2(model: Transformer):
@@ -186,9 +193,7 @@ def from_hf_llama(hf_model) -> Transformer:
             ours[b + "attn.out.bias"] = sd[h + "self_attn.o_proj.bias"]
             ours[b + "mlp.fc_in.bias"] = torch.cat([sd[h + "mlp.gate_proj.bias"], sd[h + "mlp.up_proj.bias"]])
             ours[b + "mlp.fc_out.bias"] = sd[h + "mlp.down_proj.bias"]
-    model = Transformer(config)
-    model.load_state_dict({k: v.detach().clone() for k, v in ours.items()})
-    return model.to(next(hf_model.parameters()).dtype)
+    return load_into_new(config, ours, next(hf_model.parameters()).dtype)
 
 
 def to_hf_llama(model: Transformer):

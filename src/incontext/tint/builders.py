@@ -1,6 +1,8 @@
-"""TinT from Hugging Face models: GPT2LMHeadModel (through interop.hf) and OPTForCausalLM (random or local
-weights; no hub access here). OPT is pre-LN with ReLU, learned positions offset by 2, tied embeddings;
-models with a projection between embedding and hidden size (OPT-350M) or post-LN are rejected.
+"""TinT from Hugging Face models: GPT2LMHeadModel and LlamaForCausalLM (through interop.hf) and
+OPTForCausalLM (random or local weights; no hub access here). OPT is pre-LN with ReLU, learned positions
+offset by 2, tied embeddings; models with a projection between embedding and hidden size (OPT-350M) or
+post-LN are rejected. Llama (RMSNorm, SwiGLU, RoPE, grouped K/V heads) needs tied embeddings (as SmolLM2)
+and >= 5 slots per token (e.g. TintConfig(rows_per_prefix=4, shards=4)).
 
     sim = tint_from_hf(GPT2LMHeadModel(GPT2Config(...)), TintConfig(learning_rate=1e-3))
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..interop.hf import from_hf_gpt2
+from ..interop.hf import from_hf_gpt2, from_hf_llama
 from ..models.transformer import Transformer, TransformerConfig
 from .modules import TintConfig
 from .simulator import TinT
@@ -57,20 +59,19 @@ def from_hf_opt(hf_model) -> Transformer:
             ours[b + f"mlp.fc_in.{part}"] = sd[h + f"fc1.{part}"]
             ours[b + f"mlp.fc_out.{part}"] = sd[h + f"fc2.{part}"]
     ours["lm_head.weight"] = sd.get("lm_head.weight", ours["tok_emb.weight"])
-    model = Transformer(config)
+    model = Transformer(config).to(next(hf_model.parameters()).dtype)  # built in the source dtype: no float32 rounding
     model.load_state_dict({k: v.clone() for k, v in ours.items()})
-    return model.to(next(hf_model.parameters()).dtype).eval()
+    return model.eval()
 
 
 def auxiliary_from_hf(hf_model) -> Transformer:
     kind = type(hf_model).__name__
-    if kind == "GPT2LMHeadModel":
-        model = from_hf_gpt2(hf_model)
-        model.config.dropout = model.config.attn_dropout = 0.0  # TinT simulates the model in eval mode
-        return model.eval()
-    if kind == "OPTForCausalLM":
-        return from_hf_opt(hf_model)
-    raise ValueError(f"TinT builds from GPT2LMHeadModel or OPTForCausalLM, got {kind}")
+    converters = {"GPT2LMHeadModel": from_hf_gpt2, "LlamaForCausalLM": from_hf_llama, "OPTForCausalLM": from_hf_opt}
+    if kind not in converters:
+        raise ValueError(f"TinT builds from {', '.join(converters)}, got {kind}")
+    model = converters[kind](hf_model)
+    model.config.dropout = model.config.attn_dropout = 0.0  # TinT simulates the model in eval mode
+    return model.eval()
 
 
 def tint_from_hf(hf_model, config: TintConfig | None = None) -> TinT:

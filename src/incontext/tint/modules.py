@@ -40,6 +40,13 @@ class TintConfig:
     # rounding / eps; 1e-4 suits float64; in float32 use ~1e-2 (the update is then ~3e-4 off exact SGD's, 3% with 1e-4)
     ln_eps: float = 1e-4
     act_eps: float = 1e-4
+    # the paper's construction (and the released code) descends on every LayerNorm bias, the final one included;
+    # False freezes the final norm (it is still back-propagated through)
+    update_final_norm: bool = True
+    # compatibility with the released code's numbers, an artefact there: its MLP is split into sub-MLPs of
+    # width D_aux that each carry b_out / n_chunks and each take the full bias step, so b_out moves n_chunks
+    # times (4x for GPT-2); False stores b_out once and steps it once (faithful SGD)
+    released_mlp_out_bias: bool = False
 
     def __post_init__(self):
         if self.rows_per_prefix < 1 or self.shards < 1 or self.n_steps < 1:
@@ -477,6 +484,32 @@ class AuxAttentionValueBackward:
 
     def num_parameters(self, t_sim: int) -> int:
         return 2 * self.layout.q_attention(t_sim)
+
+
+class GroupedHeads:
+    """Grouped K/V heads (GQA): W_K and W_V have kv_heads * d_head rows, stored zero-padded to D_aux rows so
+    that the Linear modules apply unchanged. Two fixed token-wise maps (dimension-wise, slot to slot):
+    `expand` repeats each K/V head for the n_head / kv_heads query heads of its group (forward), `reduce`
+    sums the value-path gradient over the heads of a group (backward), so the shared W_V gets one step of
+    the summed gradient, as SGD on the grouped model does."""
+
+    def __init__(self, layout: Layout, n_head: int, kv_heads: int):
+        if n_head % kv_heads:
+            raise ValueError(f"n_head={n_head} must be a multiple of n_kv_head={kv_heads}")
+        self.layout, self.n_head, self.kv_heads = layout, n_head, kv_heads
+        self.group, self.d_head = n_head // kv_heads, layout.d_aux // n_head
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group == 1:
+            return x
+        kv = x[:, : self.kv_heads * self.d_head].view(x.shape[0], self.kv_heads, self.d_head)
+        return kv.repeat_interleave(self.group, dim=1).reshape(x.shape[0], -1)
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group == 1:
+            return x
+        summed = x.view(x.shape[0], self.kv_heads, self.group, self.d_head).sum(2).reshape(x.shape[0], -1)
+        return torch.cat([summed, x.new_zeros(x.shape[0], x.shape[1] - summed.shape[1])], 1)
 
 
 def attend_transposed(probs: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 - `sgd_reference(model, ids, n_train, config, rules="approx")` (R-approx): SGD with TinT's own gradient
   rules: value-only attention backward (scores detached), finite-difference LayerNorm and activation
-  backward with the same eps (custom autograd functions), bias-only LayerNorm update, frozen Q/K/gamma/
-  embeddings and final norm, top-n layers, summed cross-entropy over the training tokens.
+  backward with the same eps (custom autograd functions), bias-only LayerNorm update (the final norm's
+  too, unless `update_final_norm=False`), frozen Q/K/gamma/embeddings, top-n layers, summed cross-entropy
+  over the training tokens; `released_mlp_out_bias` scales the MLP output bias step by n_chunks as the
+  released code does.
 - `sgd_reference(..., rules="exact")` (R-exact): exact autograd gradients of the same loss for the same
   parameter subset.
 - `dynamic_eval(model, ids, n_train, ...)` (R-dyn): exact SGD on all parameters (dynamic evaluation,
@@ -82,12 +84,13 @@ class _FirstOrderGLU(torch.autograd.Function):
 
 def split_parameters(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's parameters as detached tensors, the fused qkv split into attn.{q,k,v}."""
-    D = model.config.d_model
+    c = model.config
+    sizes = [c.n_head * c.dim_head, c.kv_heads * c.dim_head, c.kv_heads * c.dim_head]
     params = {}
     for name, value in model.state_dict().items():
         if ".attn.qkv." in name:
-            for j, part in enumerate("qkv"):
-                params[name.replace("qkv", part)] = value[j * D : (j + 1) * D].detach().clone()
+            for part, rows in zip("qkv", value.split(sizes)):
+                params[name.replace("qkv", part)] = rows.detach().clone()
         else:
             params[name] = value.detach().clone()
     return params
@@ -146,7 +149,7 @@ def functional_forward(model: Transformer, params: dict, ids: torch.Tensor, rule
 
         cos, sin = rope_cos_sin(torch.arange(T, device=ids.device), c.dim_head, c.rope_theta, x.dtype)
         rope = lambda t: apply_rope(t, cos, sin)
-    H, dh = c.n_head, c.dim_head
+    H, KV, dh = c.n_head, c.kv_heads, c.dim_head
     causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
     cached = None
     for i in range(start_layer, c.n_layer):
@@ -154,28 +157,26 @@ def functional_forward(model: Transformer, params: dict, ids: torch.Tensor, rule
             cached = x
         b = f"blocks.{i}."
         z = norm(b + "norm1", x)
-        q, k, v = (linear(b + "attn." + p, z).view(T, H, dh).transpose(0, 1) for p in "qkv")
+        q, k, v = (linear(b + "attn." + p, z).view(T, n, dh).transpose(0, 1) for p, n in zip("qkv", (H, KV, KV)))
         if rope is not None:
             q, k = rope(q.unsqueeze(0))[0], rope(k.unsqueeze(0))[0]
+        k, v = k.repeat_interleave(H // KV, 0), v.repeat_interleave(H // KV, 0)  # grouped K/V heads
         if approx:  # value path only: no gradient through the attention scores
             q, k = q.detach(), k.detach()
         scores = (q @ k.transpose(-1, -2)) * (dh**-0.5 if c.scale_attn else 1.0)
         probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)
         x = x + linear(b + "attn.out", (probs @ v).transpose(0, 1).reshape(T, H * dh))
         x = x + linear(b + "mlp.fc_out", activation(linear(b + "mlp.fc_in", norm(b + "norm2", x))))
-    if approx:  # the final norm is frozen but back-propagated with the finite-difference rule
-        z = _FiniteDifferenceNorm.apply(x, params["norm_f.weight"].detach(), params.get("norm_f.bias", torch.zeros_like(x[0])).detach(),
-                                        c.norm, c.norm_eps, config.ln_eps)
-    else:
-        z = norm("norm_f", x)
+    z = norm("norm_f", x)
     logits = z @ params["lm_head.weight"].T
     return (logits, cached) if return_hidden_at is not None else logits
 
 
-def trainable_names(model: Transformer, n_top: int) -> list[str]:
-    """TinT's parameter subset: top-n blocks' W_V, b_V, attention output, MLP linears, LayerNorm biases."""
+def trainable_names(model: Transformer, n_top: int, update_final_norm: bool = True) -> list[str]:
+    """TinT's parameter subset: top-n blocks' W_V, b_V, attention output, MLP linears, LayerNorm biases, and
+    the final LayerNorm's bias (unless `update_final_norm=False`)."""
     c = model.config
-    names = []
+    names = ["norm_f.bias"] if update_final_norm and c.bias and c.norm == "layernorm" else []
     for i in range(c.n_layer - n_top, c.n_layer):
         b = f"blocks.{i}."
         names += [b + "attn.v.weight", b + "attn.out.weight", b + "mlp.fc_in.weight", b + "mlp.fc_out.weight"]
@@ -200,7 +201,8 @@ def sgd_reference(model: Transformer, ids: torch.Tensor, n_train: int, config: T
     first = c.n_layer - n_top
     params = split_parameters(model)
     params["lm_head.weight"] = params.get("lm_head.weight", params["tok_emb.weight"])
-    names = trainable_names(model, n_top)
+    names = trainable_names(model, n_top, config.update_final_norm)
+    n_chunks = -(-c.mlp_width // c.d_model)
     with torch.no_grad():  # the hidden state at the first updated layer does not change
         _, cached = functional_forward(model, params, ids, "exact", config, return_hidden_at=first)
     losses = []
@@ -213,6 +215,8 @@ def sgd_reference(model: Transformer, ids: torch.Tensor, n_train: int, config: T
         losses.append(loss.detach())
         with torch.no_grad():
             for n, g in zip(names, grads):
+                if config.released_mlp_out_bias and n.endswith("mlp.fc_out.bias"):
+                    g = n_chunks * g  # one full step per sub-MLP (the released code's artefact)
                 params[n] = params[n] - config.learning_rate * g
     with torch.no_grad():
         logits = functional_forward(model, params, ids, "exact", config, start_layer=first, hidden=cached)
@@ -256,7 +260,7 @@ def compare_with_exact(model: Transformer, ids: torch.Tensor, n_train: int, conf
     c = model.config
     n_top = c.n_layer if config.n_simulation_layers is None else config.n_simulation_layers
     base = model.state_dict()
-    names = sorted({n.replace(".attn.v.", ".attn.qkv.") for n in trainable_names(model, n_top)})
+    names = sorted({n.replace(".attn.v.", ".attn.qkv.") for n in trainable_names(model, n_top, config.update_final_norm)})
     delta_tint = torch.cat([(tint_state[n] - base[n]).flatten() for n in names])
     delta_exact = torch.cat([(exact_state[n] - base[n]).flatten() for n in names])
     with torch.no_grad():

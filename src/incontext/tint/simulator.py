@@ -12,6 +12,9 @@ Token slots during the forward modules: 0 the residual stream x (z after a norm)
 scratch; during the backward: 0 the gradient dy, 1-3 scratch (SwiGLU needs a fifth slot). Activations
 the backward and descent modules need (x, q, k, attention output, MLP activations) come from the forward modules through residual
 (skip) connections, as in the paper; here they are kept in `saved` and written into a slot when used.
+Every LayerNorm bias descends, the final norm's included (`update_final_norm=False` freezes that one).
+Grouped K/V heads (Llama, GQA) are stored zero-padded to D_aux rows, repeated for their query heads in the
+forward and their value gradient summed over the group in the backward (one step of the shared W_V).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .modules import (
     AuxAttentionValueBackward,
     GatedBackward,
     GatedForward,
+    GroupedHeads,
     Layout,
     LinearBackward,
     LinearDescent,
@@ -49,10 +53,8 @@ def _check_auxiliary(model: Transformer) -> None:
         problems.append("tied embeddings (the LM-head gradient uses the frozen input embedding E)")
     if c.attention != "softmax" or c.residual_stream != "none":
         problems.append("plain softmax attention without residual streams")
-    if c.kv_heads != c.n_head or c.dim_head * c.n_head != c.d_model:
-        problems.append("n_kv_head = n_head and head_dim = d_model / n_head")
-    if c.mlp_width % c.d_model:
-        problems.append(f"an MLP width that is a multiple of d_model (got {c.mlp_width})")
+    if c.dim_head * c.n_head != c.d_model:
+        problems.append("head_dim = d_model / n_head")
     if c.dropout or c.attn_dropout:
         problems.append("no dropout")
     if problems:
@@ -71,7 +73,7 @@ class TinT(nn.Module):
         if not 1 <= n_top <= c.n_layer:
             raise ValueError(f"n_simulation_layers={config.n_simulation_layers} must lie in 1..{c.n_layer}")
         self.first_updated = c.n_layer - n_top
-        self.n_chunks = c.mlp_width // c.d_model
+        self.n_chunks = -(-c.mlp_width // c.d_model)  # MLP widths that are not a multiple of D_aux: zero-padded
         self.has_bias = c.bias  # biases of the linears (updated by the descent modules only if present)
         self.norm_has_bias = c.bias and c.norm == "layernorm"  # the only LayerNorm parameter TinT updates
         # fixed weights of the simulator: the frozen embeddings (input layer and LM head) ...
@@ -91,6 +93,7 @@ class TinT(nn.Module):
             self.act_backward = ActivationBackward(L, c.mlp, config.act_eps)
         self.attn_forward = AuxAttentionForward(L, c.n_head, c.scale_attn)
         self.attn_backward = AuxAttentionValueBackward(self.attn_forward)
+        self.kv = GroupedHeads(L, c.n_head, c.kv_heads)
         self.lm_gradient = LMHeadGradient(L, lambda: self.embedding)  # read at call time (follows .to())
         self.rope = None
         if c.positions == "rope":
@@ -108,33 +111,49 @@ class TinT(nn.Module):
     # ------------------------------------------------------------------ prefix bookkeeping
     def _blocks_of(self, model: Transformer) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
         """Every auxiliary weight as D_aux x D_aux blocks (norms as diag(gamma)); the MLP output bias is
-        stored once, with chunk 0 (the released code's b/4 in each of 4 sub-MLPs steps it 4x)."""
-        D = self.aux_config.d_model
+        stored once, with chunk 0, or as b / n_chunks in every chunk with `released_mlp_out_bias`."""
+        c = self.aux_config
+        D, width = c.d_model, c.mlp_width
         blocks: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
+        def detach(t):
+            return None if t is None else t.detach()
+
+        def pad_rows(t, rows):  # zero rows: K/V heads of a group, MLP units beyond the width
+            return None if t is None else torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
         def norm(module):
-            return torch.diag(module.weight.detach()), (module.bias.detach() if getattr(module, "bias", None) is not None else None)
+            return torch.diag(module.weight.detach()), detach(getattr(module, "bias", None))
 
         for i, block in enumerate(model.blocks):
-            qkv_w, qkv_b = block.attn.qkv.weight.detach(), block.attn.qkv.bias
+            sizes = [c.n_head * c.dim_head, c.kv_heads * c.dim_head, c.kv_heads * c.dim_head]
+            qkv_w = block.attn.qkv.weight.detach().split(sizes)
+            qkv_b = [None] * 3 if block.attn.qkv.bias is None else block.attn.qkv.bias.detach().split(sizes)
             blocks[f"{i}.norm1"] = norm(block.norm1)
-            for j, part in enumerate("qkv"):
-                blocks[f"{i}.{part}"] = (qkv_w[j * D : (j + 1) * D], None if qkv_b is None else qkv_b.detach()[j * D : (j + 1) * D])
+            for part, w, b in zip("qkv", qkv_w, qkv_b):
+                blocks[f"{i}.{part}"] = (pad_rows(w, D), pad_rows(b, D))
             out = block.attn.out
-            blocks[f"{i}.out"] = (out.weight.detach(), None if out.bias is None else out.bias.detach())
+            blocks[f"{i}.out"] = (out.weight.detach(), detach(out.bias))
             blocks[f"{i}.norm2"] = norm(block.norm2)
             fc_in, fc_out = block.mlp.fc_in, block.mlp.fc_out
-            width = self.aux_config.mlp_width
+            padded = self.n_chunks * D
+            in_w, in_b = fc_in.weight.detach(), detach(fc_in.bias)
+            if self.glu:  # fc_in = [gate; up]
+                parts = {"gate": (pad_rows(in_w[:width], padded), pad_rows(None if in_b is None else in_b[:width], padded)),
+                         "up": (pad_rows(in_w[width:], padded), pad_rows(None if in_b is None else in_b[width:], padded))}
+            else:
+                parts = {"fc_in": (pad_rows(in_w, padded), pad_rows(in_b, padded))}
+            out_w = pad_rows(fc_out.weight.detach().T, padded).T
             for ch in range(self.n_chunks):
                 rows = slice(ch * D, (ch + 1) * D)
-                if self.glu:  # fc_in = [gate; up]
-                    up_rows = slice(width + ch * D, width + (ch + 1) * D)
-                    for name, r in (("gate", rows), ("up", up_rows)):
-                        blocks[f"{i}.{name}.{ch}"] = (fc_in.weight.detach()[r], None if fc_in.bias is None else fc_in.bias.detach()[r])
-                else:
-                    blocks[f"{i}.fc_in.{ch}"] = (fc_in.weight.detach()[rows], None if fc_in.bias is None else fc_in.bias.detach()[rows])
-                out_bias = None if (fc_out.bias is None or ch) else fc_out.bias.detach()
-                blocks[f"{i}.fc_out.{ch}"] = (fc_out.weight.detach()[:, rows], out_bias)
+                for name, (w, b) in parts.items():
+                    blocks[f"{i}.{name}.{ch}"] = (w[rows], None if b is None else b[rows])
+                out_bias = None if fc_out.bias is None else fc_out.bias.detach()
+                if out_bias is not None and self.config.released_mlp_out_bias:
+                    out_bias = out_bias / self.n_chunks
+                elif ch:
+                    out_bias = None
+                blocks[f"{i}.fc_out.{ch}"] = (out_w[:, rows].contiguous(), out_bias)
         blocks["norm_f"] = norm(model.norm_f)
         return blocks
 
@@ -169,6 +188,8 @@ class TinT(nn.Module):
         tokens = self.linear_forward(banks[f"{i}.q"], tokens, 0, 1)
         tokens = self.linear_forward(banks[f"{i}.k"], tokens, 0, 2)
         tokens = self.linear_forward(banks[f"{i}.v"], tokens, 0, 0)
+        tokens = L.write(tokens, 0, self.kv.expand(L.slot(tokens, 0)))  # grouped K/V heads: one copy per query head
+        tokens = L.write(tokens, 2, self.kv.expand(L.slot(tokens, 2)))
         tokens = L.write(tokens, 1, self._rope(L.slot(tokens, 1)))
         tokens = L.write(tokens, 2, self._rope(L.slot(tokens, 2)))
         q, k = L.slot(tokens, 1).clone(), L.slot(tokens, 2).clone()
@@ -208,7 +229,8 @@ class TinT(nn.Module):
             fc_in, fc_out = f"{i}.fc_in.{ch}", f"{i}.fc_out.{ch}"
             tokens = self.linear_backward(banks[fc_out], tokens, 0, 2)  # d act
             tokens = L.write(tokens, 3, s["act"][ch])
-            new_banks[fc_out] = descend(banks[fc_out], tokens, 3, 0, train, eta, update_bias=self.has_bias and ch == 0)
+            steps_out_bias = self.has_bias and (ch == 0 or self.config.released_mlp_out_bias)
+            new_banks[fc_out] = descend(banks[fc_out], tokens, 3, 0, train, eta, update_bias=steps_out_bias)
             if self.glu:  # slot 2: d up, slot 3: d gate (first order), slot 4: the MLP input
                 gate, up = f"{i}.gate.{ch}", f"{i}.up.{ch}"
                 tokens = self.gate_backward(tokens, 2, s["pre"][ch], s["up"][ch], up_dst=2, gate_dst=3)
@@ -230,7 +252,8 @@ class TinT(nn.Module):
         tokens = self.linear_backward(banks[f"{i}.out"], tokens, 0, 1)
         tokens = L.write(tokens, 3, s["o"])
         new_banks[f"{i}.out"] = descend(banks[f"{i}.out"], tokens, 3, 0, train, eta, update_bias=self.has_bias)
-        tokens = self.attn_backward(tokens, 1, s["q"], s["k"], 1)  # dv
+        tokens = self.attn_backward(tokens, 1, s["q"], s["k"], 1)  # dv per query head
+        tokens = L.write(tokens, 1, self.kv.reduce(L.slot(tokens, 1)))  # summed over each K/V group
         tokens = L.write(tokens, 3, s["z1"])
         new_banks[f"{i}.v"] = descend(banks[f"{i}.v"], tokens, 3, 1, train, eta, update_bias=self.has_bias)
         tokens = self.linear_backward(banks[f"{i}.v"], tokens, 1, 2)  # dz1
@@ -270,8 +293,11 @@ class TinT(nn.Module):
             losses.append(self._loss(L.slot(tokens, 0), ids, n_train))
             tokens = L.write(tokens, 3, self.embedding[ids])  # x^un from the input layer
             tokens = self.lm_gradient(tokens, 0, 3, 0, n_train)
-            tokens = self.norm_backward(banks["norm_f"], tokens, 0, x_final, 0, scratch=(1, 2))
             new_banks = dict(banks)
+            if self.norm_has_bias and self.config.update_final_norm:  # bias-only descent, as every LayerNorm
+                new_banks["norm_f"] = self.linear_descent(banks["norm_f"], tokens, 3, 0, train, self.config.learning_rate,
+                                                          update_weight=False)
+            tokens = self.norm_backward(banks["norm_f"], tokens, 0, x_final, 0, scratch=(1, 2))
             for i in reversed(range(self.first_updated, self.aux_config.n_layer)):
                 tokens = self._block_backward(i, banks, new_banks, tokens, saved[i], train)
             banks = new_banks
@@ -292,6 +318,7 @@ class TinT(nn.Module):
         """State-dict entries of the auxiliary model read back from (updated) prefix embeddings."""
         L, c = self.layout, self.aux_config
         read = {name: L.read(prefix) for name, prefix in banks.items()}
+        kv_rows = c.kv_heads * c.dim_head
         state: dict[str, torch.Tensor] = {}
 
         def norm(prefix_name, ours):
@@ -304,17 +331,18 @@ class TinT(nn.Module):
             b = f"blocks.{i}."
             norm(f"{i}.norm1", b + "norm1")
             norm(f"{i}.norm2", b + "norm2")
-            state[b + "attn.qkv.weight"] = torch.cat([read[f"{i}.{p}"][0] for p in "qkv"])
+            for j, part in enumerate(("weight", "bias") if c.bias else ("weight",)):
+                q, k, v = (read[f"{i}.{p}"][j] for p in "qkv")
+                state[b + f"attn.qkv.{part}"] = torch.cat([q, k[:kv_rows], v[:kv_rows]])
+                fc_in = [torch.cat([read[f"{i}.{name}.{ch}"][j] for ch in range(self.n_chunks)])[: c.mlp_width]
+                         for name in (("gate", "up") if self.glu else ("fc_in",))]
+                state[b + f"mlp.fc_in.{part}"] = torch.cat(fc_in)
             state[b + "attn.out.weight"] = read[f"{i}.out"][0]
-            in_names = ([f"{i}.gate.{ch}" for ch in range(self.n_chunks)] + [f"{i}.up.{ch}" for ch in range(self.n_chunks)]
-                        if self.glu else [f"{i}.fc_in.{ch}" for ch in range(self.n_chunks)])
-            state[b + "mlp.fc_in.weight"] = torch.cat([read[n][0] for n in in_names])
-            state[b + "mlp.fc_out.weight"] = torch.cat([read[f"{i}.fc_out.{ch}"][0] for ch in range(self.n_chunks)], 1)
+            fc_out = torch.cat([read[f"{i}.fc_out.{ch}"][0] for ch in range(self.n_chunks)], 1)
+            state[b + "mlp.fc_out.weight"] = fc_out[:, : c.mlp_width]
             if c.bias:
-                state[b + "attn.qkv.bias"] = torch.cat([read[f"{i}.{p}"][1] for p in "qkv"])
                 state[b + "attn.out.bias"] = read[f"{i}.out"][1]
-                state[b + "mlp.fc_in.bias"] = torch.cat([read[n][1] for n in in_names])
-                state[b + "mlp.fc_out.bias"] = read[f"{i}.fc_out.0"][1]
+                state[b + "mlp.fc_out.bias"] = sum(read[f"{i}.fc_out.{ch}"][1] for ch in range(self.n_chunks))
         norm("norm_f", "norm_f")
         return state
 
