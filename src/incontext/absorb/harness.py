@@ -214,7 +214,7 @@ class MethodRecord:
         for key in self.episode_scores[0]:
             row[key] = interval95([s[key] for s in self.episode_scores])
         positions = sum(a.get("positions", 0) for a in self.agreements)
-        row["agreement"] = {
+        row["agreement"] = None if not self.agreements else {
             "top1": sum(a["top1_sum"] for a in self.agreements) / positions if positions else None,
             "kl": sum(a["kl_sum"] for a in self.agreements) / positions if positions else None,
             "relative_logits_error": statistics.fmean(a["relative"] for a in self.agreements),
@@ -240,27 +240,35 @@ def _as_model_input(x: torch.Tensor, model: nn.Module) -> torch.Tensor:
     return x.to(p.dtype) if x.is_floating_point() else x
 
 
+def method_name(label: str) -> str:
+    """A row label is a method name, optionally with a variant after a colon ("iclca-approx:m64")."""
+    return label.split(":", 1)[0]
+
+
 def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], methods: dict[str, dict[str, Any]], *,
-            progress: bool = True, max_failures: int = 3) -> list[dict[str, Any]]:
-    """Runs every method on every episode; returns one summary row per method (keep-prompt and drop-prompt
-    always included, keep-prompt first). See the module docstring for the fields."""
+            progress: bool = True, max_failures: int = 3, references: bool = True) -> list[dict[str, Any]]:
+    """Runs every method on every episode; returns one summary row per method, in the order given, after
+    keep-prompt and drop-prompt (always included unless `references=False`, which also skips agreement).
+    `methods` maps a row label (a method name, or "name:variant" for several settings of one method) to the
+    method's options. See the module docstring for the fields."""
     if not episodes:
         raise ValueError("no episodes to compare on")
-    methods = {REFERENCE: {}, "drop-prompt": {}, **{k: v for k, v in methods.items() if k not in (REFERENCE, "drop-prompt")},
-               **({"drop-prompt": methods["drop-prompt"]} if "drop-prompt" in methods else {})}
+    if references:
+        methods = {REFERENCE: methods.get(REFERENCE, {}), "drop-prompt": methods.get("drop-prompt", {}),
+                   **{k: v for k, v in methods.items() if k not in (REFERENCE, "drop-prompt")}}
     model.eval()
     device = _model_device(model)
     tokens = getattr(model.config, "tokens", True)
     timer = CostTimer(device)
-    records = {name: MethodRecord(name, options) for name, options in methods.items()}
+    records = {label: MethodRecord(label, options) for label, options in methods.items()}
     instances = {}
-    for name, options in methods.items():
-        method = get_absorb_method(name, **options)  # unknown names and options fail here, before any work
+    for label, options in methods.items():
+        method = get_absorb_method(method_name(label), **options)  # unknown names and options fail here, before any work
         reason = method.unsupported(model)
         if reason is not None:
-            records[name].status, records[name].reason = "n/a", reason
+            records[label].status, records[label].reason = "n/a", reason
         else:
-            instances[name] = method
+            instances[label] = method
     from tqdm.auto import tqdm
 
     names = list(instances)
@@ -307,6 +315,8 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 if len(record.errors) >= max_failures or not record.episode_scores and len(record.errors) >= 1 and index == 0:
                     record.status, record.reason = "failed", record.errors[0]
             del adapted
+        if not references:
+            continue
         reference = outputs.get(REFERENCE)
         if reference is None:
             raise RuntimeError(f"the reference method {REFERENCE} failed: {records[REFERENCE].errors[-1:]}")

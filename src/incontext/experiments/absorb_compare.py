@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..absorb import absorb_methods, get_absorb_method
-from ..absorb.harness import compare
+from ..absorb.harness import compare, method_name
 from ..tasks.episodes import get_episode_source
 
 VALIDATION_SEED_OFFSET = 10_000  # validation episodes: seed + this (test episodes use the seed itself)
@@ -39,7 +39,7 @@ def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     known = set(absorb_methods())
     task, methods = {}, {}
     for key, value in settings.items():
-        if key in known:
+        if method_name(key) in known:
             if not isinstance(value, dict):
                 raise ValueError(f"--set {key}=... needs an option: {key}.OPTION=VALUE")
             methods[key] = value
@@ -71,14 +71,14 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
     methods = spec.methods or absorb_methods()
     for name in methods:
-        if name not in absorb_methods():
+        if method_name(name) not in absorb_methods():
             raise KeyError(f"unknown method {name!r}; methods: {', '.join(absorb_methods())}")
     method_options = {name: dict(spec.method_options.get(name, {})) for name in methods}
     for name in spec.method_options:
         if name not in methods:
             raise ValueError(f"options given for {name!r}, which is not among the compared methods ({', '.join(methods)})")
     for name, options in method_options.items():
-        get_absorb_method(name, **options)  # unknown options fail here
+        get_absorb_method(method_name(name), **options)  # unknown options fail here
     start = time.perf_counter()
     loaded = loaded or load_model(spec.model)
     load_s = time.perf_counter() - start
@@ -91,7 +91,8 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
                                      tokenizer=loaded.tokenizer, task=loaded.task)
         scores = {}
         for value in values:
-            row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}}, progress=False)[-1]
+            row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
+                          progress=False, references=False)[-1]
             scores[repr(value)] = row["score"]["mean"] if row["status"] == "ok" else None
         valid = [(s, v) for v, s in zip(values, scores.values()) if s is not None and math.isfinite(s)]
         if valid:
