@@ -1,0 +1,211 @@
+import math
+
+import pytest
+import torch
+
+from incontext.absorb.harness import agreement, compare, episode_score, interval95, score_query
+from incontext.models import Transformer, TransformerConfig
+from incontext.tasks import get_task
+from incontext.tasks.episodes import Episode, Query, get_episode_source
+
+
+class ByteCodec:
+    """A byte-level tokenizer: enough for the text sources on tiny random models."""
+
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+
+def tiny(attention="softmax", vocab=256, **kw):
+    torch.manual_seed(0)
+    return Transformer(TransformerConfig(n_layer=2, d_model=32, n_head=4, vocab_size=vocab, attention=attention,
+                                         positions="rope", max_seq_len=2048, **kw)).eval()
+
+
+def facts_episodes(n=3, people=1):
+    return get_episode_source("facts", people=people).episodes(n, seed=0, tokenizer=ByteCodec())
+
+
+def rows_by_method(rows):
+    return {row["method"]: row for row in rows}
+
+
+def test_keep_prompt_is_the_prompted_model_and_drop_prompt_the_unprompted_one():
+    model = tiny()
+    episodes = facts_episodes(2)
+    rows = rows_by_method(compare(model, get_episode_source("facts"), episodes, {}, progress=False))
+    assert rows["keep-prompt"]["agreement"] == {"top1": 1.0, "kl": 0.0, "relative_logits_error": 0.0}
+    # the reference itself, written out: the query read after the prompt, and the query alone
+    for episode in episodes:
+        m = episode.prompt.shape[0]
+        for q in episode.queries:
+            full = model(torch.cat([episode.prompt, q.inputs])[None])[0, m:]
+            kept = get_absorb("keep-prompt").absorb(model, episode.prompt)(q.inputs[None])[0]
+            assert torch.allclose(kept, full, atol=1e-5, rtol=0)
+            dropped = get_absorb("drop-prompt").absorb(model, episode.prompt)(q.inputs[None])[0]
+            assert torch.equal(dropped, model(q.inputs[None])[0])
+    assert rows["drop-prompt"]["agreement"]["relative_logits_error"] > 1e-3  # the prompt matters in this model
+
+
+def get_absorb(name, **options):
+    from incontext.absorb import get_absorb_method
+
+    return get_absorb_method(name, **options)
+
+
+def test_iclca_on_a_linear_model_agrees_with_the_prompted_model():
+    task = get_task("induction", seq_len=32)
+    model = tiny("linear", vocab=task.model_io()["vocab_size"])
+    source = get_episode_source("induction")
+    episodes = source.episodes(6, seed=1, task=task)
+    assert len(episodes) == 6 and all(bool(e.queries[0].mask.any()) for e in episodes)
+    rows = rows_by_method(compare(model, source, episodes, {"iclca": {}, "iclca-approx": {}}, progress=False))
+    iclca = rows["iclca"]
+    assert iclca["status"] == "ok" and iclca["agreement"]["relative_logits_error"] < 1e-5
+    assert iclca["agreement"]["top1"] == 1.0 and iclca["agreement"]["kl"] < 1e-9
+    assert iclca["score"]["mean"] == rows["keep-prompt"]["score"]["mean"]
+    assert rows["iclca-approx"]["status"] == "n/a" and "softmax" in rows["iclca-approx"]["reason"]
+    for row in rows.values():
+        if row["status"] == "ok":
+            assert row["absorb_ms"] >= 0 and row["query_ms"] > 0 and row["kept_bytes"] >= 0
+
+
+def test_inapplicable_and_failing_methods_are_reported_not_raised():
+    model = tiny()
+    rows = rows_by_method(compare(model, get_episode_source("facts"), facts_episodes(2),
+                                  {"iclca": {}, "cgt-fold": {}, "dynamic-eval": {"learning_rate": 1e30}}, progress=False))
+    assert rows["iclca"]["status"] == "n/a" and "linear" in rows["iclca"]["reason"]
+    assert rows["cgt-fold"]["status"] == "n/a" and "CGT" in rows["cgt-fold"]["reason"]
+    assert rows["dynamic-eval"]["status"] == "failed" and "non-finite" in rows["dynamic-eval"]["reason"]
+
+
+def test_unknown_method_and_option_are_refused_before_any_work():
+    model = tiny()
+    with pytest.raises(KeyError, match="registered"):
+        compare(model, get_episode_source("facts"), facts_episodes(1), {"no-such-method": {}}, progress=False)
+    with pytest.raises(TypeError):
+        compare(model, get_episode_source("facts"), facts_episodes(1), {"dynamic-eval": {"no_such_option": 1}}, progress=False)
+
+
+def test_scoring_by_hand():
+    vocab = 5
+    logits = torch.full((3, vocab), -10.0)
+    logits[0, 1] = logits[1, 2] = logits[2, 4] = 10.0  # argmax 1, 2, 4
+    q = Query(inputs=torch.tensor([0, 1, 2]), targets=torch.tensor([1, 2, 3]), mask=torch.tensor([False, True, True]))
+    s = score_query("exact", logits, q)
+    assert s.exact == 0.0 and s.correct == 1.0 and s.total == 2  # position 1 right, position 2 wrong
+    log_p = torch.log_softmax(logits.double(), -1)
+    assert math.isclose(s.logprob, float(log_p[1, 2] + log_p[2, 3]), rel_tol=1e-12)
+    q_right = Query(inputs=torch.tensor([0, 1, 2]), targets=torch.tensor([1, 2, 4]), mask=torch.tensor([False, True, True]))
+    assert score_query("exact", logits, q_right).exact == 1.0
+    assert episode_score("exact", [s, score_query("exact", logits, q_right)])["score"] == 0.5
+    assert episode_score("accuracy", [s, score_query("accuracy", logits, q_right)])["score"] == 3 / 4
+    ce = episode_score("ce", [s])["score"]
+    assert math.isclose(ce, -float(log_p[1, 2] + log_p[2, 3]) / 2, rel_tol=1e-12)
+    # choice: candidates 3 and 4 at the last masked position; 4 wins plainly, 3 after calibration
+    choice = Query(inputs=torch.tensor([0, 1, 2]), targets=torch.tensor([0, 0, 3]), mask=torch.tensor([False, False, True]),
+                   choices=torch.tensor([3, 4]))
+    calibration = torch.tensor([-30.0, 0.0], dtype=torch.float64)
+    c = score_query("choice", logits, choice, calibration)
+    assert c.correct == 0.0 and c.calibrated == 1.0 and c.total == 1
+    # mse on vectors
+    out = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
+    vq = Query(inputs=torch.zeros(2, 3), targets=torch.tensor([[0.0, 0.0], [3.0, 4.0]]), mask=torch.tensor([True, True]))
+    assert math.isclose(episode_score("mse", [score_query("mse", out, vq)])["score"], ((1 + 4) / 2 + (9 + 16) / 2) / 2)
+
+
+def test_agreement_by_hand():
+    ref = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    out = torch.tensor([[0.0, 2.0, 0.0], [0.0, 1.0, 0.0]])
+    q = Query(inputs=torch.tensor([0, 1]), targets=torch.tensor([0, 1]), mask=torch.tensor([True, True]))
+    a = agreement(out, ref, q, tokens=True)
+    p, r = torch.log_softmax(ref.double(), -1), torch.log_softmax(out.double(), -1)
+    assert a["top1_sum"] == 1.0 and a["positions"] == 2
+    assert math.isclose(a["kl_sum"], float((p.exp() * (p - r)).sum()), rel_tol=1e-12)
+    assert math.isclose(a["relative"], float((out - ref).norm() / ref.norm()), rel_tol=1e-6)
+
+
+def test_interval95():
+    row = interval95([0.0, 1.0, 0.0, 1.0])
+    assert row["mean"] == 0.5 and row["n"] == 4
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, 3) * math.sqrt(1 / 3) / 2
+    assert math.isclose(row["high"] - row["mean"], half, rel_tol=1e-12)
+    assert math.isnan(interval95([1.0])["low"])
+
+
+def test_prompt_errors_are_one_line():
+    model = tiny()
+    method = get_absorb("keep-prompt")
+    with pytest.raises(ValueError, match="empty"):
+        method.absorb(model, torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="context holds 2048"):
+        method.absorb(model, torch.zeros(2048, dtype=torch.long))
+    with pytest.raises(ValueError, match="token ids"):
+        method.absorb(model, torch.zeros(4))
+    with pytest.raises(ValueError, match="loss_mask"):
+        get_absorb("dynamic-eval").absorb(model, torch.zeros(4, dtype=torch.long), loss_mask=torch.ones(3, dtype=torch.bool))
+
+
+def test_a_batch_of_prompts_equals_one_at_a_time():
+    model = tiny()
+    prompts = torch.randint(0, 256, (3, 7), generator=torch.Generator().manual_seed(0))
+    queries = torch.randint(0, 256, (3, 4), generator=torch.Generator().manual_seed(1))
+    for name, options in (("keep-prompt", {}), ("dynamic-eval", {"learning_rate": 1e-2})):
+        method = get_absorb(name, **options)
+        together = method.absorb(model, prompts)(queries)
+        for i in range(3):
+            alone = method.absorb(model, prompts[i])(queries[i : i + 1])[0]
+            assert torch.allclose(together[i], alone, atol=1e-5, rtol=0)
+
+
+def test_dynamic_eval_loss_mask_selects_the_trained_tokens():
+    model = tiny()
+    prompt = torch.randint(0, 256, (10,), generator=torch.Generator().manual_seed(0))
+    method = get_absorb("dynamic-eval", learning_rate=1e-2)
+    none = torch.zeros(10, dtype=torch.bool)
+    with pytest.raises(ValueError, match="selects nothing"):
+        method.absorb(model, prompt, loss_mask=none)
+    only_last = none.clone()
+    only_last[-1] = True
+    adapted = method.absorb(model, prompt, loss_mask=only_last)
+    # the same step, written out: SGD on the last token's cross-entropy only
+    import copy
+
+    reference = copy.deepcopy(model)
+    logits = reference(prompt[None])[0]
+    loss = torch.nn.functional.cross_entropy(logits[-2:-1], prompt[-1:], reduction="sum")
+    grads = torch.autograd.grad(loss, list(reference.parameters()))
+    with torch.no_grad():
+        for p, g in zip(reference.parameters(), grads):
+            p -= 1e-2 * g
+    query = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(adapted(query), reference(query, position_offset=10), atol=1e-5, rtol=0)
+
+
+def test_episodes_with_vector_inputs():
+    task = get_task("linear_regression", d_in=3, n_points=8)
+    source = get_episode_source("linear_regression")
+    episodes = source.episodes(4, seed=0, task=task)
+    assert all(e.prompt.shape[0] % 2 == 0 for e in episodes)  # whole (x, y) pairs
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(n_layer=1, d_model=16, n_head=2, d_input=task.model_io()["d_input"],
+                                          d_output=task.model_io()["d_output"], attention="linear", positions="rope")).eval()
+    rows = rows_by_method(compare(model, source, episodes, {"iclca": {}}, progress=False))
+    assert rows["iclca"]["agreement"]["top1"] is None and rows["iclca"]["agreement"]["relative_logits_error"] < 1e-5
+    assert rows["iclca"]["score"]["mean"] == pytest.approx(rows["keep-prompt"]["score"]["mean"], rel=1e-4)
+    with pytest.raises(ValueError, match="trained on 'linear_regression'"):
+        source.episodes(2, task=get_task("induction"))
+    with pytest.raises(ValueError, match="needs a model trained"):
+        source.episodes(2)
+
+
+def test_episode_of_text_tasks_need_a_tokenizer():
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        get_episode_source("facts").episodes(1)
+    with pytest.raises(KeyError, match="facts"):
+        get_episode_source("no-such-task")
+    with pytest.raises(ValueError, match="unknown option 'colour'"):
+        get_episode_source("facts", colour=1)
+    assert isinstance(facts_episodes(1)[0], Episode)

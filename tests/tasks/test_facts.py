@@ -1,0 +1,120 @@
+import random
+import re
+
+import pytest
+import torch
+
+from incontext.tasks.episodes import get_episode_source
+from incontext.tasks.facts import ATTRIBUTES, facts_prompt, make_people
+from incontext.tasks.stories import HELDOUT_NAMES, TRAIN_NAMES
+
+
+class ByteCodec:
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids):
+        return bytes(int(i) for i in ids).decode("utf-8")
+
+
+STATEMENT = re.compile(r"^(?P<name>\w+ \w+) (?:was born in (?:the year (?P<year>\d+)|(?P<place>\w+))|works as a (?P<job>\w+)"
+                       r"|has a pet \w+ named (?P<pet>\w+))\.$")
+QUESTION = {
+    "birthplace": re.compile(r"^Q: Where was (\w+ \w+) born\?\nA:$"),
+    "job": re.compile(r"^Q: What is (\w+ \w+)'s job\?\nA:$"),
+    "pet": re.compile(r"^Q: What is the name of (\w+ \w+)'s pet\?\nA:$"),
+    "year": re.compile(r"^Q: In which year was (\w+ \w+) born\?\nA:$"),
+}
+
+
+def facts_from_text(prompt: str) -> dict[tuple[str, str], str]:
+    """Reads the facts back from the prompt's lines (an independent parser of the rendered text)."""
+    facts = {}
+    for line in prompt.split("\n\n")[0].splitlines():
+        m = STATEMENT.match(line)
+        assert m, line
+        for attribute, group in (("birthplace", "place"), ("job", "job"), ("pet", "pet"), ("year", "year")):
+            if m.group(group):
+                assert (m.group("name"), attribute) not in facts
+                facts[(m.group("name"), attribute)] = m.group(group)
+    return facts
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_every_answer_is_recomputed_from_the_prompt_text(seed):
+    codec = ByteCodec()
+    for episode in get_episode_source("facts", people=3).episodes(4, seed=seed, tokenizer=codec):
+        text = codec.decode(episode.prompt)
+        facts = facts_from_text(text)
+        assert len(facts) == 3 * len(ATTRIBUTES)
+        assert len(episode.queries) == len(facts) - 1  # the worked example is not asked again
+        asked = set()
+        for q in episode.queries:
+            ids = torch.cat([q.inputs, q.targets[-1:]])
+            first = int(q.mask.nonzero().min())
+            question, answer = codec.decode(ids[: first + 1]), codec.decode(q.targets[q.mask])
+            matches = [(a, p.match(question)) for a, p in QUESTION.items() if p.match(question)]
+            assert len(matches) == 1, question
+            attribute, m = matches[0]
+            assert answer == " " + facts[(m.group(1), attribute)]
+            asked.add((m.group(1), attribute))
+        assert len(asked) == len(episode.queries)
+        worked = set(facts) - asked
+        assert len(worked) == 1
+        name, attribute = worked.pop()
+        worked_question, worked_answer = text.split("\n\n")[1].rsplit("\n", 1)
+        m = QUESTION[attribute].match(worked_question + "\nA:")
+        assert m and m.group(1) == name and worked_answer == f"A: {facts[(name, attribute)]}"
+
+
+def test_names_are_held_out_and_unique():
+    rng = random.Random(0)
+    reserved = {n.lower() for n in TRAIN_NAMES + HELDOUT_NAMES}
+    for _ in range(50):
+        people = make_people(4, rng)
+        words = [w for p in people for w in (p.first, p.last, p.birthplace, p.pet_name)]
+        assert len(set(words)) == len(words)
+        assert not reserved & {w.lower() for w in words}
+
+
+def test_seeds_reproduce_and_differ():
+    codec = ByteCodec()
+    a = get_episode_source("facts").episodes(3, seed=5, tokenizer=codec)
+    b = get_episode_source("facts").episodes(3, seed=5, tokenizer=codec)
+    c = get_episode_source("facts").episodes(3, seed=6, tokenizer=codec)
+    assert all(torch.equal(x.prompt, y.prompt) for x, y in zip(a, b))
+    assert all(torch.equal(qx.targets, qy.targets) for x, y in zip(a, b) for qx, qy in zip(x.queries, y.queries))
+    assert not torch.equal(a[0].prompt, c[0].prompt)
+
+
+def test_training_queries_are_not_the_evaluation_questions():
+    codec = ByteCodec()
+    episode = get_episode_source("facts").episodes(1, seed=0, tokenizer=codec)[0]
+    questions = {codec.decode(q.inputs[: int(q.mask.nonzero().min()) + 1]) for q in episode.queries}
+    for t in episode.train_queries:
+        text = codec.decode(t)
+        assert text not in questions and not text.startswith("Q:")
+        assert not any(text.endswith(codec.decode(q.targets[q.mask])) for q in episode.queries)  # no answer inside
+
+
+def test_bad_facts_settings():
+    with pytest.raises(ValueError, match="people"):
+        get_episode_source("facts", people=0)
+    with pytest.raises(ValueError, match="format"):
+        get_episode_source("facts", format="html")
+    with pytest.raises(ValueError, match="unknown fact attribute"):
+        facts_prompt(make_people(1, random.Random(0)), random.Random(0), attributes=("height",))
+
+
+def test_chat_format_splits_at_a_turn():
+    class ChatCodec(ByteCodec):
+        def chat(self, messages, add_generation_prompt=False):
+            text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+            return text + ("<assistant>" if add_generation_prompt else "")
+
+    codec = ChatCodec()
+    episode = get_episode_source("facts", format="chat").episodes(1, seed=0, tokenizer=codec)[0]
+    assert codec.decode(episode.prompt).endswith("</assistant>")
+    q = episode.queries[0]
+    question = codec.decode(q.inputs[: int(q.mask.nonzero().min()) + 1])
+    assert question.startswith("<user>") and question.endswith("<assistant>")
