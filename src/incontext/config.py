@@ -123,8 +123,19 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = scalar(raw)
     return nested
+
+
+def scalar(raw: str) -> Any:
+    """A YAML scalar, with YAML 1.1's gap closed: "1e-3" (no dot) is a float, not a string."""
+    value = yaml.safe_load(raw)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

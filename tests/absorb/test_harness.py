@@ -83,7 +83,7 @@ def test_unknown_method_and_option_are_refused_before_any_work():
     model = tiny()
     with pytest.raises(KeyError, match="registered"):
         compare(model, get_episode_source("facts"), facts_episodes(1), {"no-such-method": {}}, progress=False)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="dynamic-eval: unknown option 'no_such_option'; options: learning_rate"):
         compare(model, get_episode_source("facts"), facts_episodes(1), {"dynamic-eval": {"no_such_option": 1}}, progress=False)
 
 

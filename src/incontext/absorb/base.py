@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -187,9 +188,22 @@ def absorb_methods() -> list[str]:
     return sorted(_METHODS)
 
 
+def method_options(name: str) -> list[str]:
+    """The options a method's constructor takes (a method taking **options lists them in `option_names`)."""
+    cls = _METHODS[name]
+    if hasattr(cls, "option_names"):
+        return list(cls.option_names())
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [n for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self" and p.kind in kinds]
+
+
 def get_absorb_method(name: str, **options) -> AbsorbMethod:
     if name not in _METHODS:
-        raise KeyError(f"unknown absorb method {name!r}; registered: {sorted(_METHODS)}")
+        raise KeyError(f"unknown absorb method {name!r}; registered: {', '.join(sorted(_METHODS))}")
+    allowed = method_options(name)
+    for key in options:
+        if key not in allowed:
+            raise ValueError(f"{name}: unknown option {key!r}; options: {', '.join(allowed) or '(none)'}")
     return _METHODS[name](**options)
 
 

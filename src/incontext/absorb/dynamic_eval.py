@@ -70,6 +70,17 @@ def trainable_parameters(model: Transformer, n_top_layers: int | None) -> list[t
     return [p for block in blocks for p in block.parameters()] + list(model.norm_f.parameters())
 
 
+def check_sgd_options(learning_rate, n_steps, reduction, optimizer) -> None:
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    if optimizer not in ("sgd", "adamw"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {optimizer!r}")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps must be an integer >= 1, got {n_steps!r}")
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
+
+
 def prompt_sgd(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor] | None = None, *,
                learning_rate: float, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
                n_top_layers: int | None = None) -> tuple[Transformer, list[float]]:
@@ -77,14 +88,7 @@ def prompt_sgd(model: Transformer, sequences: list[torch.Tensor], targets: list[
     (summed over sequences; within one, summed or averaged over its target tokens), exact gradients.
     Plain SGD reproduces Krause et al. / TinT's R-dyn; AdamW is offered for pretrained LMs. Returns the updated
     copy (eval mode, no gradients) and the loss before each step."""
-    if reduction not in ("sum", "mean"):
-        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    if optimizer not in ("sgd", "adamw"):
-        raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {optimizer!r}")
-    if not (isinstance(n_steps, int) and n_steps >= 1):
-        raise ValueError(f"n_steps must be an integer >= 1, got {n_steps!r}")
-    if not (math.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
+    check_sgd_options(learning_rate, n_steps, reduction, optimizer)
     targets = [full_mask(ids) for ids in sequences] if targets is None else targets
     if not any(bool(t[1:].any()) for t in targets):
         raise ValueError("no target token to learn from: the loss mask selects nothing after the first token")
@@ -121,6 +125,7 @@ class DynamicEval(AbsorbMethod):
 
     def __init__(self, learning_rate: float = 1e-3, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
                  n_top_layers: int | None = None):
+        check_sgd_options(learning_rate, n_steps, reduction, optimizer)
         self.learning_rate, self.n_steps, self.reduction = learning_rate, n_steps, reduction
         self.optimizer, self.n_top_layers = optimizer, n_top_layers
 
@@ -198,6 +203,14 @@ class TinTStep(AbsorbMethod):
         from ..tint import TintConfig
 
         self.config = TintConfig(**tint_options)
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        import dataclasses
+
+        from ..tint import TintConfig
+
+        return [f.name for f in dataclasses.fields(TintConfig)]
 
     def unsupported(self, model) -> str | None:
         if not isinstance(model, Transformer) or not model.config.tokens:

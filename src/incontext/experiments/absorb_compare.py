@@ -50,7 +50,7 @@ def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 def parse_tune(items: list[str]) -> dict[str, list[Any]]:
     """["dynamic-eval.learning_rate=1e-5,1e-4"] -> {"dynamic-eval.learning_rate": [1e-05, 0.0001]}."""
-    import yaml
+    from ..config import scalar
 
     out = {}
     for item in items:
@@ -60,7 +60,7 @@ def parse_tune(items: list[str]) -> dict[str, list[Any]]:
             raise ValueError(f"--tune {item!r} must look like METHOD.OPTION=v1,v2,... (e.g. dynamic-eval.learning_rate=1e-5,1e-4)")
         if method not in absorb_methods():
             raise ValueError(f"--tune {item!r}: unknown method {method!r}; methods: {', '.join(absorb_methods())}")
-        out[key] = [yaml.safe_load(v) for v in raw.split(",")]
+        out[key] = [scalar(v) for v in raw.split(",")]
     return out
 
 

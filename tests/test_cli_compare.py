@@ -1,0 +1,69 @@
+"""`incontext compare` end to end on a tiny run of ours, and its one-line errors."""
+
+import json
+
+import pytest
+
+from incontext import cli
+from incontext.train import load_config, train
+
+INDUCTION = [
+    "model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.attention=linear", "model.positions=rope",
+    "task.name=induction", "task.seq_len=32", "task.trigger_prob=0.3",
+    "schedule.total_steps=2", "schedule.warmup_steps=1", "run.batch_size=4", "run.eval_every=2",
+    "run.eval_sequences=8", "run.checkpoint_every=2", "run.tensorboard=false", "run.threads=1",
+]
+
+
+@pytest.fixture(scope="module")
+def induction_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("induction-run")
+    train(load_config(None, INDUCTION + [f"run.out_dir={out}"]), progress=False)
+    return out
+
+
+def test_compare_on_a_linear_induction_run(induction_run, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", "--model", str(induction_run), "--task", "induction", "--episodes", "4",
+                     "--methods", "iclca,iclca-approx,dynamic-eval,tint", "--set", "dynamic-eval.learning_rate=1e-3",
+                     "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["method"]: r for r in results["rows"]}
+    assert list(rows)[:2] == ["keep-prompt", "drop-prompt"]
+    assert rows["iclca"]["score"] == rows["keep-prompt"]["score"]
+    assert rows["iclca"]["agreement"]["relative_logits_error"] < 1e-5
+    assert rows["iclca-approx"]["status"] == "n/a" and rows["tint"]["status"] == "n/a"
+    assert rows["dynamic-eval"]["status"] == "ok"
+    assert (out / "compare.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "| iclca |" in printed and "n/a: needs softmax attention" in printed
+    # a second run may overwrite its own files
+    assert cli.main(["compare", "--model", str(induction_run), "--task", "induction", "--episodes", "2",
+                     "--methods", "iclca", "--out", str(out)]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "no-such-model", "--task", "facts"], "unknown model 'no-such-model': give smollm2"),
+    (["--model", "smollm2", "--task", "no-such-task"], "tasks with episodes: arithmetic, continuation, facts"),
+    (["--model", "smollm2", "--task", "facts", "--methods", "iclca,magic"], "unknown method 'magic'; methods:"),
+    (["--model", "smollm2", "--task", "facts", "--set", "people=-1"], "people must be a positive integer"),
+    (["--model", "smollm2", "--task", "facts", "--set", "colour=red"], "unknown option 'colour' for task 'facts'"),
+    (["--model", "smollm2", "--task", "facts", "--set", "dynamic-eval.speed=2"], "dynamic-eval: unknown option 'speed'"),
+    (["--model", "smollm2", "--task", "facts", "--tune", "dynamic-eval=1,2"], "must look like METHOD.OPTION=v1,v2"),
+    (["--model", "smollm2", "--task", "facts", "--episodes", "0"], "--episodes must be >= 1"),
+])
+def test_bad_compare_input_is_one_line(argv, message, capsys, tmp_path):
+    assert cli.main(["compare", *argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_compare_refuses_a_foreign_out_folder(induction_run, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert cli.main(["compare", "--model", str(induction_run), "--task", "induction", "--episodes", "1",
+                     "--methods", "iclca", "--out", str(out)]) == 2
+    assert "holds files this command did not write (notes.txt)" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
