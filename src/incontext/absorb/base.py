@@ -261,7 +261,9 @@ class KeepPrompt(AbsorbMethod):
     batched = True
 
     def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
-        return PromptInContext(model, prompt)
+        adapted = PromptInContext(model, prompt)
+        adapted.prompt_cache()  # the prompt's pass belongs to absorbing, not to the first query
+        return adapted
 
 
 class DropPrompt(AbsorbMethod):
