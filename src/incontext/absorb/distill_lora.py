@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +130,7 @@ class DistillLoRA(AbsorbMethod):
     """Distil the prompted model into a LoRA on the model without the prompt (see the module docstring).
 
     Each epoch visits, in a seeded random order, ceil(M / window_tokens) prompt windows (a fresh random window
-    each time, clipped at the prompt's ends so every position is covered equally often), every continuation
+    each time, see `_window`), every continuation
     and every training query, `batch_size` sequences per AdamW step. Training stops after `steps` steps, or
     earlier when the mean KL of the last `patience` steps is not `min_improvement` (relative) below the mean
     of the `patience` steps before."""
@@ -141,14 +142,14 @@ class DistillLoRA(AbsorbMethod):
         rank: int = 8,
         alpha: float = 16.0,
         target_modules: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"),
-        steps: int = 40,
-        learning_rate: float = 2e-3,
-        n_continuations: int = 4,
+        steps: int = 16,
+        learning_rate: float = 3e-3,
+        n_continuations: int = 2,
         continuation_tokens: int = 32,
         window_tokens: int = 64,
-        batch_size: int = 4,
+        batch_size: int = 2,
         temperature: float = 1.0,
-        patience: int = 10,
+        patience: int = 8,
         min_improvement: float = 0.01,
         merge: bool = True,
         seed: int = 0,
@@ -195,6 +196,7 @@ class DistillLoRA(AbsorbMethod):
 
         was_training = model.training
         model.eval()
+        start = time.perf_counter()
         try:
             prompt_logp, sequences = self._teacher_targets(model, prompt, queries, generator)
             spec = LoRASpec(self.rank, self.alpha, tuple(f"blocks.{i}.{t}" for i in range(model.config.n_layer)
@@ -203,7 +205,9 @@ class DistillLoRA(AbsorbMethod):
         finally:
             model.train(was_training)
         _init_lora(adapted, generator)
+        teacher_seconds = time.perf_counter() - start
         adapted.history = self._train(adapted, prompt, prompt_logp, sequences, generator)
+        adapted.history.update(teacher_seconds=teacher_seconds, train_seconds=time.perf_counter() - start - teacher_seconds)
         return adapted.merged_model() if self.merge else adapted
 
     @torch.no_grad()
@@ -313,12 +317,14 @@ def _sample(model, cache, last_logits, n, length, temperature, generator):
 
 
 def _window(prompt, prompt_logp, width, generator):
-    """A random window of the prompt (student tokens, teacher log-probs given the whole prefix); starts are
-    drawn so that windows clipped at the ends cover every position equally often."""
+    """A random window of the prompt (student tokens, teacher log-probs given the whole prefix). It starts after
+    the first token (a window at 0 is the teacher's own context: nothing to learn) and is clipped at the end,
+    so every position from `width` on is covered equally often, the last ones included."""
     m = prompt.shape[0]
-    start = int(torch.randint(1 - width, m, (1,), generator=generator))
-    lo, hi = max(start, 0), min(start + width, m)
-    return prompt[lo:hi], prompt_logp[lo:hi]
+    if m == 1:
+        return prompt, prompt_logp
+    start = int(torch.randint(1, m, (1,), generator=generator))
+    return prompt[start: start + width], prompt_logp[start: start + width]
 
 
 def _kl_loss(adapted: DistilledLoRA, batch) -> torch.Tensor:
