@@ -87,18 +87,20 @@ def main() -> None:
     result = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "set")},
         "method_options": {k: v for k, v in vars(method).items()},
-        "absorb_seconds": seconds, "absorb_cpu_seconds": cpu_seconds, "teacher_seconds": history["teacher_seconds"], "train_seconds": history["train_seconds"],
+        "absorb_seconds": seconds, "absorb_cpu_seconds": cpu_seconds,
+        "teacher_seconds": history["teacher_seconds"], "train_seconds": history["train_seconds"],
         "steps": history["steps"], "stopped_early": history["stopped_early"],
         "train_kl_first": history["kl"][0], "train_kl_last": history["kl"][-1], "train_kl": history["kl"],
         "held_out_before": before, "held_out_after": after, "torch": torch.__version__,
     }
+    stopped = ", stopped early" if history["stopped_early"] else ""
     table = "\n".join([
         f"# distill-lora on SmolLM2-135M: {m}-token prompt ({args.play}), {n} held-out queries of {length} tokens, "
         f"{args.threads} threads",
         "",
         f"absorb: {seconds:.1f} s (teacher targets {history['teacher_seconds']:.1f} s, training "
-        f"{history['train_seconds']:.1f} s, {history['steps']} steps{', stopped early' if history['stopped_early'] else ''}); "
-        f"CPU time {cpu_seconds:.1f} s ({cpu_seconds / args.threads:.1f} s per thread, about the wall time on an idle machine); "
+        f"{history['train_seconds']:.1f} s, {history['steps']} steps{stopped}); CPU time {cpu_seconds:.1f} s "
+        f"({cpu_seconds / args.threads:.1f} s per thread, about the wall time on an idle machine); "
         f"training-batch KL {history['kl'][0]:.3f} -> {history['kl'][-1]:.3f}",
         "",
         "| held-out queries | KL(prompted ‖ model) per token | cross-entropy of the true next tokens |",

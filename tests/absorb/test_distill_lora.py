@@ -168,7 +168,8 @@ def test_linear_attention_and_learned_positions():
 
 
 def test_unsupported_models():
-    cgt = CGT(CGTConfig(n_layer=2, split_layer=1, d_x=16, n_head_x=2, d_y=8, n_head_y=2, rank=2, vocab_size=16, max_seq_len=32))
+    cgt = CGT(CGTConfig(n_layer=2, split_layer=1, d_x=16, n_head_x=2, d_y=8, n_head_y=2, rank=2, vocab_size=16,
+                        max_seq_len=32))
     vectors = Transformer(TransformerConfig(n_layer=1, n_head=2, d_model=8, d_input=3, d_output=2))
     assert "token-input" in method().unsupported(cgt)
     assert "token-input" in method().unsupported(vectors)

@@ -167,10 +167,12 @@ class DistillLoRA(AbsorbMethod):
         target_modules = (target_modules,) if isinstance(target_modules, str) else tuple(target_modules)
         unknown = sorted(set(target_modules) - set(LORA_TARGETS))
         if not target_modules or unknown:
-            raise ValueError(f"distill-lora: target_modules must be a non-empty subset of {LORA_TARGETS}, got {target_modules}")
+            raise ValueError(f"distill-lora: target_modules must be a non-empty subset of {LORA_TARGETS}, "
+                             f"got {target_modules}")
         self.rank, self.alpha, self.target_modules = int(rank), float(alpha), target_modules
         self.steps, self.learning_rate, self.batch_size = steps, learning_rate, batch_size
-        self.n_continuations, self.continuation_tokens, self.window_tokens = n_continuations, continuation_tokens, window_tokens
+        self.n_continuations, self.continuation_tokens = n_continuations, continuation_tokens
+        self.window_tokens = window_tokens
         self.temperature, self.patience, self.min_improvement = temperature, patience, min_improvement
         self.merge, self.seed, self.progress = merge, seed, progress
 
@@ -272,7 +274,8 @@ def _prompt_ids(prompt: torch.Tensor, max_len: int) -> torch.Tensor:
             raise ValueError(f"distill-lora: absorb one prompt at a time; got a batch of shape {tuple(prompt.shape)}")
         prompt = prompt[0]
     if prompt.dim() != 1 or prompt.shape[0] == 0:
-        raise ValueError(f"distill-lora: the prompt must be a non-empty 1-D sequence of token ids, got shape {tuple(prompt.shape)}")
+        raise ValueError(f"distill-lora: the prompt must be a non-empty 1-D sequence of token ids, "
+                         f"got shape {tuple(prompt.shape)}")
     if prompt.shape[0] >= max_len:
         raise ValueError(f"distill-lora: a prompt of {prompt.shape[0]} tokens leaves no room for queries within "
                          f"max_seq_len={max_len}")
@@ -288,7 +291,8 @@ def _query_ids(queries, m: int, max_len: int) -> list[torch.Tensor]:
             raise ValueError(f"distill-lora: train_queries[{i}] must be a tensor of token ids")
         query = query[0] if query.dim() == 2 and query.shape[0] == 1 else query
         if query.dim() != 1 or query.shape[0] == 0:
-            raise ValueError(f"distill-lora: train_queries[{i}] must be a non-empty 1-D sequence, got shape {tuple(query.shape)}")
+            raise ValueError(f"distill-lora: train_queries[{i}] must be a non-empty 1-D sequence, "
+                             f"got shape {tuple(query.shape)}")
         if m + query.shape[0] > max_len:
             raise ValueError(f"distill-lora: train_queries[{i}] ({query.shape[0]} tokens) after the {m}-token prompt "
                              f"exceeds max_seq_len={max_len}")
