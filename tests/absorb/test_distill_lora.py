@@ -63,6 +63,14 @@ def test_kl_to_the_prompted_model_decreases():
     assert len(losses) == 40 and sum(losses[-5:]) < 0.6 * sum(losses[:5])
 
 
+def test_early_stop_on_a_kl_plateau():
+    model, prompt = llama_like(), ids(30, 1)
+    adapted = method(steps=50, patience=2, min_improvement=1.0).absorb(model, prompt)  # any loss is a plateau
+    assert adapted.history["stopped_early"] and adapted.history["steps"] == len(adapted.history["kl"]) == 4
+    adapted = method(steps=3, patience=2, min_improvement=1.0, progress=True).absorb(model, prompt)
+    assert not adapted.history["stopped_early"] and adapted.history["steps"] == 3
+
+
 def test_zero_steps_is_the_base_model_at_positions_after_the_prompt():
     model, prompt, query = llama_like(torch.float64), ids(20, 1), ids(7, 2)[None]
     adapted = method(steps=0).absorb(model, prompt)
