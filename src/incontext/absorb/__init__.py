@@ -9,6 +9,7 @@ from .base import (
     get_absorb_method,
 )
 from .cgt_fold import CGTFold, FoldedContext, fold, lora_factors, prompt_context
+from .distill_lora import DistilledLoRA, DistillLoRA
 from .dynamic_eval import DynamicEval, TinTStep, UpdatedWeights
 from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, convert
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
@@ -19,6 +20,8 @@ __all__ = [
     "AdaptedModel",
     "CGTFold",
     "ConversionError",
+    "DistillLoRA",
+    "DistilledLoRA",
     "DropPrompt",
     "DynamicEval",
     "FoldedContext",

@@ -8,7 +8,6 @@ bias row of R gives every folded layer a bias shift). Merging it reproduces the 
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from ..absorb.cgt_fold import fold, lora_factors
 from ..models.cgt import CGT
 from .hf import to_hf_gpt2
+from .lora_export import attach_lora, save_adapter
 
 _HF_NAMES = {"attn.qkv": "attn.c_attn", "mlp.fc_in": "mlp.c_fc"}
 
@@ -42,28 +42,12 @@ def save_base_gpt2(model: CGT, folder: str | Path) -> Path:
 
 def lora_adapter_model(model: CGT, y: torch.Tensor, base_hf_model=None):
     """A peft PeftModel: the GPT-2 base (built from `model` unless given) with the context y as a LoRA adapter."""
-    from peft import LoraConfig, get_peft_model
-
     factors = lora_factors(model, y.to(model.pos_emb.weight.dtype))
     base = base_hf_model if base_hf_model is not None else to_hf_gpt2(model.x_only_transformer())
     rank = model.config.rank
-    config = LoraConfig(r=rank, lora_alpha=rank, target_modules=sorted(_hf_module(n) for n in factors),
-                        fan_in_fan_out=True, lora_bias=True, lora_dropout=0.0)
-    peft_model = get_peft_model(base, config)
-    modules = dict(peft_model.base_model.model.named_modules())
-    with torch.no_grad():
-        for name, (b_factor, a_factor, bias) in factors.items():
-            layer = modules[_hf_module(name)]
-            layer.lora_A["default"].weight.copy_(a_factor)
-            layer.lora_B["default"].weight.copy_(b_factor)
-            layer.lora_B["default"].bias.copy_(bias)
-    return peft_model.eval()
+    return attach_lora(base, {_hf_module(name): f for name, f in factors.items()}, rank, rank, fan_in_fan_out=True)
 
 
 def save_lora_adapter(model: CGT, y: torch.Tensor, folder: str | Path) -> Path:
     """Save the context y as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)."""
-    folder = Path(folder)
-    with warnings.catch_warnings():  # peft mistakes the 1-D lora_B bias (lora_bias=True) for an unsharded tensor
-        warnings.filterwarnings("ignore", message=".*LoRA tensor\\(s\\) have invalid shape.*")
-        lora_adapter_model(model, y).save_pretrained(folder)
-    return folder
+    return save_adapter(lora_adapter_model(model, y), folder)

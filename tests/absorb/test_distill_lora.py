@@ -1,0 +1,211 @@
+"""distill-lora: context distillation into a peft LoRA on tiny Llama-style Transformers (RMSNorm, SwiGLU, RoPE, GQA)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_error
+
+pytest.importorskip("peft")
+
+from incontext.absorb import AdaptedModel, DistilledLoRA, get_absorb_method  # noqa: E402
+from incontext.models import Transformer, TransformerConfig  # noqa: E402
+from incontext.models.cgt import CGT, CGTConfig  # noqa: E402
+
+VOCAB = 64
+
+
+def llama_like(dtype=torch.float32, seed=0, **options) -> Transformer:
+    config = dict(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=48, vocab_size=VOCAB, positions="rope",
+                  norm="rmsnorm", mlp="swiglu", bias=False, max_seq_len=96, init_std=0.2)  # large init: the prompt matters
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig(**{**config, **options})).to(dtype).eval()
+
+
+def ids(n, seed, low=0):
+    return torch.randint(low, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def method(**options):
+    return get_absorb_method("distill-lora", **{"steps": 6, "n_continuations": 2, "continuation_tokens": 8,
+                                                 "window_tokens": 16, "progress": False, **options})
+
+
+def kl(model, adapted, prompt, text):
+    """Mean KL(model reading prompt + text || adapted reading text alone), over the positions of text (B, N)."""
+    m = prompt.shape[0]
+    with torch.no_grad():
+        teacher = F.log_softmax(model(torch.cat([prompt.expand(len(text), m), text], 1)), -1)[:, m:]
+        student = F.log_softmax(adapted(text), -1)
+    return float(F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1).mean())
+
+
+def window_kl(model, adapted, prompt, width=16):
+    """Mean KL on the prompt cut into windows: the teacher reads the whole prefix, the student the window alone."""
+    with torch.no_grad():
+        teacher = F.log_softmax(model(prompt[None]), -1)[0]
+        total = 0.0
+        for start in range(0, len(prompt), width):
+            student = F.log_softmax(adapted(prompt[None, start: start + width]), -1)[0]
+            total += float(F.kl_div(student, teacher[start: start + width], log_target=True, reduction="none").sum())
+    return total / len(prompt)
+
+
+def test_kl_to_the_prompted_model_decreases():
+    model, prompt = llama_like(), ids(40, 1)
+    untrained = method(steps=0).absorb(model, prompt)
+    adapted = method(steps=40, patience=40).absorb(model, prompt)
+    assert window_kl(model, adapted, prompt) < 0.8 * window_kl(model, untrained, prompt)
+    # held out: continuations the model samples with another seed than the method's
+    samples = model.generate(prompt[None].expand(4, 40), 12, greedy=False, generator=torch.Generator().manual_seed(99))
+    held_out = samples[:, 40:]
+    assert kl(model, adapted, prompt, held_out) < 0.92 * kl(model, untrained, prompt, held_out)
+    losses = adapted.history["kl"]
+    assert len(losses) == 40 and sum(losses[-5:]) < 0.6 * sum(losses[:5])
+
+
+def test_early_stop_on_a_kl_plateau():
+    model, prompt = llama_like(), ids(30, 1)
+    adapted = method(steps=50, patience=2, min_improvement=1.0).absorb(model, prompt)  # any loss is a plateau
+    assert adapted.history["stopped_early"] and adapted.history["steps"] == len(adapted.history["kl"]) == 4
+    adapted = method(steps=3, patience=2, min_improvement=1.0, progress=True).absorb(model, prompt)
+    assert not adapted.history["stopped_early"] and adapted.history["steps"] == 3
+
+
+def test_zero_steps_is_the_base_model_at_positions_after_the_prompt():
+    model, prompt, query = llama_like(torch.float64), ids(20, 1), ids(7, 2)[None]
+    adapted = method(steps=0).absorb(model, prompt)
+    with torch.no_grad():
+        assert torch.equal(adapted(query), model(query, position_offset=20))
+
+
+def test_same_seed_gives_bit_identical_weights():
+    model, prompt, queries = llama_like(), ids(30, 1), [ids(6, 3), ids(9, 4)]
+    first = method(seed=5).absorb(model, prompt, train_queries=queries).state_dict()
+    second = method(seed=5).absorb(model, prompt, train_queries=queries).state_dict()
+    other = method(seed=6).absorb(model, prompt, train_queries=queries).state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries():
+    """The training/evaluation split: every token sequence the teacher or the student reads is the prompt, a
+    window of it, a continuation sampled by the teacher, or a training query; the evaluation query never is.
+    The model, its mode and the global random state are left as they were."""
+    model = llama_like()
+    prompt, train_queries, eval_query = ids(30, 1, low=1), [ids(6, 3, low=1), ids(9, 4, low=1)], ids(12, 5, low=1)
+    seen = []
+    hook = model.tok_emb.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    model.train()
+    adapted = method(steps=8, n_continuations=3).absorb(model, prompt, train_queries=train_queries)
+    hook.remove()
+    assert model.training and torch.equal(rng, torch.get_rng_state())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+    steps = [x for x in seen if x.shape == (3, 1)]  # the teacher's sampling, one token per continuation per step
+    continuations = torch.cat(steps, 1)
+    assert continuations.shape == (3, 8)
+
+    def contains(whole, part):
+        return any(torch.equal(whole[i: i + len(part)], part) for i in range(len(whole) - len(part) + 1))
+
+    def allowed(row):
+        row = row[: int(row.nonzero().max()) + 1] if row.any() else row[:0]  # drop the right padding (0 ids)
+        if len(row) == 0:
+            return False
+        return (contains(prompt, row) or any(torch.equal(q[: len(row)], row) for q in train_queries)
+                or any(torch.equal(c[: len(row)], row) for c in continuations))
+
+    rows = [row for x in seen if x.shape != (3, 1) for row in x]
+    assert all(allowed(row) for row in rows)
+    assert not any(contains(row, eval_query[:4]) for row in rows + list(continuations))
+    assert any(torch.equal(row[:9], train_queries[1]) for row in rows)  # the training queries were used
+    with torch.no_grad():
+        adapted(eval_query[None])  # (the adapted model's own reads are not part of absorbing)
+
+
+def test_train_queries_change_the_adapter():
+    model, prompt = llama_like(), ids(30, 1)
+    plain = method().absorb(model, prompt).state_dict()
+    with_queries = method().absorb(model, prompt, train_queries=[ids(6, 3)]).state_dict()
+    assert not all(torch.equal(plain[k], with_queries[k]) for k in plain)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_merged_equals_unmerged_equals_a_plain_reference(dtype, tol):
+    model, prompt = llama_like(dtype), ids(24, 1)
+    unmerged = method(merge=False, target_modules=("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")).absorb(model, prompt)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():  # large factors not representable in float32, so the check does not pass by accident
+        for a, b in unmerged.lora_factors().values():
+            a.copy_(torch.randn(a.shape, generator=g, dtype=torch.float64) * 0.3)
+            b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float64) * 0.3)
+    merged = unmerged.merged_model()
+    reference = llama_like(dtype)  # W + (alpha / r) B A by hand
+    with torch.no_grad():
+        for name, (a, b) in unmerged.lora_factors().items():
+            reference.get_submodule(name).weight += (16.0 / 8) * b @ a
+    query = torch.randint(0, VOCAB, (3, 11), generator=g)
+    with torch.no_grad():
+        expected = reference(query, position_offset=24)
+        assert rel_error(unmerged(query), expected) < tol
+        assert rel_error(merged(query), expected) < tol
+        assert rel_error(merged(query), model(query, position_offset=24)) > 1e-2  # the adapter does something
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_save_and_load_roundtrip(tmp_path, merge):
+    model, prompt, query = llama_like(), ids(24, 1), ids(9, 2)[None]
+    adapted = method(merge=merge).absorb(model, prompt)
+    loaded = AdaptedModel.load(adapted.save(tmp_path / "adapted"))
+    assert isinstance(loaded, DistilledLoRA) and loaded.merged == merge and loaded.offset == 24
+    with torch.no_grad():
+        assert torch.equal(loaded(query), adapted(query))
+    for (a, b), (a2, b2) in zip(adapted.lora_factors().values(), loaded.lora_factors().values()):
+        assert torch.equal(a, a2) and torch.equal(b, b2)
+
+
+def test_linear_attention_and_learned_positions():
+    for options in (dict(attention="linear", feature_map="elu"), dict(positions="learned", norm="layernorm", mlp="gelu")):
+        model, prompt = llama_like(**options), ids(20, 1)
+        assert method().unsupported(model) is None
+        adapted = method(steps=4).absorb(model, prompt)
+        assert adapted(ids(5, 2)[None]).shape == (1, 5, VOCAB)
+
+
+def test_unsupported_models():
+    cgt = CGT(CGTConfig(n_layer=2, split_layer=1, d_x=16, n_head_x=2, d_y=8, n_head_y=2, rank=2, vocab_size=16,
+                        max_seq_len=32))
+    vectors = Transformer(TransformerConfig(n_layer=1, n_head=2, d_model=8, d_input=3, d_output=2))
+    assert "token-input" in method().unsupported(cgt)
+    assert "token-input" in method().unsupported(vectors)
+    with pytest.raises(ValueError, match="token-input"):
+        method().absorb(vectors, ids(5, 1))
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(rank=0), "rank must be > 0"), (dict(rank=-2), "rank must be > 0"), (dict(learning_rate=0.0), "learning_rate"),
+    (dict(target_modules=("attn.q",)), "target_modules"), (dict(target_modules=()), "target_modules"),
+    (dict(steps=-1), "steps"),
+])
+def test_bad_options(options, match):
+    with pytest.raises(ValueError, match=match) as error:
+        method(**options)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("prompt, queries, match", [
+    (torch.zeros(0, dtype=torch.long), None, "non-empty"),
+    (ids(97, 1), None, "max_seq_len=96"),
+    (ids(96, 1), None, "no room"),
+    (ids(8, 1)[None].expand(2, 8), None, "one prompt at a time"),
+    (ids(8, 1).float(), None, "token ids"),
+    (ids(90, 1), [ids(7, 2)], "exceeds max_seq_len"),
+    (ids(8, 1), [torch.zeros(0, dtype=torch.long)], "non-empty"),
+])
+def test_bad_inputs(prompt, queries, match):
+    with pytest.raises(ValueError, match=match) as error:
+        method().absorb(llama_like(), prompt, train_queries=queries)
+    assert "\n" not in str(error.value)
