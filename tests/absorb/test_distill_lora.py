@@ -197,10 +197,9 @@ def test_bad_options(options, match):
 
 
 @pytest.mark.parametrize("prompt, queries, match", [
-    (torch.zeros(0, dtype=torch.long), None, "non-empty"),
-    (ids(97, 1), None, "max_seq_len=96"),
-    (ids(96, 1), None, "no room"),
-    (ids(8, 1)[None].expand(2, 8), None, "one prompt at a time"),
+    (torch.zeros(0, dtype=torch.long), None, "empty"),
+    (ids(97, 1), None, "context holds 96"),
+    (ids(96, 1), None, "context holds 96 .and the query needs room"),
     (ids(8, 1).float(), None, "token ids"),
     (ids(90, 1), [ids(7, 2)], "exceeds max_seq_len"),
     (ids(8, 1), [torch.zeros(0, dtype=torch.long)], "non-empty"),

@@ -184,13 +184,10 @@ class DistillLoRA(AbsorbMethod):
             return "needs a token-input causal LM; this model reads vectors"
         return None
 
-    def absorb(self, model: Transformer, prompt: torch.Tensor, *, loss_mask: torch.Tensor | None = None,
-               train_queries: list[torch.Tensor] | None = None) -> DistilledLoRA:
+    def _absorb(self, model: Transformer, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
+                train_queries: list[torch.Tensor] | None) -> DistilledLoRA:
         """`loss_mask` is ignored (the student matches the teacher everywhere); `train_queries` must never be
         evaluation queries."""
-        reason = self.unsupported(model)
-        if reason:
-            raise ValueError(f"distill-lora {reason}")
         max_len = model.config.max_seq_len
         prompt = _prompt_ids(prompt, max_len)
         m = prompt.shape[0]
