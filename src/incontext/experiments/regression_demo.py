@@ -35,6 +35,13 @@ class RegressionDemoConfig:
     seed: int = 0
     threads: int = 0  # 0: torch's default
 
+    def __post_init__(self):  # checked before training, not minutes later while plotting
+        for name in ("d_in", "n_points", "n_layer", "d_model", "n_head", "steps", "batch_size", "eval_sequences"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.noise < 0 or self.lr <= 0 or self.warmup < 0 or self.threads < 0:
+            raise ValueError("noise, warmup and threads must be >= 0 and lr > 0")
+
 
 @register_experiment(
     "regression-demo",

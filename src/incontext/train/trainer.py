@@ -174,7 +174,8 @@ def _check_fresh_run_dir(run_dir: Path) -> None:
         raise FileExistsError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"run folder {run_dir} is a file")
-    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in _RUN_FILES) if run_dir.is_dir() else []
+    foreign = sorted(p.name for p in run_dir.iterdir()
+                     if p.name not in _RUN_FILES and not p.name.startswith(".incontext-")) if run_dir.is_dir() else []
     if foreign:
         raise FileExistsError(f"{run_dir} is not empty (it holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}) "
                               "and incontext did not write it: choose another --out (run.out_dir)")
