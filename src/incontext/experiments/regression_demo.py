@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..fileio import strict_json
 from ..tasks.regression import error_by_examples
 from ..train.metrics import read_metrics
 from .common import train_fresh
@@ -82,7 +82,7 @@ def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
         "mse_by_examples": curves,
         "mean_mse": {name: sum(c) / len(c) for name, c in curves.items()},
     }
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(markdown_table(curves, config.d_in))
     plot(curves, losses, config, out_dir / "regression_demo.png")
     return results
