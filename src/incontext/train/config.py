@@ -28,6 +28,7 @@ from ..tasks.base import Task
 
 _IO_KEYS = ("vocab_size", "d_input", "d_output")
 MODEL_KINDS = ("transformer", "cgt")
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass
@@ -49,6 +50,8 @@ class OptimizerConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"grad_clip must be > 0 or null, got {self.grad_clip}")
+        if max(self.lr, self.weight_decay, self.eps, self.momentum) > _FLOAT32_MAX:  # the optimizer works in float32
+            raise ValueError(f"lr, weight_decay, eps and momentum must lie in the float32 range (<= {_FLOAT32_MAX:.4g})")
 
 
 @dataclass
