@@ -33,6 +33,10 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def _is_checkpoint_name(name: str) -> bool:
+    return name.startswith("step_") and name[5:].isdigit()
+
+
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict], dict]:
     state = optimizer.state_dict()
     tensors, scalars = {}, {}
@@ -93,7 +97,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     write_text_atomic(root / LATEST, final.name + "\n")
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir() and _is_checkpoint_name(p.name))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -109,7 +113,7 @@ def _remove_leftovers(root: Path) -> None:
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoint folders under run_dir/checkpoints that hold a state.json (written last), oldest first."""
     root = Path(run_dir) / "checkpoints"
-    return sorted(p for p in root.glob("step_*") if (p / "state.json").is_file())
+    return sorted(p for p in root.glob("step_*") if _is_checkpoint_name(p.name) and (p / "state.json").is_file())
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -118,7 +122,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     pointer = Path(run_dir) / "checkpoints" / LATEST
     if pointer.is_file():
         path = pointer.parent / pointer.read_text(errors="replace").strip()
-        if path.parent == pointer.parent and path.name.startswith("step_") and (path / "state.json").is_file():
+        if path.parent == pointer.parent and _is_checkpoint_name(path.name) and (path / "state.json").is_file():
             return path
     complete = complete_checkpoints(run_dir)
     return complete[-1] if complete else None
