@@ -195,6 +195,8 @@ def _first_non_finite_state(model: torch.nn.Module, optimizer: torch.optim.Optim
     for param, state in optimizer.state.items():
         tensors += [(f"optimizer {k} of {names.get(id(param), '?')}", v) for k, v in state.items()
                     if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not tensors:
+        return None
     finite = torch.stack([torch.isfinite(t).all() for _, t in tensors]).cpu()
     return None if bool(finite.all()) else tensors[int((~finite).nonzero()[0])][0]
 
