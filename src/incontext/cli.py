@@ -43,9 +43,12 @@ def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
     from .config import apply_overrides
     from .experiments import get_experiment
 
+    from .experiments.common import claim_output_folder
+
     experiment = get_experiment(name)
     config = apply_overrides(experiment.config_class(), overrides)
     out_dir = out or DEFAULT_OUT / name
+    claim_output_folder(out_dir, name)  # refuses a foreign non-empty folder before anything is written
     print(f"{name}: {experiment.description}")
     print(f"config: {json.dumps(dataclasses.asdict(config))}")
     results = experiment.run(config, out_dir)
@@ -123,18 +126,41 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
     if args.out is not None:
         config = replace_run(config, out_dir=str(args.out))
-    results = train(config, resume=args.resume, progress=not args.no_progress)
+    if args.force and not args.resume:
+        raise ValueError("--force only applies with --resume")
+    results = train(config, resume=args.resume, progress=not args.no_progress, force=args.force)
     if int(os.environ.get("RANK", "0")) == 0:
         run_dir = Path(config.run.out_dir)
+        if results.get("already_finished"):
+            print(f"{run_dir} already finished at step {results['steps']} (schedule.total_steps): nothing added; "
+                  "raise schedule.total_steps to train further")
         print(f"final evaluation: {json.dumps(_scalars(results['eval']))}")
-        print(f"run folder: {run_dir} (metrics.jsonl, checkpoints/, loss.png, results.json, tensorboard/)")
+        written = [name for name in ("metrics.jsonl", "checkpoints/", "loss.png", "results.json", "tensorboard/")
+                   if (run_dir / name).exists()]
+        print(f"run folder: {run_dir} ({', '.join(written)})")
     return 0
+
+
+def _check_device(device: str) -> None:
+    """cpu, cuda or cuda:N, and CUDA only where there is a device (a one-line error instead of a traceback)."""
+    kind, _, index = device.partition(":")
+    if kind == "cpu" and not index:
+        return
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"--device {device!r} is not cpu, cuda or cuda:N")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is available here (use --device cpu)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: there are only {torch.cuda.device_count()} CUDA devices")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .train import evaluate_checkpoint, resolve_checkpoint
     from .train.checkpoint import read_state
 
+    _check_device(args.device)
     checkpoint = resolve_checkpoint(args.checkpoint)
     metrics = evaluate_checkpoint(checkpoint, device=args.device)
     step = read_state(checkpoint)["step"]
@@ -168,8 +194,44 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (argparse prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _RunHelp(argparse.Action):
+    """`incontext run --help` lists the experiments; `incontext run EXPERIMENT --help` lists its config keys.
+    Both read the static catalog, so help answers without importing torch."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .experiments.catalog import EXPERIMENTS
+
+        name = getattr(namespace, "experiment", None)
+        if name is None:
+            parser.print_help()
+            print("\nexperiments:")
+            for key, (description, _) in EXPERIMENTS.items():
+                print(f"  {key:22s} {description}")
+            print("\n`incontext run EXPERIMENT --help` lists an experiment's config keys.")
+        elif name not in EXPERIMENTS:
+            parser.error(f"unknown experiment {name!r}; registered: {', '.join(EXPERIMENTS)}")
+        else:
+            description, fields = EXPERIMENTS[name]
+            print(f"usage: {parser.prog} {name} [--set KEY=VALUE ...] [--out OUT]\n\n{name}: {description}\n")
+            print(f"config keys (--set KEY=VALUE; output folder default {DEFAULT_OUT / name}):")
+            width = max(len(key) for key, *_ in fields)
+            for key, kind, default, comment in fields:
+                print(f"  {key:{width}s}  {kind:12s} = {default:12s} {comment}".rstrip())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="incontext",
         description="In-context learning and context-to-weights methods (CGT, ICLCA, TinT, residual attention "
         "streams): train, convert, compare and reproduce.",
@@ -229,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--out", type=Path, default=None, help="run folder (overrides run.out_dir)")
     trainer.add_argument("--resume", action="store_true",
                          help="continue from the run folder's latest checkpoint (bit-identical to an uninterrupted run)")
+    trainer.add_argument("--force", action="store_true",
+                         help="with --resume: continue even though model, task, optimizer, batch_size or seed changed")
     trainer.add_argument("--no-progress", action="store_true", help="no progress bar")
     trainer.set_defaults(func=cmd_train)
 
@@ -236,11 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Rebuild the model and task from a checkpoint's saved config and re-run "
                                "the evaluation that training logged (same held-out sequences).")
     evaluator.add_argument("checkpoint", type=Path, help="a checkpoint folder, or a run folder (uses its latest)")
-    evaluator.add_argument("--device", default="cpu", help="cpu or cuda")
+    evaluator.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     evaluator.add_argument("--full", action="store_true", help="also print list-valued metrics (per position/example)")
     evaluator.set_defaults(func=cmd_eval)
 
-    run = sub.add_parser("run", help="run a registered experiment (see `incontext list`)")
+    run = sub.add_parser("run", help="run a registered experiment (see `incontext run --help`)", add_help=False)
+    run.add_argument("-h", "--help", action=_RunHelp, help="list the experiments, or with EXPERIMENT its config keys")
     run.add_argument("experiment", help="experiment name")
     add_common(run)
     run.set_defaults(func=cmd_run)
@@ -250,19 +315,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(error: BaseException) -> None:
+    message = error.args[0] if isinstance(error, KeyError) and error.args else error
+    print("incontext: error: " + " ".join(str(message).split()), file=sys.stderr)  # always one line
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0, or 2 for bad input (config, files, checkpoints), 3 when training diverged; every error is
+    one line on stderr."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
-        print(f"incontext: error: {error.args[0] if isinstance(error, KeyError) else error}", file=sys.stderr)
+    except (ValueError, KeyError, OSError) as error:  # OSError: missing, existing, unreadable or full files
+        _fail(error)
         return 2
     except RuntimeError as error:
         from .train import NonFiniteLossError
 
         if not isinstance(error, NonFiniteLossError):
             raise
-        print(f"incontext: error: {error}", file=sys.stderr)
+        _fail(error)
         return 3
 
 

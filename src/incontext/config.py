@@ -6,6 +6,7 @@ Every error names the key, the value and what is allowed; nothing is silently ig
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -46,13 +47,18 @@ def _coerce(where: str, annotation: Any, value: Any) -> Any:
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
         elif option is float:
+            number = None
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-            if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+                number = float(value)
+            elif isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
                 try:
-                    return float(value)
+                    number = float(value)
                 except ValueError:
                     pass
+            if number is not None:
+                if not math.isfinite(number):  # nan passes every `<` check below it: refuse it here
+                    raise ConfigError(f"{where}: {value!r} is not a finite number")
+                return number
         elif option is str:
             if isinstance(value, str):
                 return value
@@ -123,13 +129,16 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
-        node[parts[-1]] = scalar(raw)
+        try:
+            node[parts[-1]] = scalar(raw)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(error)})") from error
     return nested
 
 
 def scalar(raw: str) -> Any:
     """A YAML scalar, with YAML 1.1's gap closed: "1e-3" (no dot) is a float, not a string."""
-    value = yaml.safe_load(raw)
+    value = yaml.load(raw, Loader=_StrictLoader)
     if isinstance(value, str):
         try:
             return float(value)
@@ -154,12 +163,43 @@ def apply_overrides(config: T, overrides: list[str]) -> T:
     return from_dict(type(config), merge(to_dict(config), parse_overrides(overrides)))
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    return " ".join(str(getattr(error, "problem", None) or error).split())
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in YAML file `path`; every problem is a one-line error naming the file (and line, column)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a folder, not a YAML file")
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
-    with path.open() as handle:
-        data = yaml.safe_load(handle) or {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not a text (UTF-8) file, so not a YAML config (byte {error.start})") from error
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {_yaml_problem(error)}") from error
+    if data is None or data == {}:
+        raise ConfigError(f"{path} is empty: a config names at least its task (e.g. `task: {{name: linear_regression}}`; see configs/)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
     return data

@@ -24,8 +24,8 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     # rounding noise, which Adam normalises into O(lr) updates whose sign differs between summation orders
     extra = ["schedule.total_steps=6", "run.checkpoint_every=0", "run.eval_every=0", "model.bias=false"]
     train(tiny_config(tmp_path / "single", *extra), progress=False)
-    config = tmp_path / "empty.yaml"
-    config.write_text("{}\n")
+    config = tmp_path / "task.yaml"
+    config.write_text("task: {name: linear_regression}\n")  # the rest comes from --set
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

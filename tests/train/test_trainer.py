@@ -66,8 +66,9 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, accumulate):
 
 
 def empty_yaml(tmp_path):
-    path = tmp_path / "empty.yaml"
-    path.write_text("{}\n")
+    """A config that names only the task (an empty one is refused); the tests give the rest with --set."""
+    path = tmp_path / "task.yaml"
+    path.write_text("task: {name: linear_regression}\n")
     return path
 
 

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from ..fileio import sha256_file
 from ..models import Cache, Transformer, TransformerConfig
 
 _ADAPTED: dict[str, type["AdaptedModel"]] = {}
@@ -63,7 +64,7 @@ class AdaptedModel(nn.Module, ABC):
         save_model(self, str(folder / "adapted.safetensors"))
         dtype = str(next(self.base.parameters()).dtype).removeprefix("torch.")
         description = {"method": self.method, "dtype": dtype, "base_config": self.base.config.to_dict(),
-                       "extra": self.extra_state()}
+                       "extra": self.extra_state(), "sha256": sha256_file(folder / "adapted.safetensors")}
         (folder / "adapted.json").write_text(json.dumps(description, indent=2))
         return folder
 
@@ -79,7 +80,10 @@ class AdaptedModel(nn.Module, ABC):
         dtype = getattr(torch, description.get("dtype", "float32"))
         base = Transformer(TransformerConfig.from_dict(description["base_config"])).to(dtype)
         model = cls.empty(base, description["extra"]).to(dtype)
-        load_model(model, str(folder / "adapted.safetensors"))
+        weights = folder / "adapted.safetensors"
+        if "sha256" in description and sha256_file(weights) != description["sha256"]:  # older saves have none
+            raise ValueError(f"{weights} is corrupt: its sha256 differs from the one recorded in adapted.json")
+        load_model(model, str(weights))
         return model.eval()
 
 

@@ -8,12 +8,12 @@ reported values.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..fileio import strict_json
 from ..models.amicl import AMICL, SEPARATIONS, SIMILARITIES, AMICLModelConfig
 from ..tasks import get_task
 from .registry import register_experiment
@@ -51,7 +51,7 @@ def run(config: AMICLConfig, out_dir: Path) -> dict:
     ours.update({f"D={d}": acc for d, acc in dims.items()})
     results = {"experiment": "amicl", "config": dataclasses.asdict(config), "a_sweep": a_sweep, "grid_a2": grid,
                "dims_K50_a2": dims, "seq_lens_a2": lengths, "targets": TARGETS}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     lines = [f"| setting (K=512, D=100, s=20 unless said; {n} trials) | ours | paper | binomial std |", "|---|---|---|---|"]
     for name, target in TARGETS.items():
         if name not in ours:  # a setting this run did not sweep

@@ -12,12 +12,12 @@ y token, examples 1..k dropped, the x-only model reads the rest with positions r
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..fileio import strict_json
 from ..tasks.regression import Ridge
 from .common import train_fresh
 from .registry import register_experiment
@@ -93,7 +93,7 @@ def run(config: RegressionConfig, out_dir: Path) -> dict:
             curves[f"cgt frozen after {k}"] = [None] * k + error_by_examples(rest, clean[:, 2 * k :])
         curves["ridge"] = error_by_examples(Ridge(lam=config.noise**2)(batch.inputs), clean)
     results = {"experiment": "cgt-regression", "config": dataclasses.asdict(config), "mse_by_examples": curves}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     marks = sorted({*config.freeze_after, min(n - 1, 2 * max(config.freeze_after)), n - 1})
     lines = [(f"MSE against U x + b after k examples (d_in {config.d_in}, noise {config.noise}, {config.eval_sequences} "
              f"sequences; CGT {config.n_layer} layers, l = {config.split_layer}, d_x {config.d_x}, d_y {config.d_y}, "

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..fileio import strict_json
 from ..train import latest_checkpoint, load_for_eval
 from .cgt_metrics import (
     TaskSpans,
@@ -215,7 +216,7 @@ def run(config: Table1Config, out_dir: Path) -> dict:
         summary[variant]["seeds"] = [r["seed"] for r in runs if r["variant"] == variant]
     results = {"experiment": "cgt-table1", "config": dataclasses.asdict(config), "resolved": config.resolved(),
                "runs": runs, "summary": summary, "paper": PAPER}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(table(results))
     for variant, matrix in maps.items():
         boundaries = [spans.task(k)[0] for k in range(1, spans.n_tasks)]

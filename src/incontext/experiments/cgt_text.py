@@ -16,7 +16,6 @@ Reduced scale (4 layers, l = 3, d_x 64, d_y 32, 2048-token BPE, 256-token sequen
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..fileio import strict_json
 from .cgt_metrics import plot_dot_map, plot_tsne
 from .common import train_fresh
 from .registry import register_experiment
@@ -155,7 +155,7 @@ def run(config: TextConfig, out_dir: Path) -> dict:
         n = _unit(y[:1])
         plot_dot_map(torch.einsum("bsd,btd->st", n, n), out_dir / f"dot_map_{name}.png",
                      f"<n_s . n_t>, one mixture joined at {join} ({name})", [join])
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(table(results))
     plot(results, out_dir / "cgt_text.png")
     return results

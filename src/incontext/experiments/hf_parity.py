@@ -4,12 +4,12 @@ directions) and against the pretrained SmolLM2-135M on real text (logits and gre
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..fileio import strict_json
 from .registry import register_experiment
 
 # A few sentences of ordinary English prose (public-domain style), enough for ~100 tokens.
@@ -94,7 +94,7 @@ def run(config: ParityConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {"experiment": "hf-parity", "config": dataclasses.asdict(config), "dtype": "float32",
                "random_weights": _random_pairs(config.seed), "smollm2": _smollm2(config.new_tokens)}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(markdown_table(results))
     return results
 

@@ -11,7 +11,6 @@ converted.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..fileio import strict_json
 from ..absorb import ICLCAApprox
 from ..interop import from_hf_llama, load_smollm2
 from ..tasks.corpora import shakespeare_plays
@@ -116,7 +116,7 @@ def run(config: ApproxConfig, out_dir: Path) -> dict:
     results = {"experiment": "iclca-approx", "config": dataclasses.asdict(config), "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
                "seconds": round(time.perf_counter() - start, 1), "relative_logits_error": summary, "per_pair": errors,
                "generations": generations, "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     lines = error_table(summary)
     lines += ["", f"Greedy continuations (converted: m={max(config.features)}, exact sinks={max(config.exact_sinks)}):", "",
               "| context | query | with prompt | without prompt | converted |", "|---|---|---|---|---|"]

@@ -10,13 +10,13 @@ absorbing the prompt into m random features. Paper (pretrained GPT-2): 16.56% ->
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..fileio import strict_json
 from ..absorb import ICLCAApprox
 from .common import train_fresh
 from .iclca_approx import error_table, relative, summarize
@@ -74,7 +74,7 @@ def run(config: TrainedApproxConfig, out_dir: Path) -> dict:
                "train_eval_loss": trained["eval"].get("loss"), "validation_loss": validation_loss,
                "relative_logits_error": summary, "per_pair": errors,
                "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     lines = [f"GPT-2-style model, {config.n_layer} layers, width {config.d_model}, {model.num_parameters():,} parameters, "
              f"{config.steps} steps; held-out loss {validation_loss:.3f}. Prompt {m_prompt} tokens, query "
              f"{config.seq_len - m_prompt} tokens, {config.pairs} held-out pairs.", "",

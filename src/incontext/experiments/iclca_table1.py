@@ -8,13 +8,13 @@ Linear-attention transformers with RoPE, width 128, vocabulary 52, tied embeddin
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..fileio import strict_json
 from ..absorb import ICLCA
 from ..models import Transformer, TransformerConfig
 from .registry import register_experiment
@@ -67,7 +67,7 @@ def run(config: Table1Config, out_dir: Path) -> dict:
         print(f"depth {depth}: {rows[-1]['parameters']:,} parameters, mean relative error {rows[-1]['mean_rel_error']:.2e}")
         del model, reference, converted
     results = {"experiment": "iclca-table1", "config": dataclasses.asdict(config), "dtype": "float32", "rows": rows}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     lines = ["| depth | parameters (ours) | relative logits error, mean (max) | paper: parameters | paper: error |",
              "|---|---|---|---|---|"]
     for r in rows:

@@ -9,12 +9,12 @@ the prompt can tell what comes next there). Paper (12 layers, d = 128, RoPE): 99
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..fileio import strict_json
 from ..absorb import ICLCA
 from ..tasks.induction import split_prompt
 from .common import train_fresh
@@ -70,7 +70,7 @@ def run(config: Table2Config, out_dir: Path) -> dict:
         "relative_logits_error_converted": float(rel.mean()),
         "paper": {"with prompt": 0.9995, "without prompt": 0.0223, "converted": 0.9995},
     }
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     a, p = results["accuracy"], results["paper"]
     lines = [f"{config.n_layer}-layer linear-attention transformer ({config.feature_map} features, RoPE, width {config.d_model}), "
              f"{config.steps} steps; {results['scored_positions']} scored positions in {config.eval_sequences} sequences "

@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..fileio import strict_json
 from ..tasks.regression import error_by_examples
 from ..train.metrics import read_metrics
 from .common import train_fresh
@@ -34,6 +34,13 @@ class RegressionDemoConfig:
     eval_sequences: int = 2000
     seed: int = 0
     threads: int = 0  # 0: torch's default
+
+    def __post_init__(self):  # checked before training, not minutes later while plotting
+        for name in ("d_in", "n_points", "n_layer", "d_model", "n_head", "steps", "batch_size", "eval_sequences"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.noise < 0 or self.lr <= 0 or self.warmup < 0 or self.threads < 0:
+            raise ValueError("noise, warmup and threads must be >= 0 and lr > 0")
 
 
 @register_experiment(
@@ -75,7 +82,7 @@ def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
         "mse_by_examples": curves,
         "mean_mse": {name: sum(c) / len(c) for name, c in curves.items()},
     }
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(markdown_table(curves, config.d_in))
     plot(curves, losses, config, out_dir / "regression_demo.png")
     return results

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from ..fileio import strict_json
 from ..models.toy_transformer import STREAMS, ToyTransformer, ToyTransformerConfig, parameter_count
 from ..tasks.bursty import KINDS, BurstyConfig, BurstyTask
 from ..train.batched import first_crossing, per_run_cross_entropy, train_runs
@@ -132,7 +133,7 @@ def run(config: ResidualBurstyConfig, out_dir: Path) -> dict:
                "parameters_per_run_paper_scale": parameter_count(ToyTransformerConfig()),
                "seconds": seconds, "steps_per_second": config.steps / seconds, "device": str(device),
                "curves": records, **summarise(records, runs, config)}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(table(results))
     plot(results, out_dir / "accuracy.png")
     return results

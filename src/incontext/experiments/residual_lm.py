@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..fileio import strict_json
 from ..tasks.stories import (
     GIVE_VERBS,
     HELDOUT_NAMES,
@@ -437,7 +438,7 @@ def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: d
     results = {"experiment": "residual-lm", "config": dataclasses.asdict(config), "parameters": parameters,
                "seeds_done": [r["seed"] for r in runs[config.variants[-1]]], "summary": summary, "runs": runs,
                "train_loss_curves": curves, "paper": PAPER}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(table(config, runs, summary, parameters, curves))
     plot(results, out_dir)
     return results

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import random
 import statistics
@@ -42,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..fileio import strict_json
 from ..models import Transformer
 from ..tint import TinT, TintConfig
 from .common import train_fresh
@@ -212,7 +212,7 @@ def run(config: ClassificationConfig, out_dir: Path) -> dict:
                "train_seconds": round(train_seconds, 1), **study.run(),
                "paper_opt125m_average": PAPER_OPT125M}
     results["total_seconds"] = round(time.perf_counter() - start, 1)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(render_table(results))
     plot(results, out_dir / "accuracy.png")
     return results

@@ -14,7 +14,6 @@ Paper (WikiText-103, GPT-2): vanilla 25.6/24.9/24.5/23.3, dynamic eval 24.9/24.0
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..fileio import strict_json
 from ..tint import TinT, TintConfig, dynamic_eval
 from ..tint.reference import compare_with_exact
 from .common import train_fresh
@@ -113,7 +113,7 @@ def run(config: PerplexityConfig, out_dir: Path) -> dict:
                "total_seconds": round(time.perf_counter() - start, 1), "perplexity": table,
                "inner_learning_rate": chosen, "tuning_perplexity": tuning, "vs_r_exact": exact,
                "paper_gpt2_wikitext103": PAPER_GPT2}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     fracs = " | ".join(f"{round(100 * f)}%" for f in config.fractions)
     lines = [(f"Held-out perplexity, {config.documents} documents of {config.seq_len} tokens (Shakespeare plays held out), "
              f"GPT-2-style model with {config.n_layer} layers, width {config.d_model}, {model.num_parameters():,} parameters; "

@@ -7,13 +7,13 @@ checked against R-approx (plain torch with TinT's gradient rules) and compared w
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..fileio import strict_json
 from ..models import Transformer, TransformerConfig
 from ..tint import TinT, TintConfig, sgd_reference
 from ..tint.counting import (
@@ -74,7 +74,7 @@ def run(config: Table3Config, out_dir: Path) -> dict:
                "module_rows_per_layer": rows}
     if config.run_step:
         results["step"] = simulated_step(config, tint_config)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(table(results))
     return results
 

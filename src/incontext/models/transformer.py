@@ -153,6 +153,8 @@ class Cache:
 
     @classmethod
     def empty(cls, n_layer: int, position: int = 0) -> "Cache":
+        if not isinstance(n_layer, int) or n_layer < 1 or not isinstance(position, int) or position < 0:
+            raise ValueError(f"Cache.empty needs n_layer >= 1 and position >= 0, got {n_layer!r}, {position!r}")
         return cls(layers=[None] * n_layer, position=position)
 
 
@@ -361,6 +363,9 @@ class Transformer(nn.Module):
         cache is updated in place. Without one, positions start at `position_offset`.
         """
         c = self.config
+        if cache is not None and len(cache.layers) != c.n_layer:
+            raise ValueError(f"the cache has {len(cache.layers)} layers but the model has {c.n_layer} "
+                             f"(make it with Cache.empty(model.config.n_layer))")
         start = cache.position if cache is not None else position_offset
         x, rope = self.embed(inputs, start)
         t = inputs.shape[1]
@@ -412,6 +417,9 @@ class Transformer(nn.Module):
                     raise ValueError(f"token ids must lie in [0, {c.vocab_size}); got [{low}, {high}]")
         elif inputs.dim() != 3 or inputs.shape[-1] != c.d_input or not inputs.is_floating_point():
             raise ValueError(f"vector inputs must be float (B, T, {c.d_input}); got {tuple(inputs.shape)} {inputs.dtype}")
+        elif inputs.dtype != self.read_in.weight.dtype and not torch.is_autocast_enabled(inputs.device.type):
+            raise ValueError(f"inputs are {inputs.dtype} but the model is {self.read_in.weight.dtype}: convert one "
+                             f"of them (inputs.to({self.read_in.weight.dtype}) or model.to({inputs.dtype}))")
 
     @torch.no_grad()
     def generate(
@@ -431,6 +439,10 @@ class Transformer(nn.Module):
         `cache` may hold a context the prompt continues (e.g. a prompt absorbed by an absorb method)."""
         if not self.config.tokens:
             raise ValueError("generate() needs a token model (vocab_size)")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
         if not greedy and temperature <= 0:
             raise ValueError(f"sampling needs temperature > 0, got {temperature}")
         cache = cache if cache is not None else Cache.empty(self.config.n_layer)

@@ -27,6 +27,12 @@ def list_tasks() -> list[str]:
     return sorted(_TASKS)
 
 
+def task_config_class(name: str) -> type:
+    if name not in _TASKS:
+        raise KeyError(f"unknown task {name!r}; registered tasks: {', '.join(list_tasks())}")
+    return _TASKS[name].config_class
+
+
 def get_task(name: str, **config_overrides: Any) -> Task:
     """Builds task `name` with its config dataclass defaults replaced by `config_overrides`."""
     if name not in _TASKS:

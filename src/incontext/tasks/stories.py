@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from ..fileio import durable_replace
 from .base import Batch, Task, check_positive_int
 from .registry import register_task
 from .text import (
@@ -233,7 +234,7 @@ def load_tokenizer(config: StoriesConfig) -> Tokenizer:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tokenizer.save(str(partial))
-        os.replace(partial, path)
+        durable_replace(partial, path)  # fsync before the rename
     return tokenizer
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..fileio import durable_replace
 from .base import Batch, Task, check_positive_int
 from .corpora import shakespeare_plays
 from .registry import register_task
@@ -168,7 +169,7 @@ def load_tokenizer(config: ShakespeareConfig) -> Tokenizer:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tokenizer.save(str(partial))
-    os.replace(partial, path)
+    durable_replace(partial, path)  # fsync before the rename
     return tokenizer
 
 
@@ -211,7 +212,7 @@ def load_streams(config: ShakespeareConfig, tokenizer: Tokenizer | None = None) 
             folder.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
             np.save(partial, stream.numpy().astype(np.int32), allow_pickle=False)
-            os.replace(partial, path)
+            durable_replace(partial, path)  # fsync before the rename
         if len(stream) < config.seq_len + 1:
             raise ValueError(
                 f"the {split} stream has {len(stream)} tokens, fewer than ShakespeareConfig.seq_len + 1 = "

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..fileio import durable_replace
 from .base import Batch, Task, check_positive_int
 from .corpora import shakespeare_plays
 from .registry import register_task
@@ -102,7 +103,7 @@ def _corpus(vocab_size: int, shakespeare: bool, passage_chars: int, max_passages
         folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tokenizer.save(str(partial))
-        os.replace(partial, path)
+        durable_replace(partial, path)  # fsync before the rename
     encoded = {}
     for name, items in split.items():
         encodings = tokenizer.encode_batch([text for _, text in items], add_special_tokens=False)

@@ -23,10 +23,12 @@ from typing import Any, Literal
 from ..config import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
 from ..models import CGTConfig, CGTLossConfig, TransformerConfig
 from ..tasks import get_task
+from ..tasks.registry import task_config_class
 from ..tasks.base import Task
 
 _IO_KEYS = ("vocab_size", "d_input", "d_output")
 MODEL_KINDS = ("transformer", "cgt")
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass
@@ -48,6 +50,8 @@ class OptimizerConfig:
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"grad_clip must be > 0 or null, got {self.grad_clip}")
+        if max(self.lr, self.weight_decay, self.eps, self.momentum) > _FLOAT32_MAX:  # the optimizer works in float32
+            raise ValueError(f"lr, weight_decay, eps and momentum must lie in the float32 range (<= {_FLOAT32_MAX:.4g})")
 
 
 @dataclass
@@ -111,11 +115,18 @@ class TrainConfig:
         if not isinstance(name, str):
             raise ConfigError(f"task.name must name a registered task, got {name!r}")
         try:
-            return get_task(name, **options)
+            typed = from_dict(task_config_class(name), options, where="task")  # types and finiteness, like the other sections
+            task = get_task(name, **{key: getattr(typed, key) for key in options})
         except KeyError as error:
             raise ConfigError(f"task.name: {error.args[0]}") from error
+        except ConfigError:
+            raise
         except ValueError as error:
             raise ConfigError(f"task: {error}") from error
+        dtype = getattr(task.config, "dtype", "float32")
+        if dtype != "float32":  # the trainer builds float32 models (bf16 comes from run.autocast)
+            raise ConfigError(f"task.dtype={dtype!r}: training uses float32 data (set run.autocast=bf16 for bf16)")
+        return task
 
     @property
     def model_kind(self) -> str:

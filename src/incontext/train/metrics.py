@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..fileio import strict_json
+
 
 class MetricsLogger:
     def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
@@ -28,7 +30,7 @@ class MetricsLogger:
             return
         record = {"step": step, "split": split, **values}
         with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(strict_json(record, indent=None) + "\n")
         if self.writer is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):

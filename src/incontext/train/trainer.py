@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from tqdm.auto import tqdm
 from ..config import ConfigError
 from ..models import CGT, Transformer, cgt_loss
 from ..tasks.base import Batch, Task
-from .checkpoint import latest_checkpoint, load_training_state, read_state, save_checkpoint
+from ..fileio import strict_json
+from .checkpoint import (LATEST, complete_checkpoints, is_finite_checkpoint, latest_checkpoint, load_training_state,
+                         read_state, save_checkpoint)
 from .config import OptimizerConfig, ScheduleConfig, TrainConfig
 from .distributed import Distributed, init_distributed, rank_slice, shutdown
 from .metrics import MetricsLogger, plot_losses, read_metrics
@@ -35,7 +38,8 @@ _AUX_SEED_OFFSET = 2_000_000_011  # auxiliary-loss cut points and VAE noise
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss or the gradient norm became NaN or infinite; the last good checkpoint is kept."""
+    """The loss, the gradient norm, the weights or the optimizer state became NaN or infinite; nothing of that
+    step is written and the last good checkpoint is kept."""
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -135,15 +139,73 @@ def evaluate(model: torch.nn.Module, task: Task, batches: list[Batch], device: t
     return {k: [v / count for v in t] if isinstance(t, list) else t / count for k, t in totals.items()}
 
 
-def _check_resumable(saved: dict[str, Any], config: TrainConfig) -> None:
+_MISSING = object()
+
+
+def _check_resumable(saved: dict[str, Any], config: TrainConfig, checkpoint: Path, force: bool) -> None:
+    """Refuse to continue with another model, task, optimizer, loss, batch size or seed (the data and the
+    weights would no longer be those of an uninterrupted run) unless forced."""
     current = config.to_dict()
-    differences = [
-        f"{section}: checkpoint {saved[section]} vs now {current[section]}"
-        for section in ("model", "task", "optimizer", "loss")
-        if saved.get(section, {} if section == "loss" else None) != current[section]  # older runs have no loss section
-    ]
-    if differences:
-        raise ConfigError("cannot resume: the checkpoint was trained with a different configuration:\n  " + "\n  ".join(differences))
+    differences = []
+    for section in ("model", "task", "optimizer", "loss", "run.batch_size", "run.seed"):
+        parent, _, key = section.partition(".")
+        before = saved.get(parent, {} if parent == "loss" else _MISSING)  # older runs have no loss section
+        now = current[parent]
+        if key:
+            before, now = (before.get(key, _MISSING) if isinstance(before, dict) else _MISSING), now[key]
+        if isinstance(before, dict) and isinstance(now, dict):
+            differences += [f"{section}.{k}: {before.get(k, 'unset')} -> {now.get(k, 'unset')}"
+                            for k in sorted(set(before) | set(now)) if before.get(k, _MISSING) != now.get(k, _MISSING)]
+        elif before != now:
+            differences.append(f"{section}: {'unset' if before is _MISSING else before} -> {now}")
+    if differences and not force:
+        raise ConfigError(f"cannot resume {checkpoint}: it was trained with a different configuration "
+                          f"({'; '.join(differences)}); pass --force to continue anyway (no longer bit-identical "
+                          "to an uninterrupted run)")
+
+
+# the files a run writes into its folder: a fresh run may restart only over these (a run that died before
+# its first checkpoint), never over a user's own files
+_RUN_FILES = {"config.yaml", "metrics.jsonl", "tensorboard", "checkpoints"}
+
+
+def _check_fresh_run_dir(run_dir: Path) -> None:
+    if complete_checkpoints(run_dir) or latest_checkpoint(run_dir) is not None or any((run_dir / "checkpoints").glob("step_*")):
+        raise FileExistsError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"run folder {run_dir} is a file")
+    foreign = sorted(p.name for p in run_dir.iterdir()
+                     if p.name not in _RUN_FILES and not p.name.startswith(".incontext-")) if run_dir.is_dir() else []
+    if foreign:
+        raise FileExistsError(f"{run_dir} is not empty (it holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}) "
+                              "and incontext did not write it: choose another --out (run.out_dir)")
+
+
+def _clear_unfinished_run(run_dir: Path) -> None:
+    """A fresh run over one that died before its first checkpoint: drop that run's log (ours to remove)."""
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    for events in (run_dir / "tensorboard").glob("events.out.tfevents.*"):
+        events.unlink()
+
+
+def _first_non_finite_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Which weight or optimizer-state tensor holds NaN or an infinity, if any (one device sync)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = [(f"weight {n}", p.detach()) for n, p in model.named_parameters()]
+    for param, state in optimizer.state.items():
+        tensors += [(f"optimizer {k} of {names.get(id(param), '?')}", v) for k, v in state.items()
+                    if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not tensors:
+        return None
+    finite = torch.stack([torch.isfinite(t).all() for _, t in tensors]).cpu()
+    return None if bool(finite.all()) else tensors[int((~finite).nonzero()[0])][0]
+
+
+def _last_finite_checkpoint(run_dir: Path) -> Path | None:
+    for checkpoint in reversed(complete_checkpoints(run_dir)):
+        if is_finite_checkpoint(checkpoint):
+            return checkpoint
+    return None
 
 
 def _truncate_metrics(run_dir: Path, step: int) -> None:
@@ -157,9 +219,13 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
 # ----------------------------------------------------------------------------- the loop
 
 
-def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, force: bool = False) -> dict[str, Any]:
     """Train as configured; returns the final evaluation. Writes under config.run.out_dir:
-    config.yaml, metrics.jsonl, tensorboard/, checkpoints/, loss.png and results.json."""
+    config.yaml, metrics.jsonl, tensorboard/, checkpoints/, loss.png and results.json.
+
+    A fresh run needs an empty (or new) folder; resume=True continues from its latest checkpoint, refusing a
+    changed model, task, optimizer, batch size or seed unless force=True. Resuming a finished run writes
+    nothing and returns its results with "already_finished": True."""
     run = config.run
     if run.threads:
         torch.set_num_threads(run.threads)
@@ -168,12 +234,13 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
         torch.cuda.set_device(device)
     dist_info = init_distributed(device)
     try:
-        return _train(config, dist_info, device, resume=resume, progress=progress)
+        return _train(config, dist_info, device, resume=resume, progress=progress, force=force)
     finally:
         shutdown(dist_info)
 
 
-def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *, resume: bool, progress: bool) -> dict[str, Any]:
+def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *, resume: bool, progress: bool,
+           force: bool) -> dict[str, Any]:
     run, schedule = config.run, config.schedule
     run_dir = Path(run.out_dir)
     micro_batches = dist_info.world_size * run.grad_accum
@@ -194,13 +261,24 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
     if resume:
         if checkpoint is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {run_dir}/checkpoints to resume from")
-        _check_resumable(read_state(checkpoint)["config"], config)
+        pointer = run_dir / "checkpoints" / LATEST
+        if dist_info.is_main and pointer.is_file() and pointer.read_text(errors="replace").strip() != checkpoint.name:
+            print(f"incontext: note: {pointer} names an incomplete checkpoint; resuming from {checkpoint}", file=sys.stderr)
+        state = read_state(checkpoint)
+        _check_resumable(state["config"], config, checkpoint, force)
+        if state["step"] > schedule.total_steps:
+            raise ConfigError(f"cannot resume {checkpoint}: it is at step {state['step']}, past "
+                              f"schedule.total_steps={schedule.total_steps}")
         start_step = load_training_state(checkpoint, model, optimizer)["step"]
+        if start_step == schedule.total_steps:
+            return _finished_run(run_dir, checkpoint, model, task, config, device, dist_info)
         if dist_info.is_main:
             _truncate_metrics(run_dir, start_step)
-    elif checkpoint is not None:
-        raise FileExistsError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
+    else:
+        _check_fresh_run_dir(run_dir)
     dist_info.barrier()
+    if not resume and dist_info.is_main:
+        _clear_unfinished_run(run_dir)
 
     logger = MetricsLogger(run_dir, tensorboard=run.tensorboard, enabled=dist_info.is_main)
     if dist_info.is_main:
@@ -225,6 +303,14 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
         dist_info.barrier()
         return path
 
+    def stop(problem: str) -> None:
+        bar.close()
+        logger.close()
+        good = _last_finite_checkpoint(run_dir) if dist_info.is_main else None
+        where = f"the last good checkpoint (verified finite) is {good}" if good else "no finite checkpoint has been written"
+        raise NonFiniteLossError(f"{problem}; training stopped without writing these weights; {where}. Lower "
+                                 "optimizer.lr, set optimizer.grad_clip, or check the data.")
+
     def run_eval(step: int) -> dict[str, Any]:
         result: dict[str, Any] = {}
         if dist_info.is_main:
@@ -233,7 +319,6 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
         dist_info.barrier()
         return result
 
-    last_good = latest_checkpoint(run_dir)
     bar = tqdm(total=schedule.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                disable=not (progress and dist_info.is_main))
     model.train()
@@ -264,15 +349,11 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optimizer.grad_clip)
         bad = not bool(torch.isfinite(step_loss)) or (grad_norm is not None and not bool(torch.isfinite(grad_norm)))
         if dist_info.any(bad):
-            bar.close()
-            logger.close()
-            where = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint had been written yet"
-            raise NonFiniteLossError(
-                f"non-finite loss ({float(step_loss)}) or gradient norm at step {step + 1} (lr {lr:.3g}); training "
-                f"stopped without writing these weights; {where}. Lower optimizer.lr, set optimizer.grad_clip, or "
-                f"check the data."
-            )
+            stop(f"non-finite loss ({float(step_loss)}) or gradient norm at step {step + 1} (lr {lr:.3g})")
         optimizer.step()
+        broken = _first_non_finite_state(model, optimizer)
+        if dist_info.any(broken is not None):  # e.g. an overflowing update: checked before anything is written
+            stop(f"non-finite {broken or 'weights'} after the update of step {step + 1} (lr {lr:.3g})")
         done = step + 1
         window_loss += float(step_loss)
         window_steps += 1
@@ -292,19 +373,35 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
             if final_eval and dist_info.is_main:
                 bar.write(f"step {done}: eval " + ", ".join(f"{k} {v:.4f}" for k, v in final_eval.items() if isinstance(v, float)))
         if done == schedule.total_steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
-            last_good = save(done) or last_good
+            save(done)
         if done == kill_at:
             os._exit(137)
     bar.close()
-    if start_step >= schedule.total_steps:  # resumed a finished run: evaluate it again
-        final_eval = run_eval(schedule.total_steps)
     logger.close()
     results = {"steps": schedule.total_steps, "parameters": model.num_parameters(), "eval": final_eval,
                "checkpoint": str(latest_checkpoint(run_dir)), "world_size": dist_info.world_size}
     if dist_info.is_main:
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+        (run_dir / "results.json").write_text(strict_json(results))
         plot_losses(run_dir)
     return results
+
+
+def _finished_run(run_dir: Path, checkpoint: Path, model: torch.nn.Module, task: Task, config: TrainConfig,
+                  device: torch.device, dist_info: Distributed) -> dict[str, Any]:
+    """Resuming a run that already reached schedule.total_steps: add nothing to its log; its results (written
+    now only if the run died between its last checkpoint and results.json)."""
+    path = run_dir / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError):
+        results = None
+    if not isinstance(results, dict) or results.get("steps") != config.schedule.total_steps:
+        final_eval = evaluate(model, task, evaluation_batches(task, config), device, autocast_context(config, device))
+        results = {"steps": config.schedule.total_steps, "parameters": model.num_parameters(), "eval": final_eval,
+                   "checkpoint": str(checkpoint), "world_size": dist_info.world_size}
+        if dist_info.is_main:
+            path.write_text(strict_json(results))
+    return {**results, "already_finished": True}
 
 
 def load_for_eval(checkpoint: Path, device: str = "cpu") -> tuple[Transformer | CGT, TrainConfig]:

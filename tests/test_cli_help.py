@@ -1,0 +1,53 @@
+"""Help answers fast (no torch import) from a static catalog that must match the experiment registry."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from incontext.cli import main
+from incontext.experiments.catalog import EXPERIMENTS
+from incontext.experiments.registry import build_catalog
+
+
+def test_the_catalog_matches_the_registry():
+    """Regenerate with `python -m incontext.experiments.registry` when this fails."""
+    assert build_catalog() == EXPERIMENTS
+
+
+def help_text(capsys, args):
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code in (0, None)
+    return capsys.readouterr().out
+
+
+def test_run_help_lists_every_experiment(capsys):
+    text = help_text(capsys, ["run", "--help"])
+    for name, (description, _) in EXPERIMENTS.items():
+        assert f"  {name}" in text and description in text
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_experiment_help_lists_every_key_with_its_default(capsys, name):
+    text = help_text(capsys, ["run", name, "--help"])
+    lines = text.splitlines()
+    for key, kind, default, comment in EXPERIMENTS[name][1]:
+        line = next(line for line in lines if line.split()[:1] == [key])
+        assert kind in line and f"= {default}" in line and comment in line
+
+
+def test_help_is_fast_and_imports_no_torch():
+    script = ("import sys\nfrom incontext.cli import main\n"
+              "for args in (['--help'], ['run', '--help'], ['run', 'regression-demo', '--help'], ['train', '--help']):\n"
+              "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
+              "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'no torch')\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.stderr.endswith("no torch"), result.stderr[-2000:]
+    best = float("inf")
+    for _ in range(2):  # the best of two: a shared machine can stall one start
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "incontext.cli", "run", "--help"], capture_output=True, check=True, timeout=60)
+        best = min(best, time.perf_counter() - start)
+    assert best < 1.0, best
