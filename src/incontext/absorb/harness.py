@@ -9,7 +9,8 @@ reference). Per method the result holds:
 - `score`: the task score's mean over episodes with a 95% t-interval (`score_calibrated` too for "choice";
   `answer_logprob` for "exact");
 - `agreement` with the prompted model on the scored query positions: top-1 agreement, mean
-  KL(prompted || method) in nats, and the relative Frobenius error of the query's logits;
+  KL(prompted || method) in nats, and the relative Frobenius error of the query's logits (mean over queries,
+  and its standard deviation);
 - costs: `absorb_ms` per prompt and `query_ms` per query (medians of CPU time per thread, i.e. process CPU
   time / torch threads, which a shared machine's load distorts far less than wall-clock; CUDA events on a
   GPU), `kept_bytes` per prompt (what the method stores beyond the base model: a K/V cache, a state, a
@@ -218,6 +219,7 @@ class MethodRecord:
             "top1": sum(a["top1_sum"] for a in self.agreements) / positions if positions else None,
             "kl": sum(a["kl_sum"] for a in self.agreements) / positions if positions else None,
             "relative_logits_error": statistics.fmean(a["relative"] for a in self.agreements),
+            "relative_logits_error_std": statistics.stdev(a["relative"] for a in self.agreements) if len(self.agreements) > 1 else 0.0,
         }
         row["absorb_ms"] = statistics.median(self.absorb_ms)
         row["query_ms"] = statistics.median(self.query_ms)

@@ -29,7 +29,6 @@ Paper (OPT-125M, average of 7 tasks): TinT beats the base model by 3.4-3.5 point
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -42,8 +41,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..absorb.dynamic_eval import prompt_sgd, tint_simulate, tint_update
 from ..models import Transformer
-from ..tint import TinT, TintConfig
+from ..tint import TintConfig
 from .common import train_fresh
 from .registry import register_experiment
 
@@ -130,61 +130,6 @@ def loss_targets(ids: torch.Tensor, label_positions: list[int] | None) -> torch.
     else:
         keep[label_positions] = True
     return keep
-
-
-def sgd_step(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor], lr: float) -> Transformer:
-    """Dynamic evaluation: one plain SGD step on ALL parameters, exact gradient of the cross-entropy summed
-    over the target tokens of all sequences; returns the updated copy."""
-    updated = copy.deepcopy(model).requires_grad_(True)
-    loss = 0.0
-    for ids, keep in zip(sequences, targets):
-        logits = updated(ids[None])[0]
-        loss = loss + F.cross_entropy(logits[:-1][keep[1:]], ids[1:][keep[1:]], reduction="sum")
-    grads = torch.autograd.grad(loss, list(updated.parameters()))
-    with torch.no_grad():
-        for p, g in zip(updated.parameters(), grads):
-            p -= lr * g
-    return updated.eval().requires_grad_(False)
-
-
-class LabelLossGradient:
-    """TinT's LM-head gradient restricted to the target tokens: rows t whose next token is not a target are
-    zeroed (a token-wise mask; a simulator reads the indicator from an input slot, as it does the training
-    segment), so the backward and descent see the gradient of the label tokens only."""
-
-    def __init__(self, inner, targets: torch.Tensor):
-        self.inner, self.keep = inner, torch.cat([targets[1:], targets.new_zeros(1)])
-
-    def __call__(self, tokens, x_slot, emb_slot, dst, n_train):
-        L = self.inner.layout
-        tokens = self.inner(tokens, x_slot, emb_slot, dst, n_train)
-        return L.write(tokens, dst, L.slot(tokens, dst) * self.keep[:, None].to(tokens.dtype))
-
-
-def tint_simulate(model: Transformer, ids: torch.Tensor, targets: torch.Tensor, config: TintConfig):
-    """The simulator on one sequence, trained on its target tokens (the training segment ends at the last
-    target); returns (simulator, logits of its second forward, updated prefixes)."""
-    sim = TinT(model, config)
-    n_train = int(targets.nonzero().max()) + 1
-    if not bool(targets[1:n_train].all()):  # label loss: only some tokens of the segment are targets
-        sim.lm_gradient = LabelLossGradient(sim.lm_gradient, targets)
-    with torch.no_grad():
-        logits, banks, _ = sim.simulate(ids, n_train)
-    return sim, logits, banks
-
-
-def tint_step(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor], config: TintConfig) -> Transformer:
-    """TinT's step on the sequences (one simulator pass each): the updates read back from the prefixes are
-    summed (one step of a summed loss) into a copy of the auxiliary model."""
-    base = model.state_dict()
-    total = {name: value.clone() for name, value in base.items()}
-    for ids, keep in zip(sequences, targets):
-        sim, _, banks = tint_simulate(model, ids, keep, config)
-        for name, value in sim.read_weights(banks).items():
-            total[name] += value - base[name]
-    updated = copy.deepcopy(model)
-    updated.load_state_dict(total)
-    return updated.eval().requires_grad_(False)
 
 
 # ---------------------------------------------------------------------------------------------- the study
@@ -287,8 +232,8 @@ class Study:
 
     def update(self, method: str, sequences, targets, lr: float) -> Transformer:
         if method == "dynamic eval":
-            return sgd_step(self.model, sequences, targets, lr)
-        return tint_step(self.model, sequences, targets, self.tint_config(lr))
+            return prompt_sgd(self.model, sequences, targets, learning_rate=lr)[0]
+        return tint_update(self.model, sequences, targets, self.tint_config(lr))
 
     def query_update_scores(self, method: str, split: str, lr: float) -> tuple[float, float]:
         """0-shot dynamic eval / TinT: a step on each query's own prompt (full-context loss), then its label;
@@ -301,7 +246,7 @@ class Study:
                 scores.append(F.log_softmax(logits[-1].double(), -1)[self.scorer.label_ids])
                 updated = sim.updated_model(self.model, banks)
             else:
-                updated = sgd_step(self.model, [q], [keep], lr)
+                updated = prompt_sgd(self.model, [q], [keep], learning_rate=lr)[0]
                 scores.append(self.scorer.label_log_probs(updated, [q])[0])
             baselines.append(self.scorer.label_log_probs(updated, [self.content_free])[0])
         return accuracy(torch.stack(scores), torch.stack(baselines), self.labels[split])
@@ -358,7 +303,7 @@ class Study:
     def simulator_check(self, sequences, targets, prefix, lr, setting) -> dict:
         """Multi mode: the simulator run on demonstrations + query (training segment = demonstrations) gives
         the same label scores at the query as the read-back updated model (max abs gap over a few queries)."""
-        updated = tint_step(self.model, sequences, targets, self.tint_config(lr))
+        updated = tint_update(self.model, sequences, targets, self.tint_config(lr))
         gap = 0.0
         for q in self.queries["test"][: self.config.check_queries]:
             ids = torch.cat([prefix, q])

@@ -259,11 +259,16 @@ class Topics(EpisodeSource):
 class ContinuationConfig:
     prompt_tokens: int = 256  # the first part of a held-out passage
     query_tokens: int = 64  # the tokens that follow it, scored by cross-entropy
+    # plays: passages of the held-out Shakespeare plays, encoded by the tokenizer; task: windows of the held-out
+    # stream of the text task a model was trained on (its own tokenizer and split: `task.validation_windows`)
+    passages: Literal["plays", "task"] = "plays"
 
     def __post_init__(self):
         _positive(self, "prompt_tokens", "query_tokens")
         if self.query_tokens < 2:
             raise ValueError("ContinuationConfig.query_tokens must be >= 2 (one scored prediction)")
+        if self.passages not in ("plays", "task"):
+            raise ValueError(f"ContinuationConfig.passages must be 'plays' or 'task', got {self.passages!r}")
 
 
 class Continuation(EpisodeSource):
@@ -277,8 +282,10 @@ class Continuation(EpisodeSource):
         from .corpora import shakespeare_plays
         from .text import ShakespeareConfig, split_plays
 
-        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
         c = self.config
+        if c.passages == "task":
+            return self._task_episodes(n, seed, task)
+        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
         plays = shakespeare_plays()
         _, heldout = split_plays(ShakespeareConfig(), plays)  # never in the Shakespeare task's training plays
         need = c.prompt_tokens + c.query_tokens
@@ -291,9 +298,23 @@ class Continuation(EpisodeSource):
             if len(ids) < need:
                 continue
             query = torch.tensor(ids[c.prompt_tokens:])
-            out.append(Episode(prompt=torch.tensor(ids[: c.prompt_tokens]),
-                               queries=[Query(inputs=query[:-1], targets=query[1:], mask=torch.ones(len(query) - 1, dtype=torch.bool))]))
+            out.append(self._episode(torch.tensor(ids)))
         return out
+
+    def _episode(self, ids: torch.Tensor) -> Episode:
+        query = ids[self.config.prompt_tokens:]
+        return Episode(prompt=ids[: self.config.prompt_tokens],
+                       queries=[Query(inputs=query[:-1], targets=query[1:], mask=torch.ones(len(query) - 1, dtype=torch.bool))])
+
+    def _task_episodes(self, n: int, seed: int, task) -> list[Episode]:
+        task = _need(task, "a model trained on a text task (passages=task)", self.name)
+        if not hasattr(task, "validation_windows"):
+            raise ValueError(f"continuation passages=task needs a text task with held-out windows; got {task.name!r}")
+        need = self.config.prompt_tokens + self.config.query_tokens
+        if need > task.sequence_length + 1:
+            raise ValueError(f"prompt_tokens + query_tokens = {need} exceed the task's windows ({task.sequence_length + 1} tokens)")
+        windows = task.validation_windows(n, torch.Generator().manual_seed(seed))[:, :need]
+        return [self._episode(ids) for ids in windows]
 
 
 # ------------------------------------------------------------------------------------------- task sources
