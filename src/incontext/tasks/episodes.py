@@ -203,9 +203,22 @@ class TopicsConfig:
     queries: int = 8  # articles to classify per episode
     excerpt_words: int = 16
     label_loss: bool = False  # training methods learn only the demonstrations' label tokens
+    # bbc: the held-out articles of the default bbc-news split, with the given tokenizer; task: those of the
+    # bbc-news task the model was trained on (its split and tokenizer; pass task=)
+    articles: Literal["bbc", "task"] = "bbc"
+    # random: each episode draws shots + queries articles; validation / test: the held-out articles of each topic
+    # are cut in order into validation_per_topic, test_per_topic and a demonstration pool, and every episode asks
+    # the whole validation or test set after shots demonstrations drawn from the pool (`queries` is unused)
+    query_set: Literal["random", "validation", "test"] = "random"
+    validation_per_topic: int = 10
+    test_per_topic: int = 30
 
     def __post_init__(self):
-        _positive(self, "shots", "queries", "excerpt_words")
+        _positive(self, "shots", "queries", "excerpt_words", "validation_per_topic", "test_per_topic")
+        if self.articles not in ("bbc", "task"):
+            raise ValueError(f"TopicsConfig.articles must be 'bbc' or 'task', got {self.articles!r}")
+        if self.query_set not in ("random", "validation", "test"):
+            raise ValueError(f"TopicsConfig.query_set must be 'random', 'validation' or 'test', got {self.query_set!r}")
 
 
 class Topics(EpisodeSource):
@@ -218,17 +231,28 @@ class Topics(EpisodeSource):
     def episodes(self, n, seed=0, *, tokenizer=None, task=None):
         from .bbc_news import TOPICS, BBCNewsConfig, excerpt, format_example, split_articles
 
-        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
         c = self.config
+        if c.articles == "task":
+            task = _need(task, "a model trained on the bbc-news task (articles=task)", self.name)
+            if not hasattr(task, "heldout_articles"):
+                raise ValueError(f"topics articles=task needs the bbc-news task; got {task.name!r}")
+            heldout, codec = task.heldout_articles(), tokenizer or task
+        else:
+            _, heldout = split_articles(BBCNewsConfig())  # never in the training split of the BBC task
+            codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
         labels = [codec.encode(" " + topic)[0] for topic in TOPICS]
         if len(set(labels)) != len(labels):
             raise ValueError(f"the label words {TOPICS} share first tokens under this tokenizer: {labels}")
-        _, heldout = split_articles(BBCNewsConfig())  # never in the training split of the BBC task
+        if c.query_set != "random":
+            pool, fixed = self._fixed_split(heldout)
         rng = random.Random(f"topics-{seed}")
         content_free = torch.tensor(codec.encode(format_example("")))
         out = []
         for _ in range(n):
-            chosen = rng.sample(heldout, c.shots + c.queries)
+            if c.query_set == "random":
+                chosen = rng.sample(heldout, c.shots + c.queries)
+            else:
+                chosen = rng.sample(pool, c.shots) + fixed
             ids, label_mask = [], []
             for topic, _, body in chosen[: c.shots]:
                 part = codec.encode(format_example(excerpt(body, c.excerpt_words)))
@@ -245,6 +269,22 @@ class Topics(EpisodeSource):
                                prompt_loss_mask=torch.tensor(label_mask) if c.label_loss else None,
                                calibration=self._choice(content_free, labels, labels[0])))
         return out
+
+    def _fixed_split(self, heldout: list) -> tuple[list, list]:
+        """(demonstration pool, the validation or test articles): per topic, in the held-out order."""
+        from .bbc_news import TOPICS
+
+        c = self.config
+        v, t = c.validation_per_topic, c.test_per_topic
+        by_topic = {topic: [a for a in heldout if a[0] == topic] for topic in TOPICS}
+        if any(len(rows) <= v + t for rows in by_topic.values()):
+            raise ValueError(f"validation_per_topic + test_per_topic = {v + t} leave no demonstration pool "
+                             f"in {min(len(r) for r in by_topic.values())} held-out articles per topic")
+        fixed = [a for rows in by_topic.values() for a in (rows[:v] if c.query_set == "validation" else rows[v:v + t])]
+        pool = [a for rows in by_topic.values() for a in rows[v + t:]]
+        if len(pool) < c.shots:
+            raise ValueError(f"the demonstration pool has {len(pool)} articles, fewer than shots={c.shots}")
+        return pool, fixed
 
     @staticmethod
     def _choice(ids: torch.Tensor, labels: list[int], target: int) -> Query:
