@@ -14,7 +14,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from ..absorb.harness import compare
 from ..tasks.episodes import get_episode_source
 from .common import train_fresh
