@@ -101,3 +101,17 @@ def test_tint_separator_sums_the_documents_updates():
     query = torch.randint(2, 30, (1, 5), generator=g)
     with torch.no_grad():
         assert rel_error(adapted(query), reference(query)) < 1e-9
+
+
+def test_separator_and_options_are_checked_by_name():
+    import pytest
+
+    for name in ("dynamic-eval", "tint"):
+        assert get_absorb_method(name, keep_prompt=True, separator=[3, 4]).separator == [3, 4]
+        with pytest.raises(ValueError, match="separator must be a non-empty list of token ids"):
+            get_absorb_method(name, separator=[])
+        with pytest.raises(ValueError, match="separator"):
+            get_absorb_method(name, separator="\n\n")
+    model = small_model()
+    with pytest.raises(ValueError, match="no document of at least 2 tokens"):
+        get_absorb_method("dynamic-eval", separator=[5]).absorb(model, torch.tensor([5, 1, 5, 2, 5]))

@@ -1,4 +1,5 @@
 import math
+import statistics
 
 import pytest
 import torch
@@ -34,8 +35,9 @@ def test_keep_prompt_is_the_prompted_model_and_drop_prompt_the_unprompted_one():
     model = tiny()
     episodes = facts_episodes(2)
     rows = rows_by_method(compare(model, get_episode_source("facts"), episodes, {}, progress=False))
-    assert rows["keep-prompt"]["agreement"] == {"top1": 1.0, "kl": 0.0, "relative_logits_error": 0.0}
+    assert rows["keep-prompt"]["agreement"] == {"top1": 1.0, "kl": 0.0, "relative_logits_error": 0.0, "relative_logits_error_std": 0.0}
     # the reference itself, written out: the query read after the prompt, and the query alone
+    relative = []
     for episode in episodes:
         m = episode.prompt.shape[0]
         for q in episode.queries:
@@ -44,7 +46,11 @@ def test_keep_prompt_is_the_prompted_model_and_drop_prompt_the_unprompted_one():
             assert torch.allclose(kept, full, atol=1e-5, rtol=0)
             dropped = get_absorb("drop-prompt").absorb(model, episode.prompt)(q.inputs[None])[0]
             assert torch.equal(dropped, model(q.inputs[None])[0])
+            relative.append(float((dropped.double() - full.double()).norm() / full.double().norm()))
     assert rows["drop-prompt"]["agreement"]["relative_logits_error"] > 1e-3  # the prompt matters in this model
+    # per query: the Frobenius relative error of its logits; the row: their mean and sample std
+    assert math.isclose(rows["drop-prompt"]["agreement"]["relative_logits_error"], statistics.fmean(relative), rel_tol=1e-5)
+    assert math.isclose(rows["drop-prompt"]["agreement"]["relative_logits_error_std"], statistics.stdev(relative), rel_tol=1e-4)
 
 
 def get_absorb(name, **options):
