@@ -248,11 +248,11 @@ class Topics(EpisodeSource):
         rng = random.Random(f"topics-{seed}")
         content_free = torch.tensor(codec.encode(format_example("")))
         out = []
-        for _ in range(n):
+        for i in range(n):
             if c.query_set == "random":
                 chosen = rng.sample(heldout, c.shots + c.queries)
-            else:
-                chosen = rng.sample(pool, c.shots) + fixed
+            else:  # one draw per episode, the same for both query sets (as tint-classification's seeds)
+                chosen = random.Random(f"{seed}-demos-{i}").sample(pool, c.shots) + fixed
             ids, label_mask = [], []
             for topic, _, body in chosen[: c.shots]:
                 part = codec.encode(format_example(excerpt(body, c.excerpt_words)))
