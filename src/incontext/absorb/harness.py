@@ -7,7 +7,9 @@ source's metric and compare its logits with the prompted model's (keep-prompt, a
 reference). Per method the result holds:
 
 - `score`: the task score's mean over episodes with a 95% t-interval (`score_calibrated` too for "choice";
-  `answer_logprob` for "exact");
+  `answer_logprob` for "exact"); for the per-position metrics (accuracy, ce, mse) also `score_pooled`, the
+  score over all scored positions of all episodes (episodes weighted by their positions, as token accuracy
+  and perplexity are usually reported);
 - `agreement` with the prompted model on the scored query positions: top-1 agreement, mean
   KL(prompted || method) in nats, and the relative Frobenius error of the query's logits (mean over queries,
   and its standard deviation);
@@ -201,6 +203,7 @@ class MethodRecord:
     status: str = "ok"  # ok | n/a | failed
     reason: str = ""
     episode_scores: list[dict[str, float]] = field(default_factory=list)
+    episode_positions: list[int] = field(default_factory=list)
     agreements: list[dict[str, float]] = field(default_factory=list)
     absorb_ms: list[float] = field(default_factory=list)
     query_ms: list[float] = field(default_factory=list)
@@ -214,6 +217,9 @@ class MethodRecord:
             return row
         for key in self.episode_scores[0]:
             row[key] = interval95([s[key] for s in self.episode_scores])
+        if metric in ("accuracy", "ce", "mse"):
+            weights = self.episode_positions
+            row["score_pooled"] = sum(s["score"] * w for s, w in zip(self.episode_scores, weights)) / sum(weights)
         positions = sum(a.get("positions", 0) for a in self.agreements)
         row["agreement"] = None if not self.agreements else {
             "top1": sum(a["top1_sum"] for a in self.agreements) / positions if positions else None,
@@ -311,6 +317,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 record.peak_bytes.append(peak.peak)
                 scores = [score_query(source.metric, out, q, calibration) for out, q in zip(outs, queries)]
                 record.episode_scores.append(episode_score(source.metric, scores))
+                record.episode_positions.append(sum(s.total for s in scores))
                 outputs[name] = outs
             except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
                 record.errors.append(f"episode {index}: {type(error).__name__}: {error}")

@@ -63,7 +63,7 @@ def method_options(method: str, lr: float, config: PerplexityConfig) -> dict:
 
 
 def perplexity(row: dict) -> float:
-    mean = row["score"]["mean"] if row["status"] == "ok" else math.inf  # mean over documents of the mean CE
+    mean = row["score_pooled"] if row["status"] == "ok" else math.inf  # CE over all scored tokens of all documents
     return math.exp(mean) if math.isfinite(mean) else math.inf
 
 
