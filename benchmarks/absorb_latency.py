@@ -5,6 +5,7 @@ For prompt lengths M and a query of N tokens, times one forward pass of:
   query alone (N tokens; for linear attention the converted bias IS the cached prompt state);
 - softmax attention: the prompted model on M + N tokens, the query against a cached K/V of the prompt, and the
   approximately converted model (FAVOR+, m features) on the query alone.
+Times are medians of CPU time per thread (the absorb harness's CostTimer), not wall-clock.
 Memory: the bytes each approach keeps per prompt (K/V cache, linear state, feature sums), from tensor sizes.
 Prints a markdown table with the speedup next to (M + N) / N; writes JSON and markdown to benchmarks/results/.
 
@@ -16,25 +17,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from incontext.absorb import ICLCA, ICLCAApprox, KeepPrompt
+from incontext.absorb.harness import CostTimer
 from incontext.models import Transformer, TransformerConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def median_ms(fn, repeats: int) -> float:
+def median_ms(fn, repeats: int, device: torch.device | str = "cpu") -> float:
+    """Median cost of `fn` in ms over `repeats` calls after one warm-up, measured as the absorb harness does
+    (CostTimer: CPU time per thread, which a shared machine's load distorts far less than wall-clock; CUDA
+    events on a GPU)."""
+    timer = CostTimer(torch.device(device))
     fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return statistics.median(timer(fn)[1] for _ in range(repeats))
 
 
 def state_bytes(layers) -> int:
@@ -91,7 +91,7 @@ def main() -> None:
                   f"softmax {row['softmax_prompted_ms']:.1f} / cached {row['softmax_cached_ms']:.1f} / approx {row['softmax_approx_ms']:.1f} ms")
     lines = [
         f"# Per-query latency, {args.layers} layers, width {args.width}, {args.heads} heads, query N = {args.query}, "
-        f"{args.threads} CPU threads, median of {args.repeats}; FAVOR+ m = {args.features}",
+        f"{args.threads} CPU threads, median of {args.repeats} (CPU time per thread); FAVOR+ m = {args.features}",
         "",
         "| M | (M+N)/N | linear: prompted ms | linear: ICLCA ms | speedup | softmax: prompted ms | softmax: K/V-cached ms "
         "| softmax: ICLCA-approx ms | speedup vs prompted | state kept per prompt: linear / K/V cache / features |",

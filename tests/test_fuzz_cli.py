@@ -151,7 +151,7 @@ DEMO_TINY = ["steps=2", "n_layer=1", "d_model=8", "n_head=2", "n_points=4", "d_i
     (["run", "regression-demo", *sets("lr=-1")], "lr > 0"),
     (["run", "regression-demo", *sets("steps")], "key=value"),
     (["run", "regression-demo", *sets("=3")], "empty key"),
-    (["demo", *sets("lr=inf")], "not a finite number"),
+    (["run", "regression-demo", *sets("lr=inf")], "not a finite number"),
     (["run", "iclca-table1", *sets("pairs=[1")], "not valid YAML"),
 ])
 def test_bad_experiment_settings(capsys, tmp_path, args, fragment):
@@ -162,23 +162,23 @@ def test_experiment_refuses_a_foreign_output_folder(capsys, tmp_path):
     user = tmp_path / "mine"
     user.mkdir()
     (user / "notes.txt").write_text("my own notes")
-    check_refused(capsys, tmp_path, ["demo", *sets(*DEMO_TINY), "--out", user], "not empty")
+    check_refused(capsys, tmp_path, ["run", "regression-demo", *sets(*DEMO_TINY), "--out", user], "not empty")
 
 
 def test_demo_out_runs_does_not_wipe_a_training_run(capsys, tmp_path, trained):
     """The issue's case: `incontext demo --out runs` must not remove runs/train (an `incontext train` run)."""
     runs = tmp_path / "runs"
     shutil.copytree(trained, runs / "train")
-    check_refused(capsys, tmp_path, ["demo", *sets(*DEMO_TINY), "--out", runs], "not empty")
+    check_refused(capsys, tmp_path, ["run", "regression-demo", *sets(*DEMO_TINY), "--out", runs], "not empty")
 
 
 def test_experiment_refuses_a_file_as_output_and_another_experiments_folder(capsys, tmp_path):
     write(tmp_path, "file", "x")
-    check_refused(capsys, tmp_path, ["demo", *sets(*DEMO_TINY), "--out", tmp_path / "file"], "is a file")
+    check_refused(capsys, tmp_path, ["run", "regression-demo", *sets(*DEMO_TINY), "--out", tmp_path / "file"], "is a file")
     other = tmp_path / "other"
     other.mkdir()
     (other / ".incontext-experiment").write_text('{"experiment": "amicl"}\n')
-    check_refused(capsys, tmp_path, ["demo", *sets(*DEMO_TINY), "--out", other], "'amicl'")
+    check_refused(capsys, tmp_path, ["run", "regression-demo", *sets(*DEMO_TINY), "--out", other], "'amicl'")
 
 
 def test_experiment_train_folder_it_did_not_write_is_kept(tmp_path):

@@ -1,4 +1,5 @@
 import math
+import statistics
 
 import pytest
 import torch
@@ -34,8 +35,9 @@ def test_keep_prompt_is_the_prompted_model_and_drop_prompt_the_unprompted_one():
     model = tiny()
     episodes = facts_episodes(2)
     rows = rows_by_method(compare(model, get_episode_source("facts"), episodes, {}, progress=False))
-    assert rows["keep-prompt"]["agreement"] == {"top1": 1.0, "kl": 0.0, "relative_logits_error": 0.0}
+    assert rows["keep-prompt"]["agreement"] == {"top1": 1.0, "kl": 0.0, "relative_logits_error": 0.0, "relative_logits_error_std": 0.0}
     # the reference itself, written out: the query read after the prompt, and the query alone
+    relative = []
     for episode in episodes:
         m = episode.prompt.shape[0]
         for q in episode.queries:
@@ -44,7 +46,11 @@ def test_keep_prompt_is_the_prompted_model_and_drop_prompt_the_unprompted_one():
             assert torch.allclose(kept, full, atol=1e-5, rtol=0)
             dropped = get_absorb("drop-prompt").absorb(model, episode.prompt)(q.inputs[None])[0]
             assert torch.equal(dropped, model(q.inputs[None])[0])
+            relative.append(float((dropped.double() - full.double()).norm() / full.double().norm()))
     assert rows["drop-prompt"]["agreement"]["relative_logits_error"] > 1e-3  # the prompt matters in this model
+    # per query: the Frobenius relative error of its logits; the row: their mean and sample std
+    assert math.isclose(rows["drop-prompt"]["agreement"]["relative_logits_error"], statistics.fmean(relative), rel_tol=1e-5)
+    assert math.isclose(rows["drop-prompt"]["agreement"]["relative_logits_error_std"], statistics.stdev(relative), rel_tol=1e-4)
 
 
 def get_absorb(name, **options):
@@ -65,6 +71,14 @@ def test_iclca_on_a_linear_model_agrees_with_the_prompted_model():
     assert iclca["agreement"]["top1"] == 1.0 and iclca["agreement"]["kl"] < 1e-9
     assert iclca["score"]["mean"] == rows["keep-prompt"]["score"]["mean"]
     assert rows["iclca-approx"]["status"] == "n/a" and "softmax" in rows["iclca-approx"]["reason"]
+    correct = positions = 0  # pooled accuracy by hand: all scored positions of all episodes
+    with torch.no_grad():
+        for e in episodes:
+            (q,) = e.queries
+            out = model(torch.cat([e.prompt, q.inputs])[None])[0, e.prompt.shape[0]:]
+            correct += int((out.argmax(-1) == q.targets)[q.mask].sum())
+            positions += int(q.mask.sum())
+    assert iclca["score_pooled"] == pytest.approx(correct / positions, abs=1e-12)
     for row in rows.values():
         if row["status"] == "ok":
             assert row["absorb_ms"] >= 0 and row["query_ms"] > 0 and row["kept_bytes"] >= 0
@@ -112,6 +126,16 @@ def test_scoring_by_hand():
     out = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
     vq = Query(inputs=torch.zeros(2, 3), targets=torch.tensor([[0.0, 0.0], [3.0, 4.0]]), mask=torch.tensor([True, True]))
     assert math.isclose(episode_score("mse", [score_query("mse", out, vq)])["score"], ((1 + 4) / 2 + (9 + 16) / 2) / 2)
+
+
+def test_pooled_score_weights_episodes_by_their_positions():
+    from incontext.absorb.harness import MethodRecord
+
+    record = MethodRecord("m", {}, episode_scores=[{"score": 1.0}, {"score": 0.0}], episode_positions=[3, 1],
+                          absorb_ms=[1.0, 1.0], query_ms=[1.0], kept_bytes=[0, 0], peak_bytes=[None, None])
+    row = record.summary("accuracy")
+    assert row["score"]["mean"] == 0.5 and row["score_pooled"] == 0.75
+    assert "score_pooled" not in record.summary("choice")
 
 
 def test_agreement_by_hand():

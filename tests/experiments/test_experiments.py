@@ -12,7 +12,7 @@ def test_registry_lists_the_experiments():
 
 
 def test_regression_demo_runs_and_writes_results(tmp_path):
-    assert main(["demo", "--set", "steps=4", "--set", "eval_sequences=16", "--set", "n_points=6",
+    assert main(["run", "regression-demo", "--set", "steps=4", "--set", "eval_sequences=16", "--set", "n_points=6",
                  "--set", "warmup=2", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["mse_by_examples"]) == {"transformer", "least_squares", "ridge"}

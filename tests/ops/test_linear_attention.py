@@ -140,3 +140,17 @@ def test_gradients_agree_between_forms():
         for a, b in zip(other, grads[0]):
             assert rel_error(a, b) < 1e-10
     assert math.isfinite(float(grads[0][0].sum()))
+
+
+@pytest.mark.parametrize("seed,t", [(0, 1), (1, 8), (2, 63), (3, 64)])
+def test_short_sequence_takes_the_parallel_form(seed, t):
+    """A sequence that fits one chunk (a short query after a converted prompt) runs the parallel form: the
+    same numbers bit for bit, no padding to the chunk size; still equal to the recurrent reference."""
+    phi_q, phi_k, v, state = make_inputs(seed, 2, 3, t, 8, "elu", with_state=True)
+    rope = rope_cos_sin(torch.arange(40, 40 + t), phi_q.shape[-1], 10000.0, torch.float64)
+    kwargs = dict(rope=rope, normalize=True, state=state)
+    out, (S, z) = linear_attention_chunked(phi_q, phi_k, v, chunk_size=64, **kwargs)
+    parallel, (S_p, z_p) = linear_attention_parallel(phi_q, phi_k, v, **kwargs)
+    assert torch.equal(out, parallel) and torch.equal(S, S_p) and torch.equal(z, z_p)
+    ref, (S_ref, z_ref) = linear_attention_recurrent(phi_q, phi_k, v, **kwargs)
+    assert rel_error(out, ref) < 1e-12 and rel_error(S, S_ref) < 1e-12 and rel_error(z, z_ref) < 1e-12

@@ -6,15 +6,10 @@ import torch.nn.functional as F
 from conftest import rel_error
 
 from incontext.cli import main
-from incontext.experiments.tint_classification import (
-    accuracy,
-    loss_targets,
-    sgd_step,
-    tint_simulate,
-    tint_step,
-)
+from incontext.absorb.dynamic_eval import prompt_sgd, tint_simulate, tint_update
+from incontext.experiments.tint_classification import accuracy, loss_targets
 from incontext.models import Transformer, TransformerConfig
-from incontext.tint import TinT, TintConfig, dynamic_eval
+from incontext.tint import TinT, TintConfig
 from incontext.tint.reference import (
     functional_forward,
     merge_parameters,
@@ -61,7 +56,7 @@ def test_label_loss_tint_step_matches_masked_r_approx(seed):
         keep = torch.rand(len(ids), generator=g) < 0.3
         keep[0], keep[len(ids) - 2] = False, True
         targets.append(keep)
-    updated = tint_step(model, sequences, targets, config)
+    updated = tint_update(model, sequences, targets, config)
     reference = masked_r_approx(model, sequences, targets, config)
     state = updated.state_dict()
     for name, value in reference.items():
@@ -81,14 +76,24 @@ def test_full_context_tint_simulation_is_the_plain_simulator():
     assert rel_error(logits, plain) < 1e-12
 
 
-def test_sgd_step_full_context_is_dynamic_evaluation():
+def test_label_loss_sgd_step_matches_plain_sgd():
+    """The experiment's dynamic-evaluation step (prompt_sgd with a label mask, several sequences) is one plain
+    SGD step on all parameters of the masked summed cross-entropy."""
     model = tiny_model(4)
-    ids = torch.randint(0, 40, (15,), generator=torch.Generator().manual_seed(4))
-    ours = sgd_step(model, [ids], [loss_targets(ids, None)], 0.03)
-    reference, _ = dynamic_eval(model, ids, 15, 0.03)
-    for name, value in reference.state_dict().items():
-        assert rel_error(ours.state_dict()[name], value) < 1e-12, name
-    assert rel_error(ours.state_dict()["blocks.0.attn.qkv.weight"], model.state_dict()["blocks.0.attn.qkv.weight"]) > 1e-4
+    g = torch.Generator().manual_seed(4)
+    sequences = [torch.randint(0, 40, (n,), generator=g) for n in (15, 9)]
+    targets = [loss_targets(sequences[0], None), loss_targets(sequences[1], [3, 7])]
+    ours, _ = prompt_sgd(model, sequences, targets, learning_rate=0.03)
+    reference = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
+    loss = 0.0
+    for ids, keep in zip(sequences, targets):
+        logits = torch.func.functional_call(model, reference, (ids[None],))[0]
+        loss = loss + F.cross_entropy(logits[:-1][keep[1:]], ids[1:][keep[1:]], reduction="sum")
+    grads = dict(zip(reference, torch.autograd.grad(loss, list(reference.values()))))
+    state = ours.state_dict()
+    for name, value in reference.items():
+        assert rel_error(state[name], value - 0.03 * grads[name]) < 1e-12, name
+    assert rel_error(state["blocks.0.attn.qkv.weight"], model.state_dict()["blocks.0.attn.qkv.weight"]) > 1e-4
 
 
 def test_label_targets_and_calibrated_accuracy():

@@ -140,7 +140,7 @@ def test_results_are_strict_json(tmp_path):
 
 def test_an_experiment_reruns_into_its_own_folder(tmp_path):
     settings = ["steps=2", "n_layer=1", "d_model=8", "n_head=2", "n_points=4", "d_in=2", "eval_sequences=8", "warmup=1"]
-    args = ["demo", *[a for s in settings for a in ("--set", s)], "--out", str(tmp_path / "demo")]
+    args = ["run", "regression-demo", *[a for s in settings for a in ("--set", s)], "--out", str(tmp_path / "demo")]
     assert main(args) == 0
     first = json.loads((tmp_path / "demo" / ".incontext-experiment").read_text())
     assert first == {"experiment": "regression-demo"}

@@ -10,7 +10,7 @@ from .base import (
 )
 from .cgt_fold import CGTFold, FoldedContext, fold, lora_factors, prompt_context
 from .distill_lora import DistilledLoRA, DistillLoRA
-from .dynamic_eval import DynamicEval, TinTStep, UpdatedWeights
+from .dynamic_eval import DynamicEval, TinTStep, UpdatedWeights, UpdatedWithPrompt
 from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, convert
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 
@@ -31,6 +31,7 @@ __all__ = [
     "SoftmaxFeaturePrefix",
     "TinTStep",
     "UpdatedWeights",
+    "UpdatedWithPrompt",
     "absorb_methods",
     "algorithm_1",
     "convert",

@@ -7,6 +7,13 @@ context (query positions continue after the prompt, as in dynamic evaluation).
     adapted = get_absorb_method("dynamic-eval", learning_rate=1e-3).absorb(model, prompt, loss_mask=labels)
     adapted = get_absorb_method("tint", learning_rate=1e-3, n_simulation_layers=2).absorb(model, prompt)
 
+Two options of both methods change what the update trains on and what the query sees:
+- `keep_prompt=True`: the prompt stays in the context after the update (Krause et al.'s dynamic evaluation and
+  TinT's Table 2: the model keeps reading the document it has just trained on);
+- `separator=[ids]`: the prompt is several documents joined by this token sequence (e.g. few-shot
+  demonstrations); each is trained on as its own sequence from position 0 (losses summed: one step of the
+  summed loss, TinT's "single" mode), and the query, a document of its own, starts at position 0 too.
+
 `prompt_sgd` is the project's one implementation of dynamic evaluation; the TinT experiments and the harness
 both use it through `DynamicEval`.
 """
@@ -21,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import Transformer
-from .base import AbsorbMethod, AdaptedModel
+from .base import AbsorbMethod, AdaptedModel, PromptInContext
 
 
 class UpdatedWeights(AdaptedModel):
@@ -42,6 +49,60 @@ class UpdatedWeights(AdaptedModel):
     @classmethod
     def empty(cls, base, extra):
         return cls(base, extra.get("offset", 0))
+
+
+class UpdatedWithPrompt(PromptInContext):
+    """The base model with weights updated on the prompt, which stays in the context (its K/V cache is
+    computed with the updated weights)."""
+
+    method = "updated-weights-with-prompt"
+
+    def kept_bytes(self, base) -> int:
+        return super().kept_bytes(base) + AdaptedModel.kept_bytes(self, base)  # the cache and the weight copy
+
+
+def split_documents(ids: torch.Tensor, mask: torch.Tensor | None, separator: list[int] | None
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The prompt as training sequences: whole, or cut at every occurrence of `separator` (dropped); pieces
+    shorter than 2 tokens (nothing to predict) are left out."""
+    if not separator:
+        return [ids], [mask]
+    sep = torch.tensor(separator, device=ids.device)
+    n, k = ids.shape[0], len(separator)
+    pieces, start, t = [], 0, 0
+    while t <= n - k:
+        if torch.equal(ids[t:t + k], sep):
+            pieces.append((start, t))
+            start = t = t + k
+        else:
+            t += 1
+    pieces.append((start, n))
+    pieces = [(a, b) for a, b in pieces if b - a >= 2]
+    if not pieces:
+        raise ValueError("the prompt holds no document of at least 2 tokens between separators")
+    return [ids[a:b] for a, b in pieces], [None if mask is None else mask[a:b] for a, b in pieces]
+
+
+def check_separator(separator) -> None:
+    if separator is not None and (not isinstance(separator, (list, tuple)) or not separator
+                                  or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in separator)):
+        raise ValueError(f"separator must be a non-empty list of token ids, got {separator!r}")
+
+
+def _with_targets(sequences, masks):
+    """Drops sequences whose mask selects no target (a document without a label, say)."""
+    kept = [(ids, m) for ids, m in zip(sequences, masks) if m is None or bool(m[1:].any())]
+    if not kept:
+        raise ValueError("no target token to learn from: the loss mask selects nothing after the first token")
+    return [ids for ids, _ in kept], [m for _, m in kept]
+
+
+def _adapted(updated: Transformer, prompt: torch.Tensor, keep_prompt: bool, separator: list[int] | None) -> AdaptedModel:
+    if keep_prompt:
+        adapted = UpdatedWithPrompt(updated, prompt)
+        adapted.prompt_cache()  # the prompt's pass belongs to absorbing, not to the first query
+        return adapted
+    return UpdatedWeights(updated, offset=0 if separator else prompt.shape[1])
 
 
 def full_mask(ids: torch.Tensor) -> torch.Tensor:
@@ -124,10 +185,12 @@ class DynamicEval(AbsorbMethod):
     uses_loss_mask = True
 
     def __init__(self, learning_rate: float = 1e-3, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
-                 n_top_layers: int | None = None):
+                 n_top_layers: int | None = None, keep_prompt: bool = False, separator: list[int] | None = None):
         check_sgd_options(learning_rate, n_steps, reduction, optimizer)
+        check_separator(separator)
         self.learning_rate, self.n_steps, self.reduction = learning_rate, n_steps, reduction
         self.optimizer, self.n_top_layers = optimizer, n_top_layers
+        self.keep_prompt, self.separator = keep_prompt, separator
 
     def unsupported(self, model) -> str | None:
         if not isinstance(model, Transformer) or not model.config.tokens:
@@ -138,10 +201,11 @@ class DynamicEval(AbsorbMethod):
         ids = prompt[0]
         if ids.shape[0] < 2:
             raise ValueError("dynamic evaluation needs a prompt of at least 2 tokens (one prediction to learn)")
-        targets = None if loss_mask is None else [loss_mask[0]]
-        updated, _ = prompt_sgd(model, [ids], targets, learning_rate=self.learning_rate, n_steps=self.n_steps,
+        sequences, masks = _with_targets(*split_documents(ids, None if loss_mask is None else loss_mask[0], self.separator))
+        targets = None if loss_mask is None else masks
+        updated, _ = prompt_sgd(model, sequences, targets, learning_rate=self.learning_rate, n_steps=self.n_steps,
                                 reduction=self.reduction, optimizer=self.optimizer, n_top_layers=self.n_top_layers)
-        return UpdatedWeights(updated, offset=ids.shape[0])
+        return _adapted(updated, prompt, self.keep_prompt, self.separator)
 
 
 class LabelLossGradient:
@@ -199,9 +263,11 @@ class TinTStep(AbsorbMethod):
     needs = "a token-input causal LM that TinT can simulate"
     uses_loss_mask = True
 
-    def __init__(self, **tint_options):
+    def __init__(self, keep_prompt: bool = False, separator: list[int] | None = None, **tint_options):
         from ..tint import TintConfig
 
+        check_separator(separator)
+        self.keep_prompt, self.separator = keep_prompt, separator
         self.config = TintConfig(**tint_options)
 
     @classmethod
@@ -210,7 +276,7 @@ class TinTStep(AbsorbMethod):
 
         from ..tint import TintConfig
 
-        return [f.name for f in dataclasses.fields(TintConfig)]
+        return ["keep_prompt", "separator"] + [f.name for f in dataclasses.fields(TintConfig)]
 
     def unsupported(self, model) -> str | None:
         if not isinstance(model, Transformer) or not model.config.tokens:
@@ -227,5 +293,5 @@ class TinTStep(AbsorbMethod):
         ids = prompt[0]
         if ids.shape[0] < 2:
             raise ValueError("TinT needs a prompt of at least 2 tokens (one prediction to learn)")
-        keep = None if loss_mask is None else loss_mask[0]
-        return UpdatedWeights(tint_update(model, [ids], [keep], self.config), offset=ids.shape[0])
+        sequences, masks = _with_targets(*split_documents(ids, None if loss_mask is None else loss_mask[0], self.separator))
+        return _adapted(tint_update(model, sequences, masks, self.config), prompt, self.keep_prompt, self.separator)

@@ -7,9 +7,12 @@ source's metric and compare its logits with the prompted model's (keep-prompt, a
 reference). Per method the result holds:
 
 - `score`: the task score's mean over episodes with a 95% t-interval (`score_calibrated` too for "choice";
-  `answer_logprob` for "exact");
+  `answer_logprob` for "exact"); for the per-position metrics (accuracy, ce, mse) also `score_pooled`, the
+  score over all scored positions of all episodes (episodes weighted by their positions, as token accuracy
+  and perplexity are usually reported);
 - `agreement` with the prompted model on the scored query positions: top-1 agreement, mean
-  KL(prompted || method) in nats, and the relative Frobenius error of the query's logits;
+  KL(prompted || method) in nats, and the relative Frobenius error of the query's logits (mean over queries,
+  and its standard deviation);
 - costs: `absorb_ms` per prompt and `query_ms` per query (medians of CPU time per thread, i.e. process CPU
   time / torch threads, which a shared machine's load distorts far less than wall-clock; CUDA events on a
   GPU), `kept_bytes` per prompt (what the method stores beyond the base model: a K/V cache, a state, a
@@ -200,6 +203,7 @@ class MethodRecord:
     status: str = "ok"  # ok | n/a | failed
     reason: str = ""
     episode_scores: list[dict[str, float]] = field(default_factory=list)
+    episode_positions: list[int] = field(default_factory=list)
     agreements: list[dict[str, float]] = field(default_factory=list)
     absorb_ms: list[float] = field(default_factory=list)
     query_ms: list[float] = field(default_factory=list)
@@ -213,11 +217,15 @@ class MethodRecord:
             return row
         for key in self.episode_scores[0]:
             row[key] = interval95([s[key] for s in self.episode_scores])
+        if metric in ("accuracy", "ce", "mse"):
+            weights = self.episode_positions
+            row["score_pooled"] = sum(s["score"] * w for s, w in zip(self.episode_scores, weights)) / sum(weights)
         positions = sum(a.get("positions", 0) for a in self.agreements)
         row["agreement"] = None if not self.agreements else {
             "top1": sum(a["top1_sum"] for a in self.agreements) / positions if positions else None,
             "kl": sum(a["kl_sum"] for a in self.agreements) / positions if positions else None,
             "relative_logits_error": statistics.fmean(a["relative"] for a in self.agreements),
+            "relative_logits_error_std": statistics.stdev(a["relative"] for a in self.agreements) if len(self.agreements) > 1 else 0.0,
         }
         row["absorb_ms"] = statistics.median(self.absorb_ms)
         row["query_ms"] = statistics.median(self.query_ms)
@@ -285,6 +293,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             record = records[name]
             if record.status != "ok":
                 continue
+            adapted = None
             try:
                 with PeakMemory(device) as peak:
                     adapted, absorb_ms = timer(lambda: instances[name].absorb(model, prompt, loss_mask=loss_mask, train_queries=train))
@@ -309,6 +318,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 record.peak_bytes.append(peak.peak)
                 scores = [score_query(source.metric, out, q, calibration) for out, q in zip(outs, queries)]
                 record.episode_scores.append(episode_score(source.metric, scores))
+                record.episode_positions.append(sum(s.total for s in scores))
                 outputs[name] = outs
             except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
                 record.errors.append(f"episode {index}: {type(error).__name__}: {error}")

@@ -7,7 +7,6 @@ episodes (another seed, never the test episodes) and the best validation score i
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any
 
 from ..absorb import absorb_methods, get_absorb_method
 from ..absorb.harness import compare, method_name
+from ..fileio import strict_json
 from ..tasks.episodes import get_episode_source
 
 VALIDATION_SEED_OFFSET = 10_000  # validation episodes: seed + this (test episodes use the seed itself)
@@ -225,19 +225,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _strict_json(value):
-    """NaN/inf -> None, so results.json is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(v) for v in value]
-    return value
-
-
 def write_results(results: dict[str, Any], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(_strict_json(results), indent=2, allow_nan=False))
+    (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(table(results))
     plot(results, out_dir / "compare.png")

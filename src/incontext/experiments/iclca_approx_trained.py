@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from ..fileio import strict_json
-from ..absorb import ICLCAApprox
+from ..tasks.episodes import get_episode_source
 from .common import train_fresh
-from .iclca_approx import error_table, relative, summarize
+from .iclca_approx import approximation_errors, error_table
 from .registry import register_experiment
 
 
@@ -59,20 +59,13 @@ def run(config: TrainedApproxConfig, out_dir: Path) -> dict:
         logits = model(windows[:, :-1])
         validation_loss = float(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()))
     m_prompt = config.prompt_tokens
-    errors: dict[str, list[float]] = {"without prompt": []}
-    variants = [(m, s) for s in config.exact_sinks for m in config.features]
-    with torch.no_grad():
-        for ids in windows:
-            prompt, query = ids[None, :m_prompt], ids[None, m_prompt:]
-            reference = model(ids[None])[:, m_prompt:]
-            errors["without prompt"].append(relative(model(query), reference))
-            for m, s in variants:
-                adapted = ICLCAApprox(m, seed=config.seed, exact_sinks=s).absorb(model, prompt)
-                errors.setdefault(f"m={m}, exact sinks={s}", []).append(relative(adapted(query), reference))
-    summary = summarize(errors)
+    source = get_episode_source("continuation", prompt_tokens=m_prompt, query_tokens=config.seq_len - m_prompt + 1,
+                                passages="task")  # + 1: the windows' last token, so the query's inputs are ids[m_prompt:seq_len]
+    episodes = source.episodes(config.pairs, config.seed + 7, task=task)  # the windows above, cut at the prompt
+    summary = approximation_errors(model, source, episodes, config.features, config.exact_sinks, config.seed)
     results = {"experiment": "iclca-approx-trained", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
                "train_eval_loss": trained["eval"].get("loss"), "validation_loss": validation_loss,
-               "relative_logits_error": summary, "per_pair": errors,
+               "relative_logits_error": summary,
                "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
     (out_dir / "results.json").write_text(strict_json(results))
     lines = [f"GPT-2-style model, {config.n_layer} layers, width {config.d_model}, {model.num_parameters():,} parameters, "

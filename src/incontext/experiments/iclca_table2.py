@@ -3,7 +3,8 @@ prompt in context, without it, and with the prompt converted exactly into bias t
 
 A sequence is cut in two: the first half is the prompt, the second the input. Scored are input positions
 holding a trigger whose successor was committed in the prompt and that has not recurred in the input (only
-the prompt can tell what comes next there). Paper (12 layers, d = 128, RoPE): 99.95 / 2.23 / 99.95%.
+the prompt can tell what comes next there). The evaluation is the absorb harness on the `induction` episodes:
+keep-prompt, drop-prompt and iclca rows. Paper (12 layers, d = 128, RoPE): 99.95 / 2.23 / 99.95%.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..fileio import strict_json
-from ..absorb import ICLCA
-from ..tasks.induction import split_prompt
+from ..absorb.harness import compare
+from ..tasks.episodes import get_episode_source
 from .common import train_fresh
 from .registry import register_experiment
+
+
+LABELS = {"with prompt": "keep-prompt", "without prompt": "drop-prompt", "converted": "iclca"}  # table column -> harness row
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Table2Config:
     steps: int = 8000
     batch_size: int = 32
     lr: float = 1e-3
-    eval_sequences: int = 1000
+    eval_sequences: int = 1000  # held-out sequences with at least one scored position (one episode each)
     seed: int = 0
 
 
@@ -49,26 +51,20 @@ def run(config: Table2Config, out_dir: Path) -> dict:
                 "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
     })
     task = train_config.build_task()
-    batch = task.sample(config.eval_sequences, torch.Generator().manual_seed(config.seed + 10_000))
-    half = config.seq_len // 2
-    prompt, query, scored = split_prompt(batch, half)
-    targets = batch.targets[:, half:]
-    with torch.no_grad():
-        prompted = model(batch.inputs)[:, half:]
-        without = model(query)
-        converted = ICLCA().absorb(model, prompt)(query)
-
-    def accuracy(logits: torch.Tensor) -> float:
-        return float((logits.argmax(-1) == targets)[scored].float().mean())
-
-    rel = ((converted - prompted).flatten(1).norm(dim=1) / prompted.flatten(1).norm(dim=1))
+    source = get_episode_source("induction", prompt_fraction=0.5)  # prompt = first half of each sequence
+    episodes = source.episodes(config.eval_sequences, config.seed + 10_000, task=task)
+    rows = {row["method"]: row for row in compare(model, source, episodes, {"iclca": {}})}
+    converted = rows["iclca"]["agreement"]
     results = {
         "experiment": "iclca-table2", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
-        "scored_positions": int(scored.sum()), "chance": 1.0 / len(task.config.non_trigger_ids),
-        "accuracy": {"with prompt": accuracy(prompted), "without prompt": accuracy(without), "converted": accuracy(converted)},
-        "argmax_agreement_converted_vs_prompted": float((converted.argmax(-1) == prompted.argmax(-1)).float().mean()),
-        "relative_logits_error_converted": float(rel.mean()),
+        "scored_positions": sum(int(q.mask.sum()) for e in episodes for q in e.queries),
+        "chance": 1.0 / len(task.config.non_trigger_ids),
+        "accuracy": {name: rows[label]["score_pooled"] for name, label in LABELS.items()},  # over all scored positions
+        "accuracy_per_sequence": {name: rows[label]["score"] for name, label in LABELS.items()},  # mean, 95% interval
+        "argmax_agreement_converted_vs_prompted": converted["top1"],
+        "relative_logits_error_converted": converted["relative_logits_error"],
         "paper": {"with prompt": 0.9995, "without prompt": 0.0223, "converted": 0.9995},
+        "harness_rows": list(rows.values()),
     }
     (out_dir / "results.json").write_text(strict_json(results))
     a, p = results["accuracy"], results["paper"]
@@ -78,8 +74,9 @@ def run(config: Table2Config, out_dir: Path) -> dict:
              "| | with prompt | without prompt | converted (ICLCA) |", "|---|---|---|---|",
              f"| ours | {100 * a['with prompt']:.2f}% | {100 * a['without prompt']:.2f}% | {100 * a['converted']:.2f}% |",
              f"| paper (12 layers) | {100 * p['with prompt']:.2f}% | {100 * p['without prompt']:.2f}% | {100 * p['converted']:.2f}% |",
-             "", f"Converted vs prompted: argmax agreement {100 * results['argmax_agreement_converted_vs_prompted']:.2f}% "
-             f"over all input positions, relative logits error {results['relative_logits_error_converted']:.1e}; chance "
+             "",
+             f"Converted vs prompted: argmax agreement {100 * results['argmax_agreement_converted_vs_prompted']:.2f}% "
+             f"over the scored positions, relative logits error {results['relative_logits_error_converted']:.1e}; chance "
              f"{100 * results['chance']:.2f}%."]
     (out_dir / "table.md").write_text("\n".join(lines) + "\n")
     return results

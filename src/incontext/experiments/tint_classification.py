@@ -17,10 +17,13 @@ Methods (paper, sec. 3 and App. L; Figure 9):
   step trains on it, the query follows it in the context), with "label" loss (the label tokens only) or
   "full" context loss (every token). A one-step update with a summed loss is the sum of the per-sequence
   updates, so TinT's single mode adds the updates the simulator writes into its prefixes for each
-  demonstration. The k-shot updates do not depend on the query (causal masking: the training segment comes
-  first), so the updated auxiliary weights are read back from the prefixes once per (seed, rate) and the
-  queries are scored with them; `simulator_check` verifies on a few queries that the simulator's own second
-  forward gives the same label scores.
+  demonstration. The k-shot rows are the absorb harness on `topics` episodes of the task's own held-out split
+  (one episode per draw of demonstrations, asking every validation or test query): in-context = keep-prompt,
+  the query alone = drop-prompt, dynamic-eval / tint with `separator` (single) or `keep_prompt` (multi) and the
+  label loss as the episode's loss mask. The k-shot updates do not depend on the query (causal masking: the
+  training segment comes first), so the updated auxiliary weights are read back from the prefixes once per
+  (seed, rate) and the queries are scored with them; `simulator_check` verifies on a few queries that the
+  simulator's own second forward gives the same label scores.
 The inner learning rate (summed loss) of each method and setting is chosen per seed (and per calibration
 mode) by accuracy on the validation queries.
 Paper (OPT-125M, average of 7 tasks): TinT beats the base model by 3.4-3.5 points 0-shot and 12-26 points
@@ -29,10 +32,8 @@ Paper (OPT-125M, average of 7 tasks): TinT beats the base model by 3.4-3.5 point
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
-import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -42,8 +43,11 @@ import torch
 import torch.nn.functional as F
 
 from ..fileio import strict_json
+from ..absorb.dynamic_eval import prompt_sgd, tint_simulate, tint_update
+from ..absorb.harness import compare
 from ..models import Transformer
-from ..tint import TinT, TintConfig
+from ..tasks.episodes import get_episode_source
+from ..tint import TintConfig
 from .common import train_fresh
 from .registry import register_experiment
 
@@ -53,6 +57,8 @@ PAPER_OPT125M = {
     "32-shot": {"in-context": (50.5, 62.2), "dynamic eval": (74.6, 74.1), "TinT": (76.4, 74.3)},
 }
 SETTINGS = ("single/label", "single/full", "multi/label", "multi/full")
+METHODS = {"dynamic eval": "dynamic-eval", "TinT": "tint"}  # row name -> absorb method
+CALIBRATION = {"plain": "score", "calibrated": "score_calibrated"}  # accuracy -> harness score
 SEPARATOR = "\n\n"  # between demonstrations (and before the query) in a multi sequence
 
 
@@ -132,61 +138,6 @@ def loss_targets(ids: torch.Tensor, label_positions: list[int] | None) -> torch.
     return keep
 
 
-def sgd_step(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor], lr: float) -> Transformer:
-    """Dynamic evaluation: one plain SGD step on ALL parameters, exact gradient of the cross-entropy summed
-    over the target tokens of all sequences; returns the updated copy."""
-    updated = copy.deepcopy(model).requires_grad_(True)
-    loss = 0.0
-    for ids, keep in zip(sequences, targets):
-        logits = updated(ids[None])[0]
-        loss = loss + F.cross_entropy(logits[:-1][keep[1:]], ids[1:][keep[1:]], reduction="sum")
-    grads = torch.autograd.grad(loss, list(updated.parameters()))
-    with torch.no_grad():
-        for p, g in zip(updated.parameters(), grads):
-            p -= lr * g
-    return updated.eval().requires_grad_(False)
-
-
-class LabelLossGradient:
-    """TinT's LM-head gradient restricted to the target tokens: rows t whose next token is not a target are
-    zeroed (a token-wise mask; a simulator reads the indicator from an input slot, as it does the training
-    segment), so the backward and descent see the gradient of the label tokens only."""
-
-    def __init__(self, inner, targets: torch.Tensor):
-        self.inner, self.keep = inner, torch.cat([targets[1:], targets.new_zeros(1)])
-
-    def __call__(self, tokens, x_slot, emb_slot, dst, n_train):
-        L = self.inner.layout
-        tokens = self.inner(tokens, x_slot, emb_slot, dst, n_train)
-        return L.write(tokens, dst, L.slot(tokens, dst) * self.keep[:, None].to(tokens.dtype))
-
-
-def tint_simulate(model: Transformer, ids: torch.Tensor, targets: torch.Tensor, config: TintConfig):
-    """The simulator on one sequence, trained on its target tokens (the training segment ends at the last
-    target); returns (simulator, logits of its second forward, updated prefixes)."""
-    sim = TinT(model, config)
-    n_train = int(targets.nonzero().max()) + 1
-    if not bool(targets[1:n_train].all()):  # label loss: only some tokens of the segment are targets
-        sim.lm_gradient = LabelLossGradient(sim.lm_gradient, targets)
-    with torch.no_grad():
-        logits, banks, _ = sim.simulate(ids, n_train)
-    return sim, logits, banks
-
-
-def tint_step(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor], config: TintConfig) -> Transformer:
-    """TinT's step on the sequences (one simulator pass each): the updates read back from the prefixes are
-    summed (one step of a summed loss) into a copy of the auxiliary model."""
-    base = model.state_dict()
-    total = {name: value.clone() for name, value in base.items()}
-    for ids, keep in zip(sequences, targets):
-        sim, _, banks = tint_simulate(model, ids, keep, config)
-        for name, value in sim.read_weights(banks).items():
-            total[name] += value - base[name]
-    updated = copy.deepcopy(model)
-    updated.load_state_dict(total)
-    return updated.eval().requires_grad_(False)
-
-
 # ---------------------------------------------------------------------------------------------- the study
 @register_experiment("tint-classification", "TinT Table 1 analogue: few-shot BBC News topics, vanilla / in-context / dynamic eval / TinT", ClassificationConfig)
 def run(config: ClassificationConfig, out_dir: Path) -> dict:
@@ -219,76 +170,37 @@ def run(config: ClassificationConfig, out_dir: Path) -> dict:
 
 
 class Study:
+    """0-shot test-time steps on each query (the experiment's own: training on the evaluation query is outside
+    the absorb protocol) and the k-shot rows through the absorb harness on `topics` episodes of the task's
+    held-out split: one episode per draw of demonstrations, asking all validation or test queries."""
+
     def __init__(self, model: Transformer, task, config: ClassificationConfig):
         self.model, self.task, self.config = model, task, config
         self.scorer = Scorer(task)
-        topics = list(task.topics)
-        by_topic: dict[str, list] = {t: [] for t in topics}
-        for article in task.heldout_articles():
-            by_topic[article[0]].append(article)
-        v, t = config.validation_per_topic, config.test_per_topic
-        self.validation = [a for rows in by_topic.values() for a in rows[:v]]
-        self.test = [a for rows in by_topic.values() for a in rows[v : v + t]]
-        self.pool = [a for rows in by_topic.values() for a in rows[v + t :]]
-        self.labels = {name: torch.tensor([topics.index(a[0]) for a in split]) for name, split in
-                       (("validation", self.validation), ("test", self.test))}
-        self.queries = {name: [self.scorer.ids(task.prompt(a)) for a in split] for name, split in
-                        (("validation", self.validation), ("test", self.test))}
-        self.content_free = self.scorer.ids(task.prompt(None))
-        self.separator = self.scorer.ids(SEPARATOR)
-
-    # -- pieces
-    def demonstrations(self, seed: int) -> list:
-        return random.Random(f"{self.config.seed}-demos-{seed}").sample(self.pool, self.config.shots)
-
-    def demonstration(self, article) -> tuple[torch.Tensor, int]:
-        """A demonstration's ids (its query prompt, then its label token) and the label's position."""
-        prompt = self.scorer.ids(self.task.prompt(article))
-        label = self.scorer.label_ids[list(self.task.topics).index(article[0])]
-        return torch.cat([prompt, label[None]]), len(prompt)
-
-    def demo_sequences(self, demos: list, mode: str, loss: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Training sequences and their target masks: one per demonstration (single) or the in-context
-        prefix (multi: all demonstrations, each followed by SEPARATOR); label loss targets the label tokens."""
-        if mode == "multi":
-            sequences, label_positions = [self.context(demos)], [self.context_labels(demos)]
-        else:
-            pairs = [self.demonstration(a) for a in demos]
-            sequences, label_positions = [ids for ids, _ in pairs], [[position] for _, position in pairs]
-        targets = [loss_targets(ids, positions if loss == "label" else None) for ids, positions in zip(sequences, label_positions)]
-        return sequences, targets
-
-    def context(self, demos: list) -> torch.Tensor:
-        """The demonstrations, each followed by SEPARATOR (the in-context / multi prefix of every query)."""
-        ids = torch.cat([torch.cat([self.demonstration(a)[0], self.separator]) for a in demos])
-        longest = len(ids) + max(len(q) for split in self.queries.values() for q in split)
-        if longest > self.model.config.max_seq_len:
-            raise ValueError(f"{self.config.shots} demonstrations plus a query take {longest} tokens, more than the "
-                             f"model's max_seq_len={self.model.config.max_seq_len}: lower shots or excerpt_words, or raise seq_len")
-        return ids
-
-    def context_labels(self, demos: list) -> list[int]:
-        positions, offset = [], 0
-        for a in demos:
-            ids, position = self.demonstration(a)
-            positions.append(offset + position)
-            offset += len(ids) + len(self.separator)
-        return positions
-
-    def evaluate(self, model: Transformer, split: str, prefix: torch.Tensor | None = None) -> tuple[float, float]:
-        """(plain, calibrated) accuracy of `model` on a split, every prompt preceded by `prefix`."""
-        join = (lambda q: q) if prefix is None else (lambda q: torch.cat([prefix, q]))
-        scores = self.scorer.label_log_probs(model, [join(q) for q in self.queries[split]])
-        baseline = self.scorer.label_log_probs(model, [join(self.content_free)])[0]
-        return accuracy(scores, baseline, self.labels[split])
+        self.separator = task.encode(SEPARATOR)
+        common = {"shots": config.shots, "excerpt_words": config.excerpt_words, "articles": "task",
+                  "validation_per_topic": config.validation_per_topic, "test_per_topic": config.test_per_topic}
+        self.source = get_episode_source("topics", **common)
+        # the same demonstration draws for every split and loss (they depend on the seed only)
+        self.episodes = {(loss, split): get_episode_source("topics", label_loss=loss == "label", query_set=split, **common)
+                         .episodes(config.seeds, config.seed, task=task)
+                         for loss in ("label", "full") for split in ("validation", "test")}
+        first = {split: self.episodes["full", split][0] for split in ("validation", "test")}
+        self.queries = {split: [q.inputs for q in e.queries] for split, e in first.items()}
+        self.labels = {split: torch.tensor([int((q.choices == q.targets[-1]).nonzero()) for q in e.queries])
+                       for split, e in first.items()}
+        self.content_free = first["test"].calibration.inputs
 
     def tint_config(self, lr: float) -> TintConfig:
         return TintConfig(learning_rate=lr, n_simulation_layers=self.config.n_simulation_layers)
 
-    def update(self, method: str, sequences, targets, lr: float) -> Transformer:
-        if method == "dynamic eval":
-            return sgd_step(self.model, sequences, targets, lr)
-        return tint_step(self.model, sequences, targets, self.tint_config(lr))
+    def options(self, method: str, mode: str, lr: float) -> dict:
+        """Absorb options of a k-shot setting: single = each demonstration its own sequence (cut at the
+        separator), the query alone; multi = the demonstrations as one sequence, kept in the context."""
+        options = {"learning_rate": lr}
+        if method == "TinT":
+            options["n_simulation_layers"] = self.config.n_simulation_layers
+        return {**options, **({"separator": self.separator} if mode == "single" else {"keep_prompt": True})}
 
     def query_update_scores(self, method: str, split: str, lr: float) -> tuple[float, float]:
         """0-shot dynamic eval / TinT: a step on each query's own prompt (full-context loss), then its label;
@@ -301,7 +213,7 @@ class Study:
                 scores.append(F.log_softmax(logits[-1].double(), -1)[self.scorer.label_ids])
                 updated = sim.updated_model(self.model, banks)
             else:
-                updated = sgd_step(self.model, [q], [keep], lr)
+                updated = prompt_sgd(self.model, [q], [keep], learning_rate=lr)[0]
                 scores.append(self.scorer.label_log_probs(updated, [q])[0])
             baselines.append(self.scorer.label_log_probs(updated, [self.content_free])[0])
         return accuracy(torch.stack(scores), torch.stack(baselines), self.labels[split])
@@ -320,54 +232,80 @@ class Study:
             out[mode] = {"lr": best, "accuracy": test_cache[best][index]}
         return out
 
+    def k_shot(self, seed: int, loss: str) -> dict:
+        """One draw of demonstrations, one loss: every method and mode at every rate on the validation
+        queries, then per calibration mode the best rate (ties: the smaller) on the test queries."""
+        lrs = self.config.inner_lrs
+        candidates = {f"{METHODS[method]}:{mode}-{loss}-lr{lr}": self.options(method, mode, lr)
+                      for method in METHODS for mode in ("single", "multi") for lr in lrs}
+        rows = compare(self.model, self.source, [self.episodes[loss, "validation"][seed]], candidates,
+                       references=False, progress=False)
+        validation = {row["method"]: row for row in rows}
+
+        def score(label: str, key: str) -> float:
+            row = validation[label]
+            return row[key]["mean"] if row["status"] == "ok" else -math.inf  # a diverged rate loses
+
+        chosen = {}
+        for method in METHODS:
+            for mode in ("single", "multi"):
+                chosen[method, mode] = {cal: max(lrs, key=lambda lr: (score(f"{METHODS[method]}:{mode}-{loss}-lr{lr}", key), -lr))
+                                        for cal, key in CALIBRATION.items()}
+        test_labels = {f"{METHODS[m]}:{mode}-{loss}-lr{lr}" for (m, mode), best in chosen.items() for lr in best.values()}
+        test = {row["method"]: row for row in compare(self.model, self.source, [self.episodes[loss, "test"][seed]],
+                                                      {label: candidates[label] for label in sorted(test_labels)},
+                                                      references=loss == "label", progress=False)}
+        out = {}
+        if loss == "label":  # the references do not depend on the loss
+            out["vanilla"] = {cal: 100 * test["drop-prompt"][key]["mean"] for cal, key in CALIBRATION.items()}
+            out["in-context"] = {cal: 100 * test["keep-prompt"][key]["mean"] for cal, key in CALIBRATION.items()}
+        for (method, mode), best in chosen.items():
+            rows = {cal: test[f"{METHODS[method]}:{mode}-{loss}-lr{lr}"] for cal, lr in best.items()}
+            out[f"{method} {mode}/{loss}"] = {
+                **{cal: 100 * row[CALIBRATION[cal]]["mean"] if row["status"] == "ok" else float("nan") for cal, row in rows.items()},
+                "lr": best}
+        return out
+
     # -- the whole study
     def run(self) -> dict:
         c = self.config
-        zero = {"vanilla": dict(zip(("plain", "calibrated"), self.evaluate(self.model, "test")))}
-        for method in ("dynamic eval", "TinT"):
+        zero = {}
+        for method in METHODS:
             tuned = self.tuned(lambda lr, split, method=method: self.query_update_scores(method, split, lr), c.inner_lrs)
             zero[method] = {"plain": tuned["plain"]["accuracy"], "calibrated": tuned["calibrated"]["accuracy"],
                             "lr": {m: tuned[m]["lr"] for m in ("plain", "calibrated")}, "validation": tuned["validation"]}
         per_seed: dict[str, list[dict]] = {}
         check = []
         for seed in range(c.seeds):
-            demos = self.demonstrations(seed)
-            prefix = self.context(demos)
-            rows = {"in-context": dict(zip(("plain", "calibrated"), self.evaluate(self.model, "test", prefix)))}
-            for method in ("dynamic eval", "TinT"):
-                for setting in SETTINGS:
-                    mode, loss = setting.split("/")
-                    sequences, targets = self.demo_sequences(demos, mode, loss)
-                    query_prefix = prefix if mode == "multi" else None
-
-                    def evaluate_at(lr, split, method=method, sequences=sequences, targets=targets, query_prefix=query_prefix):
-                        return self.evaluate(self.update(method, sequences, targets, lr), split, query_prefix)
-
-                    tuned = self.tuned(evaluate_at, c.inner_lrs)
-                    rows[f"{method} {setting}"] = {"plain": tuned["plain"]["accuracy"], "calibrated": tuned["calibrated"]["accuracy"],
-                                                   "lr": {m: tuned[m]["lr"] for m in ("plain", "calibrated")}}
-                    if method == "TinT" and mode == "multi" and seed == 0:
-                        check.append(self.simulator_check(sequences, targets, prefix, tuned["plain"]["lr"], setting))
+            rows = {**self.k_shot(seed, "label"), **self.k_shot(seed, "full")}
+            zero.setdefault("vanilla", {k: rows["vanilla"][k] for k in CALIBRATION})  # the query alone: seed-independent
+            if seed == 0:
+                check = [self.simulator_check(loss, rows[f"TinT multi/{loss}"]["lr"]["plain"]) for loss in ("label", "full")]
             for name, row in rows.items():
-                per_seed.setdefault(name, []).append(row)
+                if name != "vanilla":
+                    per_seed.setdefault(name, []).append(row)
         shots = {name: summarize(rows) for name, rows in per_seed.items()}
-        return {"n_queries": {"validation": len(self.validation), "test": len(self.test)},
+        zero = {"vanilla": zero.pop("vanilla"), **zero}
+        return {"n_queries": {split: len(q) for split, q in self.queries.items()},
                 "label_tokens": self.scorer.label_ids.tolist(), "zero_shot": zero,
                 f"{c.shots}_shot": shots, f"{c.shots}_shot_per_seed": per_seed, "simulator_check": check}
 
-    def simulator_check(self, sequences, targets, prefix, lr, setting) -> dict:
+    def simulator_check(self, loss: str, lr: float) -> dict:
         """Multi mode: the simulator run on demonstrations + query (training segment = demonstrations) gives
         the same label scores at the query as the read-back updated model (max abs gap over a few queries)."""
-        updated = tint_step(self.model, sequences, targets, self.tint_config(lr))
+        episode = self.episodes[loss, "test"][0]
+        prompt = episode.prompt
+        targets = loss_targets(prompt, None) if episode.prompt_loss_mask is None else episode.prompt_loss_mask
+        updated = tint_update(self.model, [prompt], [targets], self.tint_config(lr))
         gap = 0.0
         for q in self.queries["test"][: self.config.check_queries]:
-            ids = torch.cat([prefix, q])
-            keep = torch.cat([targets[0], torch.zeros(len(ids) - len(targets[0]), dtype=torch.bool)])
+            ids = torch.cat([prompt, q])
+            keep = torch.cat([targets, torch.zeros(len(q), dtype=torch.bool)])
             _, logits, _ = tint_simulate(self.model, ids, keep, self.tint_config(lr))
             direct = F.log_softmax(logits[-1].double(), -1)[self.scorer.label_ids]
             read_back = self.scorer.label_log_probs(updated, [ids])[0]
             gap = max(gap, float((direct - read_back).abs().max()))
-        return {"setting": setting, "lr": lr, "queries": self.config.check_queries, "max_abs_label_log_prob_gap": gap}
+        return {"setting": f"multi/{loss}", "lr": lr, "queries": self.config.check_queries, "max_abs_label_log_prob_gap": gap}
 
 
 def summarize(rows: list[dict]) -> dict:

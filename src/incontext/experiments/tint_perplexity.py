@@ -6,7 +6,10 @@ Trains a small GPT-2-style model (learned positions, LayerNorm, tanh-GELU, tied 
 of the Shakespeare task through the ordinary trainer. Documents are windows of the held-out plays. For
 each fraction f the first round(f T) tokens are the training part; every method predicts the remaining
 tokens with the whole document in context (after its update, for dynamic evaluation and TinT). The inner
-learning rate (summed loss) of each method is tuned per fraction on separate held-out documents.
+learning rate (summed loss) of each method is tuned per fraction on separate held-out documents. The
+evaluation is the absorb harness on `continuation` episodes of the task's held-out windows (prompt = the
+training part): keep-prompt is vanilla, dynamic-eval and tint run with keep_prompt=True; the first token after
+the training part is not scored (a query's first input is that token).
 Paper (WikiText-103, GPT-2): vanilla 25.6/24.9/24.5/23.3, dynamic eval 24.9/24.0/23.5/22.2, TinT
 25.1/24.3/23.8/22.6.
 """
@@ -20,14 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..fileio import strict_json
-from ..tint import TinT, TintConfig, dynamic_eval
+from ..absorb.harness import compare
+from ..tasks.episodes import get_episode_source
+from ..tint import TinT, TintConfig
 from ..tint.reference import compare_with_exact
 from .common import train_fresh
 from .registry import register_experiment
 
+METHODS = {"dynamic eval": "dynamic-eval", "TinT": "tint"}  # table row -> absorb method
 PAPER_GPT2 = {"vanilla": [25.6, 24.9, 24.5, 23.3], "dynamic eval": [24.9, 24.0, 23.5, 22.2], "TinT": [25.1, 24.3, 23.8, 22.6]}
 
 
@@ -50,30 +55,15 @@ class PerplexityConfig:
     seed: int = 0
 
 
-def heldout_loss_sum(logits: torch.Tensor, ids: torch.Tensor, n_train: int) -> tuple[float, int]:
-    """Summed next-token loss on the tokens after the training part, and their count."""
-    loss = F.cross_entropy(logits[n_train - 1 : -1].double(), ids[n_train:], reduction="sum")
-    return float(loss), ids.shape[0] - n_train
+def method_options(method: str, lr: float, config: PerplexityConfig) -> dict:
+    """Absorb options of a row: one step of the summed loss on the training part, which stays in the context."""
+    if method == "dynamic eval":
+        return {"learning_rate": lr, "keep_prompt": True}
+    return {"learning_rate": lr, "n_simulation_layers": config.n_simulation_layers, "keep_prompt": True}
 
 
-def method_logits(method: str, model, ids: torch.Tensor, n_train: int, lr: float, n_top: int | None) -> torch.Tensor:
-    with torch.no_grad():
-        if method == "vanilla":
-            return model(ids[None])[0]
-        if method == "TinT":
-            return TinT(model, TintConfig(learning_rate=lr, n_simulation_layers=n_top))(ids, n_train)
-    updated, _ = dynamic_eval(model, ids, n_train, lr)
-    with torch.no_grad():
-        return updated(ids[None])[0]
-
-
-def perplexity(method: str, model, documents: torch.Tensor, fraction: float, lr: float, n_top: int | None) -> float:
-    total, count = 0.0, 0
-    for ids in documents:
-        n_train = max(2, round(fraction * ids.shape[0]))
-        loss, n = heldout_loss_sum(method_logits(method, model, ids, n_train, lr, n_top), ids, n_train)
-        total, count = total + loss, count + n
-    mean = total / count
+def perplexity(row: dict) -> float:
+    mean = row["score_pooled"] if row["status"] == "ok" else math.inf  # CE over all scored tokens of all documents
     return math.exp(mean) if math.isfinite(mean) else math.inf
 
 
@@ -93,24 +83,37 @@ def run(config: PerplexityConfig, out_dir: Path) -> dict:
     train_seconds = time.perf_counter() - start
     model = model.double().eval()  # float64: the finite-difference backward of TinT is exact to rounding
     task = train_config.build_task()
-    g = torch.Generator().manual_seed(config.seed + 11)
-    windows = task.validation_windows(config.documents + config.tune_documents, g)[:, : config.seq_len]
-    tune, documents = windows[: config.tune_documents], windows[config.tune_documents :]
     table: dict[str, list[float]] = {"vanilla": [], "dynamic eval": [], "TinT": []}
+    without_context: list[float] = []
     chosen: dict[str, list[float]] = {"dynamic eval": [], "TinT": []}
     tuning: dict[str, dict] = {"dynamic eval": {}, "TinT": {}}
     for fraction in config.fractions:
-        table["vanilla"].append(perplexity("vanilla", model, documents, fraction, 0.0, None))
-        for method in ("dynamic eval", "TinT"):
-            scores = {lr: perplexity(method, model, tune, fraction, lr, config.n_simulation_layers) for lr in config.inner_lrs}
+        n_train = max(2, round(fraction * config.seq_len))
+        source = get_episode_source("continuation", prompt_tokens=n_train, query_tokens=config.seq_len - n_train, passages="task")
+        # the same held-out windows for every fraction: the first tune_documents choose the learning rates
+        windows = source.episodes(config.tune_documents + config.documents, config.seed + 11, task=task)
+        tune, documents = windows[: config.tune_documents], windows[config.tune_documents :]
+        chosen_options = {}
+        for method, name in METHODS.items():
+            rows = compare(model, source, tune, {f"{name}:lr={lr}": method_options(method, lr, config) for lr in config.inner_lrs},
+                           references=False, progress=False)
+            scores = {lr: perplexity(row) for lr, row in zip(config.inner_lrs, rows)}
             best = min(scores, key=scores.get)
             tuning[method][str(fraction)] = {str(lr): s for lr, s in scores.items()}
             chosen[method].append(best)
-            table[method].append(perplexity(method, model, documents, fraction, best, config.n_simulation_layers))
+            chosen_options[name] = method_options(method, best, config)
+        rows = {row["method"]: row for row in compare(model, source, documents, chosen_options, progress=False)}
+        table["vanilla"].append(perplexity(rows["keep-prompt"]))
+        without_context.append(perplexity(rows["drop-prompt"]))
+        for method, name in METHODS.items():
+            table[method].append(perplexity(rows[name]))
+    g = torch.Generator().manual_seed(config.seed + 11)
+    documents = task.validation_windows(config.documents + config.tune_documents, g)[config.tune_documents :, : config.seq_len]
     exact = against_exact(model, documents[: config.exact_documents], config, chosen["TinT"])
     results = {"experiment": "tint-perplexity", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
                "train_eval": trained.get("eval"), "train_seconds": round(train_seconds, 1),
                "total_seconds": round(time.perf_counter() - start, 1), "perplexity": table,
+               "perplexity_without_context": without_context,
                "inner_learning_rate": chosen, "tuning_perplexity": tuning, "vs_r_exact": exact,
                "paper_gpt2_wikitext103": PAPER_GPT2}
     (out_dir / "results.json").write_text(strict_json(results))
@@ -124,6 +127,8 @@ def run(config: PerplexityConfig, out_dir: Path) -> dict:
         lr = "" if method == "vanilla" else " (lr " + ", ".join(f"{x:g}" for x in chosen[method]) + ")"
         lines.append(f"| {method}{lr} | " + " | ".join(f"{v:.2f}" for v in values) + " | "
                      + " / ".join(str(p) for p in PAPER_GPT2[method]) + " |")
+    lines += ["", "Without the document's training part in the context (drop-prompt): "
+              + ", ".join(f"{v:.2f}" for v in without_context) + "."]
     lines += ["", f"TinT's step vs exact SGD on the same parameters (R-exact), mean over {config.exact_documents} documents:", "",
               "| fraction | TinT lr | logits rel. gap | update cosine | update norm ratio | held-out loss before / TinT / exact |",
               "|---|---|---|---|---|---|"]

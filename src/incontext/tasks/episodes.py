@@ -203,9 +203,22 @@ class TopicsConfig:
     queries: int = 8  # articles to classify per episode
     excerpt_words: int = 16
     label_loss: bool = False  # training methods learn only the demonstrations' label tokens
+    # bbc: the held-out articles of the default bbc-news split, with the given tokenizer; task: those of the
+    # bbc-news task the model was trained on (its split and tokenizer; pass task=)
+    articles: Literal["bbc", "task"] = "bbc"
+    # random: each episode draws shots + queries articles; validation / test: the held-out articles of each topic
+    # are cut in order into validation_per_topic, test_per_topic and a demonstration pool, and every episode asks
+    # the whole validation or test set after shots demonstrations drawn from the pool (`queries` is unused)
+    query_set: Literal["random", "validation", "test"] = "random"
+    validation_per_topic: int = 10
+    test_per_topic: int = 30
 
     def __post_init__(self):
-        _positive(self, "shots", "queries", "excerpt_words")
+        _positive(self, "shots", "queries", "excerpt_words", "validation_per_topic", "test_per_topic")
+        if self.articles not in ("bbc", "task"):
+            raise ValueError(f"TopicsConfig.articles must be 'bbc' or 'task', got {self.articles!r}")
+        if self.query_set not in ("random", "validation", "test"):
+            raise ValueError(f"TopicsConfig.query_set must be 'random', 'validation' or 'test', got {self.query_set!r}")
 
 
 class Topics(EpisodeSource):
@@ -218,17 +231,28 @@ class Topics(EpisodeSource):
     def episodes(self, n, seed=0, *, tokenizer=None, task=None):
         from .bbc_news import TOPICS, BBCNewsConfig, excerpt, format_example, split_articles
 
-        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
         c = self.config
+        if c.articles == "task":
+            task = _need(task, "a model trained on the bbc-news task (articles=task)", self.name)
+            if not hasattr(task, "heldout_articles"):
+                raise ValueError(f"topics articles=task needs the bbc-news task; got {task.name!r}")
+            heldout, codec = task.heldout_articles(), tokenizer or task
+        else:
+            _, heldout = split_articles(BBCNewsConfig())  # never in the training split of the BBC task
+            codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
         labels = [codec.encode(" " + topic)[0] for topic in TOPICS]
         if len(set(labels)) != len(labels):
             raise ValueError(f"the label words {TOPICS} share first tokens under this tokenizer: {labels}")
-        _, heldout = split_articles(BBCNewsConfig())  # never in the training split of the BBC task
+        if c.query_set != "random":
+            pool, fixed = self._fixed_split(heldout)
         rng = random.Random(f"topics-{seed}")
         content_free = torch.tensor(codec.encode(format_example("")))
         out = []
-        for _ in range(n):
-            chosen = rng.sample(heldout, c.shots + c.queries)
+        for i in range(n):
+            if c.query_set == "random":
+                chosen = rng.sample(heldout, c.shots + c.queries)
+            else:  # one draw per episode, the same for both query sets (as tint-classification's seeds)
+                chosen = random.Random(f"{seed}-demos-{i}").sample(pool, c.shots) + fixed
             ids, label_mask = [], []
             for topic, _, body in chosen[: c.shots]:
                 part = codec.encode(format_example(excerpt(body, c.excerpt_words)))
@@ -246,6 +270,22 @@ class Topics(EpisodeSource):
                                calibration=self._choice(content_free, labels, labels[0])))
         return out
 
+    def _fixed_split(self, heldout: list) -> tuple[list, list]:
+        """(demonstration pool, the validation or test articles): per topic, in the held-out order."""
+        from .bbc_news import TOPICS
+
+        c = self.config
+        v, t = c.validation_per_topic, c.test_per_topic
+        by_topic = {topic: [a for a in heldout if a[0] == topic] for topic in TOPICS}
+        if any(len(rows) <= v + t for rows in by_topic.values()):
+            raise ValueError(f"validation_per_topic + test_per_topic = {v + t} leave no demonstration pool "
+                             f"in {min(len(r) for r in by_topic.values())} held-out articles per topic")
+        fixed = [a for rows in by_topic.values() for a in (rows[:v] if c.query_set == "validation" else rows[v:v + t])]
+        pool = [a for rows in by_topic.values() for a in rows[v + t:]]
+        if len(pool) < c.shots:
+            raise ValueError(f"the demonstration pool has {len(pool)} articles, fewer than shots={c.shots}")
+        return pool, fixed
+
     @staticmethod
     def _choice(ids: torch.Tensor, labels: list[int], target: int) -> Query:
         targets = torch.zeros_like(ids)
@@ -259,11 +299,16 @@ class Topics(EpisodeSource):
 class ContinuationConfig:
     prompt_tokens: int = 256  # the first part of a held-out passage
     query_tokens: int = 64  # the tokens that follow it, scored by cross-entropy
+    # plays: passages of the held-out Shakespeare plays, encoded by the tokenizer; task: windows of the held-out
+    # stream of the text task a model was trained on (its own tokenizer and split: `task.validation_windows`)
+    passages: Literal["plays", "task"] = "plays"
 
     def __post_init__(self):
         _positive(self, "prompt_tokens", "query_tokens")
         if self.query_tokens < 2:
             raise ValueError("ContinuationConfig.query_tokens must be >= 2 (one scored prediction)")
+        if self.passages not in ("plays", "task"):
+            raise ValueError(f"ContinuationConfig.passages must be 'plays' or 'task', got {self.passages!r}")
 
 
 class Continuation(EpisodeSource):
@@ -277,8 +322,10 @@ class Continuation(EpisodeSource):
         from .corpora import shakespeare_plays
         from .text import ShakespeareConfig, split_plays
 
-        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
         c = self.config
+        if c.passages == "task":
+            return self._task_episodes(n, seed, task)
+        codec = _need(tokenizer, "a tokenizer (a text model)", self.name)
         plays = shakespeare_plays()
         _, heldout = split_plays(ShakespeareConfig(), plays)  # never in the Shakespeare task's training plays
         need = c.prompt_tokens + c.query_tokens
@@ -291,9 +338,23 @@ class Continuation(EpisodeSource):
             if len(ids) < need:
                 continue
             query = torch.tensor(ids[c.prompt_tokens:])
-            out.append(Episode(prompt=torch.tensor(ids[: c.prompt_tokens]),
-                               queries=[Query(inputs=query[:-1], targets=query[1:], mask=torch.ones(len(query) - 1, dtype=torch.bool))]))
+            out.append(self._episode(torch.tensor(ids)))
         return out
+
+    def _episode(self, ids: torch.Tensor) -> Episode:
+        query = ids[self.config.prompt_tokens:]
+        return Episode(prompt=ids[: self.config.prompt_tokens],
+                       queries=[Query(inputs=query[:-1], targets=query[1:], mask=torch.ones(len(query) - 1, dtype=torch.bool))])
+
+    def _task_episodes(self, n: int, seed: int, task) -> list[Episode]:
+        task = _need(task, "a model trained on a text task (passages=task)", self.name)
+        if not hasattr(task, "validation_windows"):
+            raise ValueError(f"continuation passages=task needs a text task with held-out windows; got {task.name!r}")
+        need = self.config.prompt_tokens + self.config.query_tokens
+        if need > task.sequence_length + 1:
+            raise ValueError(f"prompt_tokens + query_tokens = {need} exceed the task's windows ({task.sequence_length + 1} tokens)")
+        windows = task.validation_windows(n, torch.Generator().manual_seed(seed))[:, :need]
+        return [self._episode(ids) for ids in windows]
 
 
 # ------------------------------------------------------------------------------------------- task sources

@@ -2,7 +2,7 @@
 
 from .builders import auxiliary_from_hf, tint_from_hf
 from .modules import Layout, TintConfig
-from .reference import dynamic_eval, sgd_reference
+from .reference import sgd_reference
 from .simulator import TinT
 
-__all__ = ["Layout", "TinT", "TintConfig", "auxiliary_from_hf", "dynamic_eval", "sgd_reference", "tint_from_hf"]
+__all__ = ["Layout", "TinT", "TintConfig", "auxiliary_from_hf", "sgd_reference", "tint_from_hf"]

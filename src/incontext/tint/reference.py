@@ -8,8 +8,8 @@
   released code does.
 - `sgd_reference(..., rules="exact")` (R-exact): exact autograd gradients of the same loss for the same
   parameter subset.
-- `dynamic_eval(model, ids, n_train, ...)` (R-dyn): exact SGD on all parameters (dynamic evaluation,
-  Krause et al.), the baseline TinT is compared with in the paper.
+R-dyn (exact SGD on all parameters: dynamic evaluation, Krause et al., the baseline TinT is compared with
+in the paper) is `absorb.dynamic_eval.prompt_sgd`, the project's one implementation.
 
 Each returns the logits of a second forward on all tokens with the updated weights, those weights (our
 Transformer's parameter names) and the training loss before each step.
@@ -17,8 +17,6 @@ Transformer's parameter names) and the training loss before each step.
 
 from __future__ import annotations
 
-import copy
-import math
 
 import torch
 import torch.nn.functional as F
@@ -221,35 +219,6 @@ def sgd_reference(model: Transformer, ids: torch.Tensor, n_train: int, config: T
     with torch.no_grad():
         logits = functional_forward(model, params, ids, "exact", config, start_layer=first, hidden=cached)
     return logits, merge_parameters(params), losses
-
-
-def dynamic_eval(model: Transformer, ids: torch.Tensor, n_train: int, learning_rate: float, n_steps: int = 1,
-                 reduction: str = "sum") -> tuple[Transformer, list[float]]:
-    """R-dyn: `n_steps` plain SGD steps on ALL parameters with the exact gradient of the LM loss on the
-    first n_train tokens (summed or mean); returns the updated copy of the model and the losses."""
-    if reduction not in ("sum", "mean"):
-        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    if ids.dim() == 1:
-        ids = ids[None]
-    updated = copy.deepcopy(model)
-    updated.train(False)
-    losses = []
-    for _ in range(n_steps):
-        logits = updated(ids[:, :n_train])
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:n_train].reshape(-1), reduction=reduction)
-        updated.zero_grad(set_to_none=True)
-        loss.backward()
-        losses.append(float(loss.detach()))
-        with torch.no_grad():
-            for p in updated.parameters():
-                if p.grad is not None:
-                    p -= learning_rate * p.grad
-    updated.zero_grad(set_to_none=True)
-    for p in updated.parameters():
-        p.requires_grad_(False)
-    if not math.isfinite(losses[-1]):
-        raise FloatingPointError("dynamic evaluation diverged (non-finite loss); lower the learning rate")
-    return updated, losses
 
 
 def compare_with_exact(model: Transformer, ids: torch.Tensor, n_train: int, config: TintConfig,
