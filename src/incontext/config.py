@@ -12,6 +12,8 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+import re
+
 import yaml
 
 T = TypeVar("T")
@@ -139,12 +141,12 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
 def scalar(raw: str) -> Any:
     """A YAML scalar, with YAML 1.1's gap closed: "1e-3" (no dot) is a float, not a string."""
     value = yaml.load(raw, Loader=_StrictLoader)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        return float(value)
     return value
+
+
+_DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 1e-3, 2.5E4: floats YAML 1.1 reads as strings
 
 
 def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

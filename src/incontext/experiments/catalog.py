@@ -143,7 +143,10 @@ EXPERIMENTS = {'amicl': ('AMICL associative-memory ICL: sweeps over a, similarit
                    ('steps', 'int', '8000', ''),
                    ('batch_size', 'int', '32', ''),
                    ('lr', 'float', '0.001', ''),
-                   ('eval_sequences', 'int', '1000', ''),
+                   ('eval_sequences',
+                    'int',
+                    '1000',
+                    'held-out sequences with at least one scored position (one episode each)'),
                    ('seed', 'int', '0', '')]),
  'regression-demo': ('train a small transformer on in-context linear regression (~2 min) and compare with least '
                      'squares / ridge',
