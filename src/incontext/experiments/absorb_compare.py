@@ -93,12 +93,15 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         for value in values:
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
                           progress=False, references=False)[-1]
-            scores[repr(value)] = row["score"]["mean"] if row["status"] == "ok" else None
+            # exact match is mostly 0/1 ties on a few episodes: choose by the answers' log-probability instead
+            key = "answer_logprob" if source.metric == "exact" else "score"
+            scores[repr(value)] = row[key]["mean"] if row["status"] == "ok" else None
         valid = [(s, v) for v, s in zip(values, scores.values()) if s is not None and math.isfinite(s)]
         if valid:
-            best = (max if source.higher_is_better else min)(valid, key=lambda sv: sv[0])[1]
+            higher = source.higher_is_better or source.metric == "exact"
+            best = (max if higher else min)(valid, key=lambda sv: sv[0])[1]
             method_options[name][option] = best
-        tuning[key] = {"validation_scores": scores, "chosen": method_options[name].get(option),
+        tuning[key] = {"criterion": "answer_logprob" if source.metric == "exact" else "score", "validation_scores": scores, "chosen": method_options[name].get(option),
                        "validation_episodes": spec.validation_episodes, "validation_seed": spec.seed + VALIDATION_SEED_OFFSET}
     episodes = source.episodes(spec.episodes, spec.seed, tokenizer=loaded.tokenizer, task=loaded.task)
     rows = compare(loaded.model, source, episodes, method_options, progress=progress)

@@ -173,7 +173,9 @@ class Facts(EpisodeSource):
                 queries = [text_query(codec, *person.question(a)) for person, a in pairs]
             else:
                 prompt_text, queries = self._chat(codec, text, pairs, example)
-            train = [torch.tensor(codec.encode(person.cloze(a))) for person, a in pairs]
+            # training queries for methods that learn from queries (distillation): the statements cut before their
+            # answer and the questions in other words; never the evaluation questions
+            train = [torch.tensor(codec.encode(text)) for person, a in pairs for text in (person.cloze(a), person.paraphrase(a))]
             out.append(Episode(prompt=torch.tensor(codec.encode(prompt_text)), queries=queries, train_queries=train))
         return out
 

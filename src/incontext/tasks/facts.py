@@ -75,6 +75,16 @@ class Person:
         answer = {"birthplace": self.birthplace, "job": self.job, "pet": self.pet_name, "year": str(self.year)}[attribute]
         return f"Q: {question}\nA:", f" {answer}"
 
+    def paraphrase(self, attribute: str) -> str:
+        """The question in other words (a training query for distillation: never an evaluation question)."""
+        question = {
+            "birthplace": f"What is the birthplace of {self.name}?",
+            "job": f"What does {self.name} do for a living?",
+            "pet": f"What is {self.name}'s {self.animal} called?",
+            "year": f"When was {self.name} born?",
+        }[attribute]
+        return f"Q: {question}\nA:"
+
     def cloze(self, attribute: str) -> str:
         """The statement up to its answer (a training query for distillation: not an evaluation question)."""
         statement = self.statement(attribute)
