@@ -66,7 +66,7 @@ DEMO = {"model": "smollm2", "task": "facts", "episodes": 10, "task_options": {"p
         "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora"],
         "method_options": {"iclca-approx": {"n_features": 256, "exact_sinks": 1},
                            "distill-lora": {"steps": 8, "progress": False}},
-        "tune": {"dynamic-eval.learning_rate": [1e-5, 3e-5, 1e-4]}, "validation_episodes": 4}
+        "tune": {"dynamic-eval.learning_rate": [1e-5, 1e-4, 3e-4]}, "validation_episodes": 4}
 
 
 def _check_out(out: Path) -> None:

@@ -94,8 +94,8 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
                           progress=False, references=False)[-1]
             # exact match is mostly 0/1 ties on a few episodes: choose by the answers' log-probability instead
-            key = "answer_logprob" if source.metric == "exact" else "score"
-            scores[repr(value)] = row[key]["mean"] if row["status"] == "ok" else None
+            criterion = "answer_logprob" if source.metric == "exact" else "score"
+            scores[repr(value)] = row[criterion]["mean"] if row["status"] == "ok" else None
         valid = [(s, v) for v, s in zip(values, scores.values()) if s is not None and math.isfinite(s)]
         if valid:
             higher = source.higher_is_better or source.metric == "exact"
@@ -202,25 +202,24 @@ def plot(results: dict[str, Any], path: Path) -> None:
         points.append((r["query_ms"], s["mean"]))
         a = r["agreement"]
         y = a["kl"] if a["kl"] is not None else a["relative_logits_error"]
-        right.scatter(max(r["absorb_ms"], 1e-3), max(y, 1e-12), label=r["method"])
-        right.annotate(r["method"], (max(r["absorb_ms"], 1e-3), max(y, 1e-12)), fontsize=8, xytext=(3, 3), textcoords="offset points")
-    better = (lambda a, b: a >= b) if results["higher_is_better"] else (lambda a, b: a <= b)
-    front, best = [], None
+        right.scatter(max(r["absorb_ms"], 1e-2), y, label=r["method"])
+        right.annotate(r["method"], (max(r["absorb_ms"], 1e-2), y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    better = (lambda a, b: a > b) if results["higher_is_better"] else (lambda a, b: a < b)
+    front = []  # the cheapest point, then each point that beats every cheaper one
     for cost, score in sorted(points):
-        if best is None or not better(best, score) or score == best:
-            if best is None or better(score, best):
-                front.append((cost, score))
-                best = score
+        if not front or better(score, front[-1][1]):
+            front.append((cost, score))
     if len(front) > 1:
         left.plot([c for c, _ in front], [scale * s for _, s in front], "k--", lw=1, label="Pareto front")
-    left.set_xscale("log")
+    costs = [c for c, _ in points]
+    if costs and max(costs) > 5 * min(costs):
+        left.set_xscale("log")
     left.set_xlabel("query cost (ms per query)")
     left.set_ylabel({"exact": "exact match %", "accuracy": "accuracy %", "choice": "accuracy %", "ce": "CE (nats)", "mse": "MSE"}[results["metric"]])
     left.set_title(f"{results['task']}: score vs query cost")
     left.legend(fontsize=8)
     right.set_xscale("log")
-    right.set_yscale("log")
-    right.set_xlabel("absorb cost (ms per prompt)")
+    right.set_xlabel("absorb cost (ms per prompt; drawn at >= 0.01)")
     right.set_ylabel("KL(prompted || method)" if rows and rows[0]["agreement"]["kl"] is not None else "relative logits error")
     right.set_title("agreement with the prompted model")
     fig.tight_layout()
