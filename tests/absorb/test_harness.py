@@ -233,3 +233,10 @@ def test_episode_of_text_tasks_need_a_tokenizer():
     with pytest.raises(ValueError, match="unknown option 'colour'"):
         get_episode_source("facts", colour=1)
     assert isinstance(facts_episodes(1)[0], Episode)
+
+
+def test_a_prompt_longer_than_the_context_stops_the_comparison_in_one_line():
+    model = tiny()
+    model.config.max_seq_len = 64  # the facts prompts are ~150 bytes
+    with pytest.raises(ValueError, match="keep-prompt failed on episode 0: ValueError: the prompt has .* context holds 64"):
+        compare(model, get_episode_source("facts"), facts_episodes(1), {}, progress=False)

@@ -329,7 +329,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             continue
         reference = outputs.get(REFERENCE)
         if reference is None:
-            raise RuntimeError(f"the reference method {REFERENCE} failed: {records[REFERENCE].errors[-1:]}")
+            raise ValueError(f"the reference method {REFERENCE} failed on {records[REFERENCE].errors[-1]}")
         for name, outs in outputs.items():
             records[name].agreements += [agreement(o, r, q, tokens) for o, r, q in zip(outs, reference, queries)]
     return [records[name].summary(source.metric) for name in methods]
