@@ -131,6 +131,12 @@ def _need(value, what: str, name: str):
     return value
 
 
+def _one_of(config, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in allowed:
+        raise ValueError(f"{type(config).__name__}.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
 def _positive(config, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
@@ -148,8 +154,7 @@ class FactsConfig:
 
     def __post_init__(self):
         _positive(self, "people")
-        if self.format not in ("plain", "chat"):
-            raise ValueError(f"FactsConfig.format must be 'plain' or 'chat', got {self.format!r}")
+        _one_of(self, "format", ("plain", "chat"))
 
 
 class Facts(EpisodeSource):
@@ -217,10 +222,8 @@ class TopicsConfig:
 
     def __post_init__(self):
         _positive(self, "shots", "queries", "excerpt_words", "validation_per_topic", "test_per_topic")
-        if self.articles not in ("bbc", "task"):
-            raise ValueError(f"TopicsConfig.articles must be 'bbc' or 'task', got {self.articles!r}")
-        if self.query_set not in ("random", "validation", "test"):
-            raise ValueError(f"TopicsConfig.query_set must be 'random', 'validation' or 'test', got {self.query_set!r}")
+        _one_of(self, "articles", ("bbc", "task"))
+        _one_of(self, "query_set", ("random", "validation", "test"))
 
 
 class Topics(EpisodeSource):
@@ -309,8 +312,7 @@ class ContinuationConfig:
         _positive(self, "prompt_tokens", "query_tokens")
         if self.query_tokens < 2:
             raise ValueError("ContinuationConfig.query_tokens must be >= 2 (one scored prediction)")
-        if self.passages not in ("plays", "task"):
-            raise ValueError(f"ContinuationConfig.passages must be 'plays' or 'task', got {self.passages!r}")
+        _one_of(self, "passages", ("plays", "task"))
 
 
 class Continuation(EpisodeSource):
