@@ -7,8 +7,9 @@ import torch
 from conftest import rel_error
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from incontext.tint import TinT, TintConfig, sgd_reference, tint_from_hf
-from incontext.tint.builders import auxiliary_from_hf
+from incontext.interop.tint_hf import tint_from_hf
+from incontext.tint import TinT, TintConfig, sgd_reference
+from incontext.interop.tint_hf import auxiliary_from_hf
 
 VOCAB = 50
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from ..interop.hf import from_hf_gpt2, from_hf_llama
 from ..models.transformer import Transformer, TransformerConfig
-from .modules import TintConfig
-from .simulator import TinT
+from ..tint.modules import TintConfig
+from ..tint.simulator import TinT
+from .hf import from_hf_gpt2, from_hf_llama
 
 _OPT_ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}
 

@@ -7,7 +7,7 @@ from conftest import rel_error
 from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
 from incontext.tint import TintConfig, sgd_reference
-from incontext.tint.builders import auxiliary_from_hf, from_hf_opt, tint_from_hf
+from incontext.interop.tint_hf import auxiliary_from_hf, from_hf_opt, tint_from_hf
 
 
 def hf_models():

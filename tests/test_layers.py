@@ -1,0 +1,57 @@
+"""The package's layering: a module imports only from its own layer or the layers below it.
+
+    ops, tasks, config, fileio  <  models  <  tint, train  <  absorb  <  interop  <  experiments  <  cli
+
+Imports are read from the source (relative and absolute `incontext.` imports, also inside functions)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import incontext
+
+LAYER = {"ops": 0, "tasks": 0, "config": 0, "fileio": 0, "models": 1, "tint": 2, "train": 2, "absorb": 3,
+         "interop": 4, "experiments": 5, "cli": 6}
+ROOT = Path(incontext.__file__).parent
+
+
+def imported_parts(rel: Path, source: str) -> list[tuple[int, str]]:
+    """(line, top-level part of incontext) for every import of the package in one file (`rel`: its path
+    inside the package)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            package = list(rel.parts[:-1])
+            base = package[: len(package) - (node.level - 1)]
+            target = base + (node.module.split(".") if node.module else [])
+            names = target[:1] or [alias.name for alias in node.names]
+            found += [(node.lineno, name) for name in names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("incontext."):
+            found.append((node.lineno, node.module.split(".")[1]))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name.split(".")[1]) for a in node.names if a.name.startswith("incontext.")]
+    return found
+
+
+def modules():
+    return sorted(p for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0].removesuffix(".py") in LAYER)
+
+
+def test_every_top_level_piece_has_a_layer():
+    pieces = {p.name.removesuffix(".py") for p in ROOT.iterdir() if p.name != "__init__.py" and not p.name.startswith("__")}
+    assert pieces <= set(LAYER), f"give these a layer in tests/test_layers.py: {sorted(pieces - set(LAYER))}"
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_upward_import(path):
+    own = LAYER[path.relative_to(ROOT).parts[0].removesuffix(".py")]
+    upward = [f"line {line}: {part}" for line, part in imported_parts(path.relative_to(ROOT), path.read_text()) if LAYER.get(part, -1) > own]
+    assert not upward, f"{path.relative_to(ROOT)} imports from a higher layer: {upward}"
+
+
+def test_the_checker_sees_upward_imports():
+    rel = Path("tint/probe.py")
+    assert imported_parts(rel, "from ..interop.hf import x\n") == [(1, "interop")]
+    assert imported_parts(rel, "def f():\n    from incontext.absorb import y\n") == [(2, "absorb")]
+    assert imported_parts(rel, "from . import modules\nfrom .. import models\n") == [(1, "tint"), (2, "models")]
