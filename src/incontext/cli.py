@@ -2,6 +2,8 @@
 
     incontext demo                                   # the main job: absorb methods compared on SmolLM2 + facts
     incontext compare --model M --task T [--methods a,b]  # the absorb harness: every method, one table
+    incontext absorb --model M --method X --prompt-file F --out DIR   # absorb one prompt, save the adapted model
+    incontext generate --model M [--adapted DIR] [--chat] TEXT        # stream a continuation (from an absorb folder)
     incontext train CONFIG [--set section.key=v] [--resume]   # train from a YAML config (torchrun for many processes)
     incontext eval CHECKPOINT                        # re-run a checkpoint's evaluation
     incontext run EXPERIMENT [--set k=v]             # any registered experiment
@@ -28,14 +30,15 @@ _EPISODE_TASKS = (
     ("linear_regression", "in-context linear regression (MSE); models trained on linear_regression"),
     ("arithmetic", "CGT's arithmetic sequences (token accuracy); models trained on arithmetic"),
 )
-_METHODS_HELP = (
-    ("keep-prompt", "nothing: the prompt stays in the context as a K/V cache (the reference)"),
-    ("drop-prompt", "nothing: the prompt is removed"),
-    ("iclca", "linear attention: exact conversion into bias terms"),
-    ("iclca-approx", "softmax attention: FAVOR+ random-feature conversion"),
-    ("dynamic-eval", "a token-input causal LM: gradient steps on the prompt"),
-    ("tint", "a model TinT can simulate: a simulated SGD step on the prompt"),
-    ("cgt-fold", "a CGT model: its context vector folded into the weights"),
+_METHODS_HELP = (  # (name, what it needs (the method's `needs`), what it does)
+    ("keep-prompt", "a causal LM", "the reference: the prompt stays in the context as a K/V cache"),
+    ("drop-prompt", "a causal LM", "the floor: the prompt is removed"),
+    ("iclca", "linear attention", "exact conversion into bias terms"),
+    ("iclca-approx", "softmax attention", "FAVOR+ random-feature conversion"),
+    ("dynamic-eval", "a token-input causal LM", "gradient steps on the prompt"),
+    ("tint", "a token-input causal LM that TinT can simulate", "a simulated SGD step on the prompt"),
+    ("cgt-fold", "a CGT model", "its context vector folded into the weights"),
+    ("distill-lora", "a token-input causal LM", "context distillation into a LoRA adapter (exported for peft)"),
 )
 
 
@@ -112,6 +115,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
                        validation_episodes=args.validation_episodes)
     _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}")
     return 0
+
+
+def cmd_absorb(args: argparse.Namespace) -> int:
+    if args.list:
+        missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out),
+                                            ("--prompt", args.prompt), ("--prompt-file", args.prompt_file), ("--set", args.set))
+                   if value]
+        if missing:
+            raise ValueError(f"--list takes no other options (got {', '.join(missing)})")
+        print("absorb methods (incontext absorb --method NAME; method options with --set OPTION=VALUE):")
+        for name, needs, what in _METHODS_HELP:  # the static table: listing needs no torch
+            print(f"  {name:14s} needs {needs}: {what}")
+        return 0
+    missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out)) if not value]
+    if missing:
+        raise ValueError(f"absorb needs {', '.join(missing)} (or --list)")
+    from .cli_absorb import absorb
+
+    return absorb(args)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .cli_absorb import generate
+
+    return generate(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -263,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         "relative logits error) and costs (absorb ms, ms per query, bytes kept, peak memory).\n\n"
         "tasks:\n" + "\n".join(f"  {name:18s} {text}" for name, text in _EPISODE_TASKS) +
         "\n\nmethods (n/a where they do not apply to the model):\n" +
-        "\n".join(f"  {name:18s} needs {text}" for name, text in _METHODS_HELP),
+        "\n".join(f"  {name:18s} needs {needs}: {what}" for name, needs, what in _METHODS_HELP),
     )
     comparer.add_argument("--model", required=True, help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
     comparer.add_argument("--task", required=True, help="one of the tasks listed above")
@@ -277,6 +305,46 @@ def build_parser() -> argparse.ArgumentParser:
     comparer.add_argument("--validation-episodes", type=int, default=8, help="episodes for --tune (default 8)")
     comparer.add_argument("--out", type=Path, default=None, help="output folder (default: runs/compare-MODEL-TASK)")
     comparer.set_defaults(func=cmd_compare)
+
+    absorber = sub.add_parser(
+        "absorb",
+        help="absorb one prompt into a model with one method and save the adapted model",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Tokenize the prompt with the model's tokenizer, absorb it with METHOD and write the adapted "
+        "model to --out (adapted.safetensors + adapted.json; for distill-lora also a PEFT adapter in "
+        "peft_adapter/ when the base exports to Llama or GPT-2) and absorb.json (method, options, model, prompt "
+        "sha256 and tokens, absorb seconds, files). Then: incontext generate --model MODEL --adapted DIR TEXT.\n\n"
+        "methods (`incontext absorb --list`):\n" +
+        "\n".join(f"  {name:14s} needs {needs}" for name, needs, _ in _METHODS_HELP),
+    )
+    absorber.add_argument("--list", action="store_true", help="list the methods and what each needs, then exit")
+    absorber.add_argument("--model", help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
+    absorber.add_argument("--method", help="an absorb method (see --list)")
+    absorber.add_argument("--prompt", default=None, help="the prompt text")
+    absorber.add_argument("--prompt-file", type=Path, default=None, help="a UTF-8 file holding the prompt")
+    absorber.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                          help="a method option (repeatable), e.g. --set steps=32 --set learning_rate=1e-3")
+    absorber.add_argument("--out", type=Path, default=None, help="output folder (new, empty, or an earlier absorb folder)")
+    absorber.set_defaults(func=cmd_absorb)
+
+    generator = sub.add_parser(
+        "generate",
+        help="stream a continuation of TEXT from a model, or from an adapted model written by `incontext absorb`",
+        description="Continue TEXT token by token (greedy unless --sample) and print it as it comes. With "
+        "--adapted DIR the model is the one `incontext absorb` wrote to DIR (the absorbed prompt is not in the "
+        "context; DIR must have been absorbed into --model). --chat wraps TEXT as a user turn in the tokenizer's "
+        "chat template and stops at the end of the assistant's turn.",
+    )
+    generator.add_argument("text", metavar="TEXT", help="the text to continue (a question, with --chat)")
+    generator.add_argument("--model", required=True, help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
+    generator.add_argument("--adapted", type=Path, default=None, help="an absorb folder (incontext absorb --out)")
+    generator.add_argument("--chat", action="store_true", help="TEXT is a user turn of the chat template")
+    generator.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default 64)")
+    generator.add_argument("--sample", action="store_true", help="sample instead of the greedy argmax")
+    generator.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    generator.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
+    generator.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    generator.set_defaults(func=cmd_generate)
 
     trainer = sub.add_parser(
         "train",

@@ -48,6 +48,11 @@ class AdaptedModel(nn.Module, ABC):
         """JSON-able constructor arguments besides the base model (sizes of buffers, offsets)."""
         return {}
 
+    def query_cache(self) -> Cache | None:
+        """A fresh cache from which `self.base(query, cache=cache)` gives `self(query)` and then decodes further
+        tokens (generation at one base pass per token); None when there is none (re-run on the whole sequence)."""
+        return None
+
     def kept_bytes(self, base: nn.Module) -> int:
         """Bytes this adapted model keeps per prompt beyond `base`: its tensors whose storage base does not own."""
         shared = {t.untyped_storage().data_ptr() for t in base.state_dict().values()}
@@ -236,6 +241,9 @@ class PromptInContext(AdaptedModel):
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, cache=self.prompt_cache())
 
+    def query_cache(self) -> Cache:
+        return self.prompt_cache()
+
     def extra_state(self) -> dict[str, Any]:
         return {"prompt_shape": list(self.prompt.shape)}
 
@@ -254,6 +262,9 @@ class WithoutPrompt(AdaptedModel):
 
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query)
+
+    def query_cache(self) -> Cache:
+        return Cache.empty(self.base.config.n_layer)
 
     @classmethod
     def empty(cls, base, extra):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..models.cgt import CGT
-from ..models.transformer import Transformer
+from ..models.transformer import Cache, Transformer
 from .base import AbsorbMethod, AdaptedModel
 
 
@@ -63,6 +63,9 @@ class FoldedContext(AdaptedModel):
 
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query)
+
+    def query_cache(self) -> Cache:
+        return Cache.empty(self.base.config.n_layer)
 
     @classmethod
     def empty(cls, base, extra):

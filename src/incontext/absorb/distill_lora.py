@@ -74,6 +74,9 @@ class DistilledLoRA(AdaptedModel):
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, position_offset=self.offset)
 
+    def query_cache(self) -> Cache:
+        return Cache.empty(self.base.config.n_layer, position=self.offset)
+
     def lora_factors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Module name -> (A (r, in), B (out, r)); the update of each module's weight is spec.scaling * B @ A."""
         if self.merged:
@@ -137,6 +140,7 @@ class DistillLoRA(AbsorbMethod):
     distil better. Randomness comes from one generator seeded with `seed` (CPU)."""
 
     name = "distill-lora"
+    needs = "a token-input causal LM"
 
     def __init__(
         self,

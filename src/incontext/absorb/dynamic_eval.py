@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..models import Transformer
+from ..models import Cache, Transformer
 from .base import AbsorbMethod, AdaptedModel, PromptInContext
 
 
@@ -42,6 +42,9 @@ class UpdatedWeights(AdaptedModel):
 
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, position_offset=self.offset)
+
+    def query_cache(self) -> Cache:
+        return Cache.empty(self.base.config.n_layer, position=self.offset)
 
     def extra_state(self) -> dict[str, Any]:
         return {"offset": self.offset}

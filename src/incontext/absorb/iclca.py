@@ -92,6 +92,9 @@ class LinearAttentionBias(AdaptedModel):
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, cache=self.state())
 
+    def query_cache(self) -> Cache:
+        return self.state()
+
     def absorb_more(self, prompt: torch.Tensor) -> "LinearAttentionBias":
         """Convert a further prompt on top of this one (as if [earlier prompts; prompt] preceded the query)."""
         return LinearAttentionBias(self.base, convert(self.base, prompt, initial=self.state()))

@@ -76,6 +76,9 @@ class SoftmaxFeaturePrefix(AdaptedModel):
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, cache=self.state())
 
+    def query_cache(self) -> Cache:
+        return self.state()
+
     def generate(self, query: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         return self.base.generate(query, max_new_tokens, cache=self.state(), **kwargs)
 

@@ -86,7 +86,15 @@ def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
     converters = {"llama": from_hf_llama, "gpt2": from_hf_gpt2}
     if model_type not in converters:
         raise ValueError(f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(converters)}")
-    hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    from transformers.utils import logging
+
+    bar = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # no "Loading weights" bar on stderr: errors stay one line
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    finally:
+        if bar:
+            logging.enable_progress_bar()
     try:
         codec = HFCodec(AutoTokenizer.from_pretrained(path))
     except (OSError, ValueError):

@@ -137,6 +137,20 @@ class TransformerConfig:
         return cls(**values)
 
 
+def pick_next_token(logits: torch.Tensor, greedy: bool = True, temperature: float = 1.0, top_k: int | None = None,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token (B,) from last-position logits (B, V): the argmax, or a sample at `temperature` from the
+    `top_k` most likely tokens (all when None)."""
+    if greedy:
+        return logits.argmax(-1)
+    scaled = logits / temperature
+    if top_k is not None:
+        kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled.float(), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
 # ----------------------------------------------------------------------------- cache
 
 
@@ -450,15 +464,7 @@ class Transformer(nn.Module):
         tokens = [prompt]
         finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
         for step in range(max_new_tokens):
-            if greedy:
-                next_token = logits.argmax(-1)
-            else:
-                scaled = logits / temperature
-                if top_k is not None:
-                    kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
-                    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-                probs = torch.softmax(scaled.float(), dim=-1)
-                next_token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            next_token = pick_next_token(logits, greedy, temperature, top_k, generator)
             if eos_token_id is not None:
                 next_token = next_token.masked_fill(finished, eos_token_id)
                 finished |= next_token == eos_token_id

@@ -1,0 +1,255 @@
+"""`incontext absorb` and `incontext generate`: absorb one prompt into a model and save it, then talk to the result.
+
+    incontext absorb --model smollm2 --method distill-lora --prompt-file facts.txt --out adapted/
+    incontext generate --model smollm2 --adapted adapted/ "Q: Where was Alia Brenno born?\\nA:"
+
+cli.py imports this module only when one of the two commands runs (it imports torch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .absorb import AdaptedModel, get_absorb_method
+from .absorb.base import max_context
+from .absorb.distill_lora import DistilledLoRA
+from .absorb.generation import context_room, stream_tokens
+from .config import scalar
+from .interop.models import load_model
+
+ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
+PEFT_FOLDER = "peft_adapter"
+PEFT_FILES = {"adapter_config.json", "adapter_model.safetensors", "README.md"}  # what peft's save_pretrained writes
+ABSORB_RECORD = "absorb.json"  # written last: its presence marks a finished absorb folder
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' end-of-turn tokens
+
+
+# ----------------------------------------------------------------------------- shared checks
+
+
+def read_prompt(text: str | None, file: Path | None) -> str:
+    if (text is None) == (file is None):
+        raise ValueError("give the prompt with exactly one of --prompt TEXT and --prompt-file FILE")
+    if file is not None:
+        if not file.is_file():
+            raise FileNotFoundError(f"--prompt-file {file}: no such file")
+        text = file.read_text(encoding="utf-8")
+        where = f"--prompt-file {file}"
+    else:
+        where = "--prompt"
+    if not text.strip():
+        raise ValueError(f"{where} is empty: there is nothing to absorb")
+    return text
+
+
+def check_absorb_out(out: Path) -> None:
+    """An absorb folder may be new, empty, or an earlier absorb folder holding only this command's files."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    ours = set(ADAPTED_FILES) | {PEFT_FOLDER, ABSORB_RECORD}
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in ours)
+    peft = out / PEFT_FOLDER
+    if peft.exists():
+        foreign += [f"{PEFT_FOLDER}/{p.name}" for p in sorted(peft.iterdir())
+                    if p.name not in PEFT_FILES or not p.is_file()] if peft.is_dir() else [PEFT_FOLDER]
+    if foreign or not (out / ABSORB_RECORD).is_file():
+        listed = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "") if foreign else f"no {ABSORB_RECORD}"
+        raise FileExistsError(f"--out {out} is not empty and not an earlier absorb folder ({listed}); "
+                              "choose an empty or new folder")
+
+
+def parse_options(settings: list[str]) -> dict[str, Any]:
+    """["steps=8", "learning_rate=1e-3"] -> {"steps": 8, "learning_rate": 0.001} (values as in compare's --set)."""
+    import yaml
+
+    options = {}
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r} must look like OPTION=VALUE (e.g. --set steps=8)")
+        try:
+            options[key.strip()] = scalar(raw)
+        except yaml.YAMLError:
+            raise ValueError(f"--set {item!r}: the value is not a valid YAML scalar") from None
+    return options
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 of every tensor's name, shape and 4096 evenly spaced values: tells models of one architecture apart
+    without hashing every weight."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().flatten()
+        sample = flat[:: max(1, flat.numel() // 4096)][:4096].to(torch.float64).cpu()
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _codec(loaded, spec: str):
+    if loaded.tokenizer is None or not hasattr(loaded.tokenizer, "encode"):
+        raise ValueError(f"model {spec!r} has no tokenizer (a model of a synthetic task): it cannot read text")
+    return loaded.tokenizer
+
+
+# ----------------------------------------------------------------------------- absorb
+
+
+def absorb(args) -> int:
+    prompt_text = read_prompt(args.prompt, args.prompt_file)
+    check_absorb_out(args.out)
+    options = parse_options(args.set)
+    try:
+        method = get_absorb_method(args.method, **options)
+    except TypeError as error:  # a value of the wrong kind for the method's constructor
+        raise ValueError(f"{args.method}: bad option value ({error})") from None
+    loaded = load_model(args.model)
+    model = loaded.model
+    reason = method.unsupported(model)
+    if reason is not None:
+        raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
+    codec = _codec(loaded, args.model)
+    ids = codec.encode(prompt_text)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens: there is nothing to absorb")
+    limit = max_context(model)
+    if limit is not None and len(ids) >= limit:
+        raise ValueError(f"the prompt has {len(ids)} tokens; model {args.model!r} reads at most {limit} "
+                         "(and the question needs room after it)")
+
+    start = time.perf_counter()
+    adapted = method.absorb(model, torch.tensor(ids))
+    seconds = time.perf_counter() - start
+
+    out = args.out
+    adapted.save(out)
+    written = list(ADAPTED_FILES)
+    peft_note = None
+    if isinstance(adapted, DistilledLoRA):
+        peft_note = _save_peft(adapted, model, out / PEFT_FOLDER)
+        if peft_note["written"]:
+            written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (out / PEFT_FOLDER).iterdir())
+    elif (out / PEFT_FOLDER).is_dir():  # an earlier distill-lora's adapter in this folder is no longer this model's
+        shutil.rmtree(out / PEFT_FOLDER)  # check_absorb_out made sure it holds only peft's files
+    record = {
+        "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
+        "model_fingerprint": model_fingerprint(model), "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
+        "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3),
+        "files": written + [ABSORB_RECORD],
+    }
+    if peft_note is not None:
+        record["peft_adapter"] = peft_note
+    history = getattr(adapted, "history", None)
+    if history:
+        record["history"] = history
+    (out / ABSORB_RECORD).write_text(json.dumps(record, indent=2, default=str))
+    print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {seconds:.1f} s")
+    print(f"wrote {out}: {', '.join(record['files'])}")
+    if peft_note is not None and not peft_note["written"]:
+        print(f"no PEFT adapter: {peft_note['reason']}")
+    print(f"next: incontext generate --model {args.model} --adapted {out} \"...\"")
+    return 0
+
+
+def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
+    """The distilled adapter as a PEFT folder on the Llama or GPT-2 export of the base, where there is one."""
+    from .interop.hf import to_hf_gpt2, to_hf_llama
+    from .interop.lora_export import save_peft_adapter
+
+    family = "llama" if model.config.mlp == "swiglu" else "gpt2"
+    try:
+        hf_base = (to_hf_llama if family == "llama" else to_hf_gpt2)(model)
+    except ValueError as error:  # e.g. linear attention: no transformers counterpart
+        if folder.is_dir():
+            shutil.rmtree(folder)
+        return {"written": False, "reason": str(error)}
+    save_peft_adapter(adapted, hf_base, folder, family)
+    return {"written": True, "family": family, "folder": PEFT_FOLDER,
+            "load": f"PeftModel.from_pretrained(<the {family} export of the base, e.g. to_hf_{family}(model)>, "
+                    f"'{PEFT_FOLDER}')"}
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
+    """The adapted model in `folder`, after checking it was absorbed into `model` (the one named `spec`)."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--adapted {folder}: no such folder")
+    description_file = folder / "adapted.json"
+    if not description_file.is_file():
+        raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing)")
+    try:
+        description = json.loads(description_file.read_text())
+        base_config = description["base_config"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--adapted {folder}: adapted.json is corrupt") from None
+    record_file = folder / ABSORB_RECORD
+    try:
+        record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    except ValueError:
+        raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
+    absorbed_into = record.get("model", "another model")
+    fingerprint = model_fingerprint(model)  # a folder saved without absorb.json is checked by its config alone
+    if base_config != model.config.to_dict() or record.get("model_fingerprint", fingerprint) != fingerprint:
+        raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
+    try:
+        return AdaptedModel.load(folder)
+    except (RuntimeError, KeyError, TypeError) as error:  # safetensors / load_state_dict complaints
+        raise ValueError(f"--adapted {folder} is corrupt ({str(error).splitlines()[0]})") from None
+
+
+def generate(args) -> int:
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not args.sample and (args.temperature is not None or args.top_k is not None):
+        raise ValueError("--temperature and --top-k only apply with --sample")
+    if args.temperature is not None and not args.temperature > 0:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if not args.text:
+        raise ValueError("TEXT is empty: give the text to continue")
+    loaded = load_model(args.model)
+    codec = _codec(loaded, args.model)
+    runner = loaded.model if args.adapted is None else load_adapted(args.adapted, loaded.model, args.model)
+    stop = set()
+    if getattr(codec, "eos_token_id", None) is not None:
+        stop.add(codec.eos_token_id)
+    text = args.text
+    if args.chat:
+        if not hasattr(codec, "chat"):
+            raise ValueError(f"--chat: model {args.model!r} has no chat template")
+        text = codec.chat([{"role": "user", "content": args.text}], add_generation_prompt=True)
+        vocab = codec.tokenizer.get_vocab()
+        stop |= {vocab[token] for token in END_OF_TURN if token in vocab}
+    ids = codec.encode(text)
+    room = context_room(runner, len(ids))
+    if room is not None and room < 1:
+        raise ValueError(f"the text has {len(ids)} tokens: no room is left in the model's context")
+    new_tokens = args.max_new_tokens if room is None else min(args.max_new_tokens, room)
+    generator = torch.Generator().manual_seed(args.seed)
+    produced, shown = [], ""
+    for token in stream_tokens(runner, ids, new_tokens, greedy=not args.sample,
+                               temperature=args.temperature or 1.0, top_k=args.top_k, stop_ids=stop,
+                               generator=generator):
+        produced.append(token)
+        text_so_far = codec.decode(produced)
+        if not text_so_far.endswith("\ufffd"):  # wait for the rest of a character split across tokens
+            sys.stdout.write(text_so_far[len(shown):])
+            sys.stdout.flush()
+            shown = text_so_far
+    sys.stdout.write(codec.decode(produced)[len(shown):] + "\n")
+    if new_tokens < args.max_new_tokens and len(produced) == new_tokens:
+        print(f"(stopped after {new_tokens} tokens: the model's context is full)", file=sys.stderr)
+    return 0

@@ -1,0 +1,253 @@
+"""`incontext absorb` and `incontext generate` end to end on a tiny random Hugging Face Llama with a real tokenizer
+(byte-level BPE), and their one-line errors."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+
+from incontext import cli  # noqa: E402
+from incontext.absorb import AdaptedModel  # noqa: E402
+from incontext.absorb.base import _METHODS  # noqa: E402
+from incontext.absorb.generation import stream_tokens  # noqa: E402
+from incontext.interop.models import load_model  # noqa: E402
+
+SENTENCES = ["Ada Lovelace was born in London.", "Q: Where was Ada born?\nA: London", "Alan Turing works as a "
+             "mathematician.", "The cat sat on the mat and the dog ran in the park.", "What is the name of the pet?"]
+PROMPT = "Ada Lovelace was born in London.\nAlan Turing has a pet cat named Mat.\n"
+QUESTION = "Q: Where was Ada born?\nA:"
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tiny_llama(folder, seed):
+    """A random 2-layer Llama with a byte-level BPE tokenizer trained on SENTENCES and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=320, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|im_start|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96, initializer_range=0.3,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return str(tiny_llama(tmp_path_factory.mktemp("llama"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def other_llama(tmp_path_factory):
+    return str(tiny_llama(tmp_path_factory.mktemp("other-llama"), seed=1))  # same architecture, other weights
+
+
+@pytest.fixture(scope="module")
+def loaded(llama):
+    return load_model(llama)
+
+
+def greedy_chain(adapted, ids, n, stop=()):
+    """The adapted model's own greedy continuation: re-run on the whole growing sequence, argmax of the last logits."""
+    chain = []
+    with torch.no_grad():
+        for _ in range(n):
+            token = int(adapted(torch.tensor([ids + chain]))[0, -1].argmax())
+            if token in stop:
+                break
+            chain.append(token)
+    return chain
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def absorb(capsys, llama, out, method, *options):
+    code, printed, err = run(capsys, "absorb", "--model", llama, "--method", method, "--prompt", PROMPT,
+                             "--out", str(out), *[x for option in options for x in ("--set", option)])
+    assert code == 0, err
+    return json.loads((out / "absorb.json").read_text())
+
+
+def generate(capsys, llama, *argv):
+    code, printed, err = run(capsys, "generate", "--model", llama, *argv)
+    assert code == 0, err
+    return printed
+
+
+# ----------------------------------------------------------------------------- the method table
+
+
+def test_the_methods_table_matches_the_registry():
+    assert [name for name, *_ in cli._METHODS_HELP] and {name for name, *_ in cli._METHODS_HELP} == set(_METHODS)
+    for name, needs, _ in cli._METHODS_HELP:
+        assert needs == _METHODS[name].needs, name
+
+
+def test_list_and_help_import_no_torch():
+    script = ("import sys\nfrom incontext.cli import main\n"
+              "for args in (['absorb', '--list'], ['absorb', '--help'], ['generate', '--help']):\n"
+              "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
+              "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'no torch')\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.stderr.endswith("no torch"), result.stderr[-2000:]
+    for name, needs, _ in cli._METHODS_HELP:
+        assert f"  {name}" in result.stdout and f"needs {needs}:" in result.stdout
+
+
+# ----------------------------------------------------------------------------- absorb, then generate
+
+
+def test_keep_prompt_generates_what_the_prompted_model_generates(llama, loaded, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "keep"
+    record = absorb(capsys, llama, out, "keep-prompt")
+    prompt_ids, query = loaded.tokenizer.encode(PROMPT), loaded.tokenizer.encode(QUESTION)
+    assert record["method"] == "keep-prompt" and record["options"] == {} and record["model"] == llama
+    assert record["prompt_sha256"] == hashlib.sha256(PROMPT.encode()).hexdigest()
+    assert record["prompt_tokens"] == len(prompt_ids) and record["absorb_seconds"] >= 0
+    assert sorted(record["files"]) == sorted(p.name for p in out.iterdir())
+    printed = generate(capsys, llama, "--adapted", str(out), "--max-new-tokens", "12", QUESTION)
+    # transformers' own model reading prompt + question: an independent reference for positions and cache
+    hf = AutoModelForCausalLM.from_pretrained(llama).eval()
+    reference = hf.generate(torch.tensor([prompt_ids + query]), max_new_tokens=12, do_sample=False,
+                            eos_token_id=None, pad_token_id=0)[0, len(prompt_ids) + len(query):].tolist()
+    assert printed == loaded.tokenizer.decode(reference) + "\n"
+    # without the prompt the model says something else
+    assert generate(capsys, llama, "--max-new-tokens", "12", QUESTION) != printed
+
+
+@pytest.mark.parametrize("method, options", [
+    ("dynamic-eval", ["learning_rate=0.05", "n_steps=2"]),
+    ("distill-lora", ["steps=3", "learning_rate=0.05", "n_continuations=1", "continuation_tokens=4", "progress=false"]),
+])
+def test_generate_from_an_absorb_folder_follows_the_adapted_models_argmax(method, options, llama, loaded, tmp_path, capsys):
+    out = tmp_path / method
+    record = absorb(capsys, llama, out, method, *options)
+    assert record["options"]["learning_rate"] == 0.05
+    adapted = AdaptedModel.load(out)
+    query = loaded.tokenizer.encode(QUESTION)
+    printed = generate(capsys, llama, "--adapted", str(out), "--max-new-tokens", "10", QUESTION)
+    chain = greedy_chain(adapted, query, 10, stop={loaded.tokenizer.eos_token_id})
+    assert printed == loaded.tokenizer.decode(chain) + "\n"
+    base = greedy_chain(loaded.model, query, 10, stop={loaded.tokenizer.eos_token_id})
+    assert chain != base  # the absorbed prompt changed the answer (else the check above proves little)
+    # sampling: seeded, repeatable
+    sampled = [generate(capsys, llama, "--adapted", str(out), "--sample", "--temperature", "0.7", "--top-k", "20",
+                        "--seed", "3", "--max-new-tokens", "8", QUESTION) for _ in range(2)]
+    assert sampled[0] == sampled[1]
+
+
+def test_distill_lora_writes_a_peft_adapter_that_loads_on_the_hf_base(llama, loaded, tmp_path, capsys):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora"
+    record = absorb(capsys, llama, out, "distill-lora", "steps=3", "learning_rate=0.05", "n_continuations=1",
+                    "continuation_tokens=4", "progress=false", "merge=false")
+    assert record["peft_adapter"]["written"] and "peft_adapter/adapter_model.safetensors" in record["files"]
+    adapted = AdaptedModel.load(out)
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(llama), out / "peft_adapter").eval()
+    query = torch.tensor([loaded.tokenizer.encode(QUESTION)])
+    m = record["prompt_tokens"]  # the student reads queries at positions after the prompt
+    with torch.no_grad():
+        theirs = peft(query, position_ids=torch.arange(m, m + query.shape[1])[None]).logits
+        ours, base = adapted(query), loaded.model(query, position_offset=m)
+    assert (theirs - ours).abs().max() < 1e-4 * ours.abs().max()
+    assert (ours - base).abs().max() > 1e-3 * ours.abs().max()  # the adapter is not a no-op
+
+
+def test_chat_wraps_the_text_in_the_template_and_stops_at_end_of_turn(llama, loaded, tmp_path, capsys):
+    text = loaded.tokenizer.chat([{"role": "user", "content": "Where was Ada born?"}], add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    ids = loaded.tokenizer.encode(text)
+    printed = generate(capsys, llama, "--chat", "--max-new-tokens", "10", "Where was Ada born?")
+    end = loaded.tokenizer.eos_token_id
+    assert printed == loaded.tokenizer.decode(greedy_chain(loaded.model, ids, 10, stop={end})) + "\n"
+
+
+def test_stream_tokens_stops_before_a_stop_token(loaded):
+    ids = loaded.tokenizer.encode(QUESTION)
+    chain = list(stream_tokens(loaded.model, ids, 12))
+    assert chain == greedy_chain(loaded.model, ids, 12)
+    cut = next(i for i in range(1, len(chain)) if chain[i] not in chain[:i])
+    assert list(stream_tokens(loaded.model, ids, 12, stop_ids={chain[cut]})) == chain[:cut]
+
+
+def test_absorb_may_rewrite_its_own_folder(llama, tmp_path, capsys):
+    out = tmp_path / "again"
+    absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
+    assert (out / "peft_adapter").is_dir()
+    absorb(capsys, llama, out, "keep-prompt")  # the earlier adapter is not this model's: removed
+    assert sorted(p.name for p in out.iterdir()) == ["absorb.json", "adapted.json", "adapted.safetensors"]
+
+
+# ----------------------------------------------------------------------------- one-line errors
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "iclca", "--prompt", PROMPT], "iclca does not apply to model"),
+    (["--method", "cgt-fold", "--prompt", PROMPT], ": needs a CGT model"),
+    (["--method", "keep-prompt", "--prompt", "word " * 120], "reads at most 96 (and the question needs room"),
+    (["--method", "keep-prompt", "--prompt", ""], "--prompt is empty"),
+    (["--method", "keep-prompt", "--prompt", " \n"], "--prompt is empty"),
+    (["--method", "keep-prompt", "--prompt-file", "EMPTY"], "is empty: there is nothing to absorb"),
+    (["--method", "keep-prompt", "--prompt-file", "MISSING"], "no such file"),
+    (["--method", "keep-prompt", "--prompt", PROMPT, "--prompt-file", "EMPTY"], "exactly one of --prompt"),
+    (["--method", "keep-prompt"], "exactly one of --prompt"),
+    (["--method", "keep-prompt", "--prompt", PROMPT, "--set", "colour=red"], "keep-prompt: unknown option 'colour'"),
+    (["--method", "dynamic-eval", "--prompt", PROMPT, "--set", "speed=2"], "options: learning_rate, n_steps"),
+    (["--method", "dynamic-eval", "--prompt", PROMPT, "--set", "speed"], "must look like OPTION=VALUE"),
+    (["--method", "magic", "--prompt", PROMPT], "unknown absorb method 'magic'"),
+])
+def test_bad_absorb_input_is_one_line_and_writes_nothing(argv, message, llama, tmp_path, capsys):
+    (tmp_path / "EMPTY").write_text("")
+    argv = [str(tmp_path / a) if a in ("EMPTY", "MISSING") else a for a in argv]
+    code, _, err = run(capsys, "absorb", "--model", llama, *argv, "--out", str(tmp_path / "o"))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_absorb_refuses_a_foreign_out_folder(llama, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    code, _, err = run(capsys, "absorb", "--model", llama, "--method", "keep-prompt", "--prompt", PROMPT, "--out", str(out))
+    assert code == 2 and "not empty and not an earlier absorb folder (notes.txt)" in err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
+
+
+def test_bad_adapted_folders_are_one_line_errors(llama, other_llama, tmp_path, capsys):
+    out = tmp_path / "keep"
+    absorb(capsys, llama, out, "keep-prompt")
+    cases = [([llama, "--adapted", str(tmp_path / "nowhere")], "no such folder"),
+             ([llama, "--adapted", str(tmp_path)], "adapted.json is missing"),
+             ([other_llama, "--adapted", str(out)], f"was absorbed into {llama!r}, not into {other_llama!r}"),
+             ([llama, "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+             ([llama, "--temperature", "0.5"], "only apply with --sample")]
+    for argv, message in cases:
+        code, printed, err = run(capsys, "generate", "--model", *argv, QUESTION)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not printed, (argv, err)
+    weights = out / "adapted.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    code, _, err = run(capsys, "generate", "--model", llama, "--adapted", str(out), QUESTION)
+    assert code == 2 and "is corrupt" in err and len(err.strip().splitlines()) == 1
