@@ -324,7 +324,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 record.errors.append(f"episode {index}: {type(error).__name__}: {error}")
                 if len(record.errors) >= max_failures or not record.episode_scores and len(record.errors) >= 1 and index == 0:
                     record.status, record.reason = "failed", record.errors[0]
-            del adapted
+            adapted = None  # free the adapted weights before the next method
         if not references:
             continue
         reference = outputs.get(REFERENCE)

@@ -27,12 +27,12 @@ import dataclasses
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 
 from .base import Task
-from .facts import ATTRIBUTES, facts_prompt, make_people
+from .facts import facts_prompt, make_people
 
 METRICS = {"exact": True, "accuracy": True, "choice": True, "ce": False, "mse": False}  # name -> higher is better
 
@@ -341,7 +341,6 @@ class Continuation(EpisodeSource):
             ids = codec.encode(text[start: start + 12 * need])[1:need + 1]  # the first token may be cut
             if len(ids) < need:
                 continue
-            query = torch.tensor(ids[c.prompt_tokens:])
             out.append(self._episode(torch.tensor(ids)))
         return out
 
