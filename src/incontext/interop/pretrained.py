@@ -7,7 +7,10 @@ reads GGUF with the `gguf` package and dequantizes the Q4_1 weights to float32.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
@@ -36,11 +39,21 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     from transformers.utils import logging
 
     path = smollm2_gguf_path()
-    verbosity = logging.get_verbosity()
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
+    logging.disable_progress_bar()  # the GGUF de-quantization bars would drown a command's own output
+    gguf_utils = sys.modules.get("transformers.modeling_gguf_pytorch_utils") or importlib.import_module(
+        "transformers.modeling_gguf_pytorch_utils")
+    plain_tqdm = getattr(gguf_utils, "tqdm", None)
+    if plain_tqdm is not None:  # that module calls tqdm directly, past transformers' progress-bar switch
+        gguf_utils.tqdm = functools.partial(plain_tqdm, disable=True)
     try:
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     finally:
         logging.set_verbosity(verbosity)
+        if plain_tqdm is not None:
+            gguf_utils.tqdm = plain_tqdm
+        if bars:
+            logging.enable_progress_bar()
     return model.eval(), tokenizer
