@@ -23,7 +23,6 @@ they need a model trained on that task (the task object is passed in).
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 
 from .base import Task
+from .registry import build_config
 from .facts import facts_prompt, make_people
 
 METRICS = {"exact": True, "accuracy": True, "choice": True, "ce": False, "mse": False}  # name -> higher is better
@@ -118,11 +118,7 @@ def get_episode_source(name: str, **options: Any) -> EpisodeSource:
     if name not in _SOURCES:
         raise KeyError(f"unknown task {name!r}; tasks with episodes: {', '.join(episode_sources())}")
     cls = _SOURCES[name]
-    allowed = [f.name for f in dataclasses.fields(cls.config_class)]
-    for key in options:
-        if key not in allowed:
-            raise ValueError(f"unknown option {key!r} for task {name!r}; options: {', '.join(allowed)}")
-    return cls(cls.config_class(**options))
+    return cls(build_config(cls.config_class, options, f"task {name!r}"))
 
 
 def _need(value, what: str, name: str):

@@ -38,11 +38,14 @@ def get_task(name: str, **config_overrides: Any) -> Task:
     if name not in _TASKS:
         raise KeyError(f"unknown task {name!r}; registered tasks: {', '.join(list_tasks())}")
     task_class = _TASKS[name]
-    allowed = [f.name for f in dataclasses.fields(task_class.config_class)]
-    for key in config_overrides:
+    return task_class(build_config(task_class.config_class, config_overrides, f"task {name!r}"))
+
+
+def build_config(config_class: type, options: dict[str, Any], owner: str) -> Any:
+    """`config_class(**options)` after checking every key names a field (the message lists the fields)."""
+    allowed = [f.name for f in dataclasses.fields(config_class)]
+    for key in options:
         if key not in allowed:
-            raise ValueError(
-                f"unknown config key {key!r} for task {name!r} ({task_class.config_class.__name__}); "
-                f"allowed keys: {', '.join(allowed)}"
-            )
-    return task_class(task_class.config_class(**config_overrides))
+            raise ValueError(f"unknown config key {key!r} for {owner} ({config_class.__name__}); "
+                             f"allowed keys: {', '.join(allowed)}")
+    return config_class(**options)
