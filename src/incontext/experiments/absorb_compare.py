@@ -131,6 +131,8 @@ def command_line(spec: CompareSpec) -> str:
     parts += [f"--set {k}={v}" for k, v in spec.task_options.items()]
     parts += [f"--set {m}.{k}={v}" for m, options in spec.method_options.items() for k, v in options.items()]
     parts += [f"--tune {k}=" + ",".join(map(str, v)) for k, v in spec.tune.items()]
+    if spec.tune and spec.validation_episodes != CompareSpec.validation_episodes:
+        parts.append(f"--validation-episodes {spec.validation_episodes}")
     return " ".join(parts)
 
 
