@@ -67,3 +67,13 @@ def test_compare_refuses_a_foreign_out_folder(induction_run, tmp_path, capsys):
                      "--methods", "iclca", "--out", str(out)]) == 2
     assert "holds files this command did not write (notes.txt)" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_demo_refuses_a_foreign_out_folder_before_loading_anything(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert cli.main(["demo", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds files this command did not write (notes.txt)" in err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"

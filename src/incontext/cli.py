@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="main job: compare the absorb methods on SmolLM2 and invented facts (a few minutes on 2 CPU cores)",
         description="Absorb prompts of invented facts into the shipped SmolLM2-135M with keep-prompt, drop-prompt, "
-        "approximate ICLCA and dynamic evaluation (learning rate chosen on validation episodes), and print "
+        "approximate ICLCA, dynamic evaluation (learning rate chosen on validation episodes) and context "
+        "distillation into a LoRA, and print "
         "exact match with 95% intervals, agreement with the prompted model and costs; writes results.json, "
         "table.md and compare.png. The earlier regression demo is `incontext run regression-demo`.",
     )

@@ -253,6 +253,13 @@ def method_name(label: str) -> str:
     return label.split(":", 1)[0]
 
 
+def _on_model(query: Query, model: nn.Module) -> Query:
+    """The query on the model's device, its inputs in the model's dtype."""
+    device = _model_device(model)
+    choices = None if query.choices is None else query.choices.to(device)
+    return Query(_as_model_input(query.inputs, model), query.targets.to(device), query.mask.to(device), choices)
+
+
 def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], methods: dict[str, dict[str, Any]], *,
             progress: bool = True, max_failures: int = 3, references: bool = True) -> list[dict[str, Any]]:
     """Runs every method on every episode; returns one summary row per method, in the order given, after
@@ -283,11 +290,10 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     for index, episode in enumerate(tqdm(episodes, desc=f"{source.name} episodes", disable=not progress)):
         prompt = _as_model_input(episode.prompt, model)
         loss_mask = None if episode.prompt_loss_mask is None else episode.prompt_loss_mask.to(device)
-        queries = [Query(_as_model_input(q.inputs, model), q.targets.to(device), q.mask.to(device),
-                         None if q.choices is None else q.choices.to(device)) for q in episode.queries]
+        queries = [_on_model(q, model) for q in episode.queries]
+        calibration_query = None if episode.calibration is None else _on_model(episode.calibration, model)
         train = [_as_model_input(t, model) for t in episode.train_queries]
         order = names[index % len(names):] + names[: index % len(names)]
-        reference: list[torch.Tensor] | None = None
         outputs: dict[str, list[torch.Tensor]] = {}
         for name in order:
             record = records[name]
@@ -308,11 +314,8 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                             raise FloatingPointError("non-finite outputs")
                         outs.append(out)
                         record.query_ms.append(ms)
-                    calibration = None
-                    if episode.calibration is not None:
-                        c = episode.calibration
-                        cq = Query(_as_model_input(c.inputs, model), c.targets.to(device), c.mask.to(device), c.choices.to(device))
-                        calibration = choice_scores(adapted(cq.inputs[None])[0], cq)
+                    calibration = None if calibration_query is None else \
+                        choice_scores(adapted(calibration_query.inputs[None])[0], calibration_query)
                 record.absorb_ms.append(absorb_ms)
                 record.kept_bytes.append(adapted.kept_bytes(model))
                 record.peak_bytes.append(peak.peak)
@@ -322,7 +325,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 outputs[name] = outs
             except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
                 record.errors.append(f"episode {index}: {type(error).__name__}: {error}")
-                if len(record.errors) >= max_failures or not record.episode_scores and len(record.errors) >= 1 and index == 0:
+                if len(record.errors) >= max_failures or (index == 0 and not record.episode_scores):
                     record.status, record.reason = "failed", record.errors[0]
             adapted = None  # free the adapted weights before the next method
         if not references:

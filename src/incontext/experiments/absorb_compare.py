@@ -83,12 +83,12 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     loaded = loaded or load_model(spec.model)
     load_s = time.perf_counter() - start
     tuning = {}
+    validation = source.episodes(spec.validation_episodes, spec.seed + VALIDATION_SEED_OFFSET,
+                                 tokenizer=loaded.tokenizer, task=loaded.task) if spec.tune else []
     for key, values in spec.tune.items():
         name, option = key.split(".", 1)
         if name not in methods:
             raise ValueError(f"--tune {key}: {name!r} is not among the compared methods")
-        validation = source.episodes(spec.validation_episodes, spec.seed + VALIDATION_SEED_OFFSET,
-                                     tokenizer=loaded.tokenizer, task=loaded.task)
         scores = {}
         for value in values:
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
