@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -38,16 +37,11 @@ def test_experiment_help_lists_every_key_with_its_default(capsys, name):
         assert kind in line and f"= {default}" in line and comment in line
 
 
-def test_help_is_fast_and_imports_no_torch():
+def test_help_imports_no_torch():
     script = ("import sys\nfrom incontext.cli import main\n"
               "for args in (['--help'], ['run', '--help'], ['run', 'regression-demo', '--help'], ['train', '--help']):\n"
               "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
               "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'no torch')\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stderr.endswith("no torch"), result.stderr[-2000:]
-    best = float("inf")
-    for _ in range(2):  # the best of two: a shared machine can stall one start
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "incontext.cli", "run", "--help"], capture_output=True, check=True, timeout=60)
-        best = min(best, time.perf_counter() - start)
-    assert best < 1.0, best
+    # how fast that is: benchmarks/cli_help.py (a benchmark, not a timed assertion)
