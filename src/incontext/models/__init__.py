@@ -1,5 +1,5 @@
 from .cgt import CGT, CGTConfig, CGTOutput
 from .cgt_losses import CGTLossConfig, cgt_loss
-from .transformer import Cache, Transformer, TransformerConfig
+from .transformer import Cache, LayerState, Transformer, TransformerConfig
 
-__all__ = ["CGT", "CGTConfig", "CGTLossConfig", "CGTOutput", "Cache", "Transformer", "TransformerConfig", "cgt_loss"]
+__all__ = ["CGT", "CGTConfig", "CGTLossConfig", "CGTOutput", "Cache", "LayerState", "Transformer", "TransformerConfig", "cgt_loss"]

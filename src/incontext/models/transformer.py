@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,6 @@ from torch import nn
 
 from ..ops import FavorFeatures, apply_feature_map, apply_rope, rope_cos_sin
 from ..ops.linear_attention import LINEAR_ATTENTION_IMPLS
-from ..ops.prefix_attention import FeaturePrefix, prefix_softmax_attention
 from ..ops.softmax_attention import SOFTMAX_ATTENTION_IMPLS
 
 _CHOICES = {
@@ -154,15 +153,25 @@ def pick_next_token(logits: torch.Tensor, greedy: bool = True, temperature: floa
 # ----------------------------------------------------------------------------- cache
 
 
+@runtime_checkable
+class LayerState(Protocol):
+    """A softmax layer's cached context in another form than (k, v), e.g. a prompt absorbed by an absorb
+    method: it attends the new (RoPE-rotated) queries itself and returns its state extended by the new keys."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+               expand_kv: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, "LayerState"]: ...
+
+
 @dataclass
 class Cache:
-    """Decoding state of every layer: (k, v) for softmax attention, (S, z) for linear attention.
+    """Decoding state of every layer: (k, v) for softmax attention, (S, z) for linear attention, or a
+    `LayerState` (softmax attention over a context held in another form).
 
     `position` is the absolute position id the next token gets. Tensors are (B, H_kv, P, d) for keys and
     values, (B, H, F, d) and (B, H, F) for S and z.
     """
 
-    layers: list[tuple[torch.Tensor, torch.Tensor] | None]
+    layers: list[tuple[torch.Tensor, torch.Tensor] | LayerState | None]
     position: int = 0
 
     @classmethod
@@ -247,11 +256,8 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         scale = 1.0 / math.sqrt(c.dim_head) if c.scale_attn else 1.0
-        if isinstance(layer_cache, FeaturePrefix):  # a prompt absorbed into random features (approximate ICLCA)
-            layer_cache = layer_cache.extend(k, v)
-            out = prefix_softmax_attention(q, self._expand_kv(layer_cache.k), self._expand_kv(layer_cache.v),
-                                           scale=scale, prefix=layer_cache)
-            return out, layer_cache
+        if isinstance(layer_cache, LayerState):
+            return layer_cache.attend(q, k, v, scale=scale, expand_kv=self._expand_kv)
         if layer_cache is not None:
             k = torch.cat([layer_cache[0], k], dim=2)
             v = torch.cat([layer_cache[1], v], dim=2)

@@ -38,6 +38,13 @@ class FeaturePrefix:
             k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
         return replace(self, k=k, v=v)
 
+    def attend(self, q, k, v, *, scale, expand_kv):
+        """The cache protocol of models.transformer (LayerState): attention over the absorbed prompt and the
+        exact keys after it, new keys included; returns the output and the extended prefix."""
+        extended = self.extend(k, v)
+        out = prefix_softmax_attention(q, expand_kv(extended.k), expand_kv(extended.v), scale=scale, prefix=extended)
+        return out, extended
+
 
 def log_features(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
     """log phi(x) = W x - |x|^2 / 2 - log(m) / 2 (FAVOR+ positive features, in log space)."""
