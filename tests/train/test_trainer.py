@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,6 @@ from incontext.config import ConfigError
 from incontext.tasks.regression import LinearRegression
 from incontext.train import NonFiniteLossError, evaluate_checkpoint, latest_checkpoint, lr_at, train
 from incontext.train.config import OptimizerConfig, ScheduleConfig
-from incontext.train.trainer import KILL_AT_STEP_ENV
 from train_helpers import checkpoint_tensors, tiny_args, tiny_config
 
 
@@ -51,8 +51,13 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
 def test_killed_and_resumed_run_is_bit_identical(tmp_path, accumulate):
     extra = ["model.dropout=0.1"] + (["run.grad_accum=2"] if accumulate else [])  # dropout: RNG state matters
     train(tiny_config(tmp_path / "straight", *extra), progress=False)
-    killed = run_cli(["train", str(empty_yaml(tmp_path)), "--no-progress", *tiny_args(tmp_path / "killed", *extra)],
-                     {KILL_AT_STEP_ENV: "6"})
+    # the run dies like `kill -9` right after step 6 (the trainer's after_step callback, in its own process)
+    script = ("import os, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+              "from train_helpers import tiny_config; from incontext.train import train; "
+              "train(tiny_config(Path(sys.argv[2]), *sys.argv[3:]), progress=False, "
+              "after_step=lambda step: step == 6 and os._exit(137))")
+    killed = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path / "killed"), *extra],
+                            capture_output=True, text=True, timeout=300)
     assert killed.returncode == 137, killed.stderr[-2000:]
     assert latest_checkpoint(tmp_path / "killed").name == "step_00000004"  # step 6 was lost with the process
     resumed = run_cli(["train", str(empty_yaml(tmp_path)), "--resume", "--no-progress", *tiny_args(tmp_path / "killed", *extra)])

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cgt_losses import CGTLossConfig, cgt_loss
 from .transformer import Transformer, TransformerConfig
 
 
@@ -231,9 +232,10 @@ class GuidedBlock(nn.Module):
 
 
 class CGT(nn.Module):
-    def __init__(self, config: CGTConfig):
+    def __init__(self, config: CGTConfig, objective: CGTLossConfig | None = None):
         super().__init__()
         self.config = c = config
+        self.objective = objective or CGTLossConfig()  # what training_loss optimises (eq. 3)
         if c.tokens:
             self.tok_emb = nn.Embedding(c.vocab_size, c.d_x)
             self.tok_emb_y = nn.Embedding(c.vocab_size, c.d_y)
@@ -287,6 +289,11 @@ class CGT(nn.Module):
     def forward(self, inputs: torch.Tensor, **kwargs) -> torch.Tensor:
         """Logits (or predictions) only; see `run` for the options and the context it used."""
         return self.run(inputs, **kwargs).logits
+
+    def training_loss(self, inputs: torch.Tensor, task_loss, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+        """The trainer's protocol for a model with its own objective: eq. 3 (self.objective) and its parts.
+        `task_loss(outputs, scored)` is the task's loss, over the positions `scored` (B, T) when given."""
+        return cgt_loss(self, inputs, task_loss, self.objective, generator)
 
     def run(
         self,

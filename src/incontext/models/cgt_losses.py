@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from .cgt import CGT
+if TYPE_CHECKING:  # cgt.py imports this module for its training objective
+    from .cgt import CGT
 
 
 @dataclass

@@ -16,18 +16,33 @@ value of the wrong type or an invalid value stops with a message naming the key,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ..config import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
-from ..models import CGTConfig, CGTLossConfig, TransformerConfig
+from ..models import CGT, CGTConfig, CGTLossConfig, Transformer, TransformerConfig
 from ..tasks import get_task
 from ..tasks.registry import task_config_class
 from ..tasks.base import Task
 
 _IO_KEYS = ("vocab_size", "d_input", "d_output")
-MODEL_KINDS = ("transformer", "cgt")
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """A kind of model the trainer can build: `model.kind` names it in a config."""
+
+    config_class: type  # the model section's dataclass
+    build: Callable[[Any, Any], Any]  # (model config, loss config or None) -> the nn.Module
+    loss_class: type | None = None  # the `loss` section's dataclass, for a model with its own training_loss
+
+
+MODEL_KINDS: dict[str, ModelKind] = {
+    "transformer": ModelKind(TransformerConfig, lambda config, loss: Transformer(config)),
+    "cgt": ModelKind(CGTConfig, lambda config, loss: CGT(config, objective=loss), CGTLossConfig),
+}
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -132,16 +147,18 @@ class TrainConfig:
     def model_kind(self) -> str:
         kind = self.model.get("kind", "transformer")
         if kind not in MODEL_KINDS:
-            raise ConfigError(f"model.kind={kind!r} is not one of {MODEL_KINDS}")
+            raise ConfigError(f"model.kind={kind!r} is not one of {tuple(MODEL_KINDS)}")
         return kind
 
     def loss_config(self) -> CGTLossConfig | None:
-        """The CGT objective's options (None for an ordinary transformer, trained on the task's loss)."""
-        if self.model_kind != "cgt":
+        """The objective's options of a model with its own (CGT's), None for a model trained on the task's loss."""
+        loss_class = MODEL_KINDS[self.model_kind].loss_class
+        if loss_class is None:
             if self.loss:
-                raise ConfigError(f"the loss section {self.loss} applies to model.kind=cgt only")
+                owners = [name for name, kind in MODEL_KINDS.items() if kind.loss_class is not None]
+                raise ConfigError(f"the loss section {self.loss} applies to model.kind={'|'.join(owners)} only")
             return None
-        return from_dict(CGTLossConfig, dict(self.loss), where="loss")
+        return from_dict(loss_class, dict(self.loss), where="loss")
 
     def model_config(self) -> TransformerConfig | CGTConfig:
         """TransformerConfig (or CGTConfig for model.kind=cgt): the model section, with input/output sizes and
@@ -157,7 +174,7 @@ class TrainConfig:
         values.setdefault("max_seq_len", task.sequence_length)
         if values["max_seq_len"] < task.sequence_length and values.get("positions", "learned") == "learned":
             raise ConfigError(f"model.max_seq_len={values['max_seq_len']} is shorter than the task's sequences ({task.sequence_length})")
-        return from_dict(CGTConfig if kind == "cgt" else TransformerConfig, values, where="model")
+        return from_dict(MODEL_KINDS[kind].config_class, values, where="model")
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

@@ -15,6 +15,8 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,16 +25,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..config import ConfigError
-from ..models import CGT, Transformer, cgt_loss
 from ..tasks.base import Batch, Task
 from ..fileio import strict_json
 from .checkpoint import (LATEST, complete_checkpoints, is_finite_checkpoint, latest_checkpoint, load_training_state,
                          read_state, save_checkpoint)
-from .config import OptimizerConfig, ScheduleConfig, TrainConfig
+from .config import MODEL_KINDS, OptimizerConfig, ScheduleConfig, TrainConfig
 from .distributed import Distributed, init_distributed, rank_slice, shutdown
 from .metrics import MetricsLogger, plot_losses, read_metrics
 
-KILL_AT_STEP_ENV = "INCONTEXT_TEST_KILL_AT_STEP"  # tests: die like `kill -9` right after this step
 _EVAL_SEED_OFFSET = 1_000_000_007
 _AUX_SEED_OFFSET = 2_000_000_011  # auxiliary-loss cut points and VAE noise
 
@@ -78,26 +78,27 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
-def build_model(config: TrainConfig) -> Transformer | CGT:
-    """The model the config describes: a Transformer, or a CGT for model.kind=cgt."""
-    model_config = config.model_config()
-    return CGT(model_config) if config.model_kind == "cgt" else Transformer(model_config)
+def build_model(config: TrainConfig) -> torch.nn.Module:
+    """The model the config describes (its kind from train.config.MODEL_KINDS: a Transformer, a CGT, ...)."""
+    return MODEL_KINDS[config.model_kind].build(config.model_config(), config.loss_config())
 
 
-def training_loss(model: torch.nn.Module, raw_model: torch.nn.Module, task: Task, batch: Batch, config: TrainConfig,
+def training_loss(model: torch.nn.Module, train_model: torch.nn.Module, task: Task, batch: Batch,
                   generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
-    """The task's loss of the model's outputs, or for a CGT the full objective (eq. 3) and its parts."""
-    loss_config = config.loss_config()
-    if loss_config is None:
-        return task.loss(model(batch.inputs).float(), batch), {}
+    """The task's loss of the model's outputs, or the model's own objective and its parts when it defines
+    `training_loss(inputs, task_loss, generator) -> (loss, parts)` (a CGT does: eq. 3). `task_loss(outputs,
+    scored)` scores outputs shaped like the model's over the task's mask and, given `scored` (B, T), only there."""
+    own = getattr(model, "training_loss", None)
+    if own is None:
+        return task.loss(train_model(batch.inputs).float(), batch), {}
 
-    def task_loss(outputs: torch.Tensor, scored: torch.Tensor | None) -> torch.Tensor:
+    def task_loss(outputs: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
         mask = batch.mask if scored is None else batch.mask & scored
-        if not bool(mask.any()):  # no scored position in the auxiliary chunks of this micro-batch
+        if not bool(mask.any()):  # no scored position (e.g. in the auxiliary chunks of this micro-batch)
             return outputs.sum() * 0.0
         return task.loss(outputs.float(), Batch(batch.inputs, batch.targets, mask, {}))
 
-    return cgt_loss(raw_model, batch.inputs, task_loss, loss_config, generator)
+    return own(batch.inputs, task_loss, generator)
 
 
 def evaluation_batches(task: Task, config: TrainConfig) -> list[Batch]:
@@ -219,13 +220,15 @@ def _truncate_metrics(run_dir: Path, step: int) -> None:
 # ----------------------------------------------------------------------------- the loop
 
 
-def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, force: bool = False) -> dict[str, Any]:
+def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, force: bool = False,
+          after_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train as configured; returns the final evaluation. Writes under config.run.out_dir:
     config.yaml, metrics.jsonl, tensorboard/, checkpoints/, loss.png and results.json.
 
     A fresh run needs an empty (or new) folder; resume=True continues from its latest checkpoint, refusing a
     changed model, task, optimizer, batch size or seed unless force=True. Resuming a finished run writes
-    nothing and returns its results with "already_finished": True."""
+    nothing and returns its results with "already_finished": True. `after_step(step)` is called after each
+    step's evaluation and checkpoint (tests use it to kill a run)."""
     run = config.run
     if run.threads:
         torch.set_num_threads(run.threads)
@@ -234,13 +237,34 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, f
         torch.cuda.set_device(device)
     dist_info = init_distributed(device)
     try:
-        return _train(config, dist_info, device, resume=resume, progress=progress, force=force)
+        return _train(config, dist_info, device, resume=resume, progress=progress, force=force, after_step=after_step)
     finally:
         shutdown(dist_info)
 
 
+@dataclass
+class _Run:
+    """What one training run holds while it steps."""
+
+    config: TrainConfig
+    dist: Distributed
+    device: torch.device
+    task: Task
+    model: torch.nn.Module
+    train_model: torch.nn.Module  # the model wrapped for DDP and/or torch.compile
+    optimizer: torch.optim.Optimizer
+    logger: MetricsLogger
+    bar: Any
+    autocast: Any
+    eval_batches: list[Batch]
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run.out_dir)
+
+
 def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *, resume: bool, progress: bool,
-           force: bool) -> dict[str, Any]:
+           force: bool, after_step: Callable[[int], None] | None) -> dict[str, Any]:
     run, schedule = config.run, config.schedule
     run_dir = Path(run.out_dir)
     micro_batches = dist_info.world_size * run.grad_accum
@@ -251,14 +275,59 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
     task = config.build_task()
     torch.manual_seed(run.seed)  # parameter init; identical on every rank
     model = build_model(config).to(device)
-    if config.model_kind == "cgt" and (dist_info.enabled or run.compile):
-        raise ConfigError("model.kind=cgt trains in one process without torch.compile (its objective makes two passes "
-                          "through model.run); set run.compile=false and start without torchrun")
+    if hasattr(model, "training_loss") and (dist_info.enabled or run.compile):
+        raise ConfigError(f"model.kind={config.model_kind} trains in one process without torch.compile (its objective "
+                          "makes its own passes through the model); set run.compile=false and start without torchrun")
     optimizer = build_optimizer(model, config.optimizer)
 
+    start_step = _resume_or_start(config, dist_info, run_dir, model, optimizer, resume=resume, force=force)
+    if start_step == schedule.total_steps:
+        return _finished_run(run_dir, latest_checkpoint(run_dir), model, task, config, device, dist_info)
+
+    train_model: torch.nn.Module = model
+    if dist_info.enabled:
+        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if run.compile:
+        train_model = torch.compile(train_model)
+    bar = tqdm(total=schedule.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+               disable=not (progress and dist_info.is_main))
+    r = _Run(config, dist_info, device, task, model, train_model, optimizer,
+             MetricsLogger(run_dir, tensorboard=run.tensorboard, enabled=dist_info.is_main), bar,
+             autocast_context(config, device), evaluation_batches(task, config) if dist_info.is_main else [])
+    model.train()
+    window = _Window()
+    final_eval: dict[str, Any] = {}
+    for step in range(start_step, schedule.total_steps):
+        lr, step_loss, grad_norm = _train_step(r, step, window.parts)
+        done = step + 1
+        window.add(step_loss)
+        bar.update(1)
+        if done % run.log_every == 0 or done == schedule.total_steps:
+            _log_train(r, done, lr, grad_norm, window)
+            window = _Window()
+        if done == schedule.total_steps or (run.eval_every and done % run.eval_every == 0):
+            final_eval = _evaluate_and_log(r, done)
+        if done == schedule.total_steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
+            _save(r, done)
+        if after_step is not None:
+            after_step(done)
+    bar.close()
+    r.logger.close()
+    results = {"steps": schedule.total_steps, "parameters": model.num_parameters(), "eval": final_eval,
+               "checkpoint": str(latest_checkpoint(run_dir)), "world_size": dist_info.world_size}
+    if dist_info.is_main:
+        (run_dir / "results.json").write_text(strict_json(results))
+        plot_losses(run_dir)
+    return results
+
+
+def _resume_or_start(config: TrainConfig, dist_info: Distributed, run_dir: Path, model: torch.nn.Module,
+                     optimizer: torch.optim.Optimizer, *, resume: bool, force: bool) -> int:
+    """The step to start from: the resumed checkpoint's (its weights and optimizer state loaded), or 0 for a
+    fresh run in an empty folder (config.yaml written)."""
     start_step = 0
-    checkpoint = latest_checkpoint(run_dir)
     if resume:
+        checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
             raise FileNotFoundError(f"--resume: no checkpoint under {run_dir}/checkpoints to resume from")
         pointer = run_dir / "checkpoints" / LATEST
@@ -266,12 +335,12 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
             print(f"incontext: note: {pointer} names an incomplete checkpoint; resuming from {checkpoint}", file=sys.stderr)
         state = read_state(checkpoint)
         _check_resumable(state["config"], config, checkpoint, force)
-        if state["step"] > schedule.total_steps:
+        if state["step"] > config.schedule.total_steps:
             raise ConfigError(f"cannot resume {checkpoint}: it is at step {state['step']}, past "
-                              f"schedule.total_steps={schedule.total_steps}")
+                              f"schedule.total_steps={config.schedule.total_steps}")
         start_step = load_training_state(checkpoint, model, optimizer)["step"]
-        if start_step == schedule.total_steps:
-            return _finished_run(run_dir, checkpoint, model, task, config, device, dist_info)
+        if start_step == config.schedule.total_steps:
+            return start_step
         if dist_info.is_main:
             _truncate_metrics(run_dir, start_step)
     else:
@@ -279,111 +348,100 @@ def _train(config: TrainConfig, dist_info: Distributed, device: torch.device, *,
     dist_info.barrier()
     if not resume and dist_info.is_main:
         _clear_unfinished_run(run_dir)
-
-    logger = MetricsLogger(run_dir, tensorboard=run.tensorboard, enabled=dist_info.is_main)
     if dist_info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    train_model: torch.nn.Module = model
-    if dist_info.enabled:
-        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if run.compile:
-        train_model = torch.compile(train_model)
-    autocast = autocast_context(config, device)
-    eval_batches = evaluation_batches(task, config) if dist_info.is_main else []
-    rows = rank_slice(run.batch_size, dist_info)
-    micro = (run.batch_size // dist_info.world_size) // run.grad_accum
-    kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "-1"))
-    tokens_per_step = run.batch_size * task.sequence_length
+    return start_step
 
-    def save(step: int) -> Path | None:
-        path = None
-        if dist_info.is_main:
-            meta = {"parameters": model.num_parameters(), "world_size": dist_info.world_size}
-            path = save_checkpoint(run_dir, step, model, optimizer, config.to_dict(), meta, keep=run.keep_checkpoints)
-        dist_info.barrier()
-        return path
 
-    def stop(problem: str) -> None:
-        bar.close()
-        logger.close()
-        good = _last_finite_checkpoint(run_dir) if dist_info.is_main else None
-        where = f"the last good checkpoint (verified finite) is {good}" if good else "no finite checkpoint has been written"
-        raise NonFiniteLossError(f"{problem}; training stopped without writing these weights; {where}. Lower "
-                                 "optimizer.lr, set optimizer.grad_clip, or check the data.")
+@dataclass
+class _Window:
+    """Training losses summed since the last log record."""
 
-    def run_eval(step: int) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-        if dist_info.is_main:
-            result = evaluate(model, task, eval_batches, device, autocast)
-            logger.log(step, "eval", result)
-        dist_info.barrier()
-        return result
+    loss: float = 0.0
+    steps: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    parts: dict[str, float] = field(default_factory=dict)  # a model's own loss parts (e.g. CGT's)
 
-    bar = tqdm(total=schedule.total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
-               disable=not (progress and dist_info.is_main))
-    model.train()
-    window_loss, window_start, window_steps, window_parts = 0.0, time.perf_counter(), 0, {}
-    final_eval: dict[str, Any] = {}
-    for step in range(start_step, schedule.total_steps):
-        lr = lr_at(step, config.optimizer, schedule)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = task.sample(run.batch_size, step_generator(run.seed, step))
-        local = Batch(batch.inputs[rows], batch.targets[rows], batch.mask[rows], {})
-        optimizer.zero_grad(set_to_none=True)
-        step_loss = torch.zeros((), device=device)
-        for m in range(run.grad_accum):
-            part = slice(m * micro, (m + 1) * micro)
-            piece = Batch(local.inputs[part], local.targets[part], local.mask[part], {}).to(device)
-            sync = m == run.grad_accum - 1 or not dist_info.enabled
-            with (contextlib.nullcontext() if sync else train_model.no_sync()), autocast:
-                loss, parts = training_loss(train_model, model, task, piece, config,
-                                            step_generator(run.seed + _AUX_SEED_OFFSET, step * run.grad_accum + m))
-                loss = loss / run.grad_accum
-            loss.backward()
-            step_loss += loss.detach()
-            for key, value in parts.items():
-                window_parts[key] = window_parts.get(key, 0.0) + value / run.grad_accum
-        grad_norm = None
-        if config.optimizer.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optimizer.grad_clip)
-        bad = not bool(torch.isfinite(step_loss)) or (grad_norm is not None and not bool(torch.isfinite(grad_norm)))
-        if dist_info.any(bad):
-            stop(f"non-finite loss ({float(step_loss)}) or gradient norm at step {step + 1} (lr {lr:.3g})")
-        optimizer.step()
-        broken = _first_non_finite_state(model, optimizer)
-        if dist_info.any(broken is not None):  # e.g. an overflowing update: checked before anything is written
-            stop(f"non-finite {broken or 'weights'} after the update of step {step + 1} (lr {lr:.3g})")
-        done = step + 1
-        window_loss += float(step_loss)
-        window_steps += 1
-        bar.update(1)
-        if done % run.log_every == 0 or done == schedule.total_steps:
-            elapsed = time.perf_counter() - window_start
-            record = {"loss": dist_info.mean(window_loss / window_steps), "lr": lr,
-                      "tokens_per_s": tokens_per_step * window_steps / max(elapsed, 1e-9)}
-            if grad_norm is not None:
-                record["grad_norm"] = float(grad_norm)
-            record.update({key: value / window_steps for key, value in window_parts.items()})  # CGT loss parts
-            logger.log(done, "train", record)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
-            window_loss, window_start, window_steps, window_parts = 0.0, time.perf_counter(), 0, {}
-        if done == schedule.total_steps or (run.eval_every and done % run.eval_every == 0):
-            final_eval = run_eval(done)
-            if final_eval and dist_info.is_main:
-                bar.write(f"step {done}: eval " + ", ".join(f"{k} {v:.4f}" for k, v in final_eval.items() if isinstance(v, float)))
-        if done == schedule.total_steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
-            save(done)
-        if done == kill_at:
-            os._exit(137)
-    bar.close()
-    logger.close()
-    results = {"steps": schedule.total_steps, "parameters": model.num_parameters(), "eval": final_eval,
-               "checkpoint": str(latest_checkpoint(run_dir)), "world_size": dist_info.world_size}
-    if dist_info.is_main:
-        (run_dir / "results.json").write_text(strict_json(results))
-        plot_losses(run_dir)
-    return results
+    def add(self, step_loss: float) -> None:
+        self.loss += step_loss
+        self.steps += 1
+
+
+def _train_step(r: _Run, step: int, parts: dict[str, float]) -> tuple[float, float, torch.Tensor | None]:
+    """One optimizer step on the step's global batch (this process's rows, in grad_accum micro-batches);
+    returns the learning rate, the loss and the gradient norm. Stops the run before the update is kept if
+    anything became non-finite. Loss parts are added to `parts`."""
+    run, config = r.config.run, r.config
+    lr = lr_at(step, config.optimizer, config.schedule)
+    for group in r.optimizer.param_groups:
+        group["lr"] = lr
+    task_batch = r.task.sample(run.batch_size, step_generator(run.seed, step))
+    rows = rank_slice(run.batch_size, r.dist)
+    micro = (run.batch_size // r.dist.world_size) // run.grad_accum
+    local = Batch(task_batch.inputs[rows], task_batch.targets[rows], task_batch.mask[rows], {})
+    r.optimizer.zero_grad(set_to_none=True)
+    step_loss = torch.zeros((), device=r.device)
+    for m in range(run.grad_accum):
+        part = slice(m * micro, (m + 1) * micro)
+        batch = Batch(local.inputs[part], local.targets[part], local.mask[part], {}).to(r.device)
+        sync = m == run.grad_accum - 1 or not r.dist.enabled
+        with (contextlib.nullcontext() if sync else r.train_model.no_sync()), r.autocast:
+            loss, loss_parts = training_loss(r.model, r.train_model, r.task, batch,
+                                             step_generator(run.seed + _AUX_SEED_OFFSET, step * run.grad_accum + m))
+            loss = loss / run.grad_accum
+        loss.backward()
+        step_loss += loss.detach()
+        for key, value in loss_parts.items():
+            parts[key] = parts.get(key, 0.0) + value / run.grad_accum
+    grad_norm = None
+    if config.optimizer.grad_clip is not None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), config.optimizer.grad_clip)
+    bad = not bool(torch.isfinite(step_loss)) or (grad_norm is not None and not bool(torch.isfinite(grad_norm)))
+    if r.dist.any(bad):
+        _stop(r, f"non-finite loss ({float(step_loss)}) or gradient norm at step {step + 1} (lr {lr:.3g})")
+    r.optimizer.step()
+    broken = _first_non_finite_state(r.model, r.optimizer)
+    if r.dist.any(broken is not None):  # e.g. an overflowing update: checked before anything is written
+        _stop(r, f"non-finite {broken or 'weights'} after the update of step {step + 1} (lr {lr:.3g})")
+    return lr, float(step_loss), grad_norm
+
+
+def _log_train(r: _Run, done: int, lr: float, grad_norm: torch.Tensor | None, window: _Window) -> None:
+    elapsed = time.perf_counter() - window.start
+    tokens = r.config.run.batch_size * r.task.sequence_length * window.steps
+    record = {"loss": r.dist.mean(window.loss / window.steps), "lr": lr, "tokens_per_s": tokens / max(elapsed, 1e-9)}
+    if grad_norm is not None:
+        record["grad_norm"] = float(grad_norm)
+    record.update({key: value / window.steps for key, value in window.parts.items()})
+    r.logger.log(done, "train", record)
+    r.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+
+
+def _evaluate_and_log(r: _Run, done: int) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    if r.dist.is_main:
+        result = evaluate(r.model, r.task, r.eval_batches, r.device, r.autocast)
+        r.logger.log(done, "eval", result)
+        r.bar.write(f"step {done}: eval " + ", ".join(f"{k} {v:.4f}" for k, v in result.items() if isinstance(v, float)))
+    r.dist.barrier()
+    return result
+
+
+def _save(r: _Run, step: int) -> None:
+    if r.dist.is_main:
+        meta = {"parameters": r.model.num_parameters(), "world_size": r.dist.world_size}
+        save_checkpoint(r.run_dir, step, r.model, r.optimizer, r.config.to_dict(), meta, keep=r.config.run.keep_checkpoints)
+    r.dist.barrier()
+
+
+def _stop(r: _Run, problem: str) -> None:
+    r.bar.close()
+    r.logger.close()
+    good = _last_finite_checkpoint(r.run_dir) if r.dist.is_main else None
+    where = f"the last good checkpoint (verified finite) is {good}" if good else "no finite checkpoint has been written"
+    raise NonFiniteLossError(f"{problem}; training stopped without writing these weights; {where}. Lower "
+                             "optimizer.lr, set optimizer.grad_clip, or check the data.")
 
 
 def _finished_run(run_dir: Path, checkpoint: Path, model: torch.nn.Module, task: Task, config: TrainConfig,
@@ -404,7 +462,7 @@ def _finished_run(run_dir: Path, checkpoint: Path, model: torch.nn.Module, task:
     return {**results, "already_finished": True}
 
 
-def load_for_eval(checkpoint: Path, device: str = "cpu") -> tuple[Transformer | CGT, TrainConfig]:
+def load_for_eval(checkpoint: Path, device: str = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
     """The model of a checkpoint and the config it was trained with."""
     from .checkpoint import load_weights
     from .config import config_from_dict
@@ -426,6 +484,7 @@ def evaluate_checkpoint(checkpoint: Path, device: str = "cpu") -> dict[str, Any]
 __all__ = [
     "NonFiniteLossError",
     "build_model",
+    "training_loss",
     "build_optimizer",
     "evaluate",
     "evaluate_checkpoint",
