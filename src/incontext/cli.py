@@ -203,14 +203,17 @@ def _scalars(metrics: dict) -> dict:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from .experiments import list_experiments
-    from .models.transformer import _CHOICES
+    from .config import choices
     from .tasks import get_task, list_tasks
+    from .train.config import MODEL_KINDS
 
     print("tasks:")
     for name in list_tasks():
         print(f"  {name:24s} {get_task(name).config}")
     print("models:")
-    print("  transformer              TransformerConfig options: " + "; ".join(f"{k} {'|'.join(v)}" for k, v in _CHOICES.items()))
+    for name, kind in MODEL_KINDS.items():
+        options = "; ".join(f"{k} {'|'.join(v)}" for k, v in choices(kind.config_class).items())
+        print(f"  {name:24s} {kind.config_class.__name__} options: {options}")
     print("experiments:")
     for experiment in list_experiments():
         print(f"  {experiment.name:24s} {experiment.description}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -64,6 +65,8 @@ def _coerce(where: str, annotation: Any, value: Any) -> Any:
         elif option is str:
             if isinstance(value, str):
                 return value
+            if isinstance(value, os.PathLike):  # a path given in Python for a path field
+                return os.fspath(value)
         elif option_origin is typing.Literal:
             if value in typing.get_args(option):
                 return value
@@ -95,6 +98,9 @@ def from_dict(cls: type[T], values: dict[str, Any], where: str | None = None) ->
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed keys: {fields}")
+    resolve = getattr(cls, "resolve_plain", None)  # sections that depend on each other (a model on its task)
+    if resolve is not None:
+        values = resolve(dict(values))
     coerced = {key: _coerce(f"{where}.{key}", hints[key], value) for key, value in values.items()}
     try:
         return cls(**coerced)
@@ -102,6 +108,20 @@ def from_dict(cls: type[T], values: dict[str, Any], where: str | None = None) ->
         raise
     except (ValueError, TypeError) as error:
         raise ConfigError(f"{where}: {error}") from error
+
+
+def choices(cls: type) -> dict[str, tuple]:
+    """Field name -> allowed values, for every field of dataclass `cls` annotated with a Literal."""
+    return {name: typing.get_args(hint) for name, hint in typing.get_type_hints(cls).items()
+            if typing.get_origin(hint) is typing.Literal}
+
+
+def check_choices(config: Any) -> None:
+    """ValueError naming the field if a Literal-annotated field of dataclass `config` holds another value
+    (for configs built in Python; from_dict checks the same while loading)."""
+    for name, allowed in choices(type(config)).items():
+        if getattr(config, name) not in allowed:
+            raise ValueError(f"{type(config).__name__}.{name}={getattr(config, name)!r} is not one of {allowed}")
 
 
 def to_dict(config: Any) -> dict[str, Any]:

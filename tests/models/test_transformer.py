@@ -332,3 +332,14 @@ def test_bad_inputs_are_rejected():
         model(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="max_seq_len=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_choices_are_read_from_the_literal_annotations():
+    from incontext.config import choices
+    from incontext.ops.linear_attention import LINEAR_ATTENTION_IMPLS
+    from incontext.ops.softmax_attention import SOFTMAX_ATTENTION_IMPLS
+
+    allowed = choices(TransformerConfig)
+    assert set(allowed["softmax_impl"]) == set(SOFTMAX_ATTENTION_IMPLS) and set(allowed["linear_impl"]) == set(LINEAR_ATTENTION_IMPLS)
+    with pytest.raises(ValueError, match="TransformerConfig.attention='sparse' is not one of"):
+        TransformerConfig(vocab_size=5, attention="sparse")

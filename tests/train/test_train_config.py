@@ -58,3 +58,26 @@ def test_shipped_configs_load():
     assert paths
     for path in paths:
         load_config(path).model_config()
+
+
+def test_the_model_section_is_typed_once_and_loads_back():
+    from incontext.models import CGTConfig, CGTLossConfig, TransformerConfig
+    from incontext.train.config import config_from_dict
+
+    config = load_config(None, ["task.name=linear_regression", "task.d_in=3", "model.n_layer=2"])
+    assert isinstance(config.model, TransformerConfig) and config.model.d_input == config.build_task().model_io()["d_input"] and config.loss is None
+    assert config_from_dict(config.to_dict()) == config
+    cgt = load_config(None, ["model.kind=cgt", "model.n_layer=2", "model.split_layer=1", "loss.eta=0.5"])
+    assert isinstance(cgt.model, CGTConfig) and cgt.loss == CGTLossConfig(eta=0.5) and cgt.model_kind == "cgt"
+    assert config_from_dict(cgt.to_dict()) == cgt
+
+
+def test_a_run_saved_with_the_model_section_as_given_resumes():
+    from incontext.train.trainer import _check_resumable
+
+    args = ["task.name=linear_regression", "task.d_in=3", "model.n_layer=2", "model.d_model=16", "model.n_head=2"]
+    config = load_config(None, args)
+    older = {**config.to_dict(), "model": {"n_layer": 2, "d_model": 16, "n_head": 2}}  # as runs saved it before
+    _check_resumable(older, config, "ckpt", force=False)
+    with pytest.raises(ConfigError, match=r"model.d_model: 16 -> 32"):
+        _check_resumable(older, load_config(None, args + ["model.d_model=32"]), "ckpt", force=False)

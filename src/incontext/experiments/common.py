@@ -7,10 +7,50 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dataclasses import dataclass
+
 from ..config import merge
 from ..models import Transformer
 from ..train import latest_checkpoint, load_for_eval, train
-from ..train.config import TrainConfig, config_from_dict
+from ..train.config import OptimizerConfig, RunConfig, ScheduleConfig, TrainConfig, config_from_dict, replace_run
+
+GPT2_BLOCK = {"positions": "learned", "norm": "layernorm", "mlp": "gelu_tanh", "attention": "softmax"}
+GPT2_ADAMW = {"name": "adamw", "weight_decay": 0.1, "betas": (0.9, 0.95)}
+# an experiment's training run: evaluated and checkpointed at the end only (the experiment evaluates the model)
+EXPERIMENT_RUN = {"eval_every": 0, "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10}
+
+
+@dataclass
+class TrainedModelOptions:
+    """The options of an experiment that trains a Transformer through the trainer (flat keys for --set);
+    an experiment's config inherits them and may change the defaults."""
+
+    n_layer: int = 4
+    d_model: int = 128
+    n_head: int = 4
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 2e-3
+    seed: int = 0
+
+    def __post_init__(self):  # checked before training, not minutes later
+        for name in ("n_layer", "d_model", "n_head", "steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"the learning rate must satisfy lr > 0, got {self.lr}")
+
+    def train_config(self, task: dict[str, Any], *, model: dict[str, Any] | None = None,
+                     optimizer: dict[str, Any] | None = None, warmup_steps: int = 100, **run: Any) -> TrainConfig:
+        """The training run these options describe on `task`: `model` adds TransformerConfig fields,
+        `optimizer` OptimizerConfig fields, `run` RunConfig fields (over EXPERIMENT_RUN)."""
+        return TrainConfig(
+            model={"n_layer": self.n_layer, "d_model": self.d_model, "n_head": self.n_head, **(model or {})},
+            task=task,
+            optimizer=OptimizerConfig(lr=self.lr, **(optimizer or {})),
+            schedule=ScheduleConfig(total_steps=self.steps, warmup_steps=warmup_steps),
+            run=RunConfig(**{**EXPERIMENT_RUN, "batch_size": self.batch_size, "seed": self.seed, **run}),
+        )
 
 
 # An experiment's output folder carries this file (naming the experiment): a later run of the same experiment
@@ -62,11 +102,15 @@ def _remove_earlier_training(train_dir: Path) -> None:
     shutil.rmtree(train_dir)
 
 
-def train_fresh(out_dir: Path, settings: dict[str, Any]) -> tuple[Transformer, TrainConfig, dict[str, Any]]:
+def train_fresh(out_dir: Path, settings: TrainConfig | dict[str, Any]) -> tuple[Transformer, TrainConfig, dict[str, Any]]:
     """Train a model for an experiment into out_dir/train (replacing an earlier run of it there, never other
-    files) through the ordinary trainer; returns the trained model in eval mode, its config and the results."""
+    files) through the ordinary trainer; returns the trained model in eval mode, its config and the results.
+    `settings`: a TrainConfig, or its plain sections."""
     train_dir = Path(out_dir) / "train"
-    config = config_from_dict(merge(settings, {"run": {"out_dir": str(train_dir)}}))
+    if isinstance(settings, TrainConfig):
+        config = replace_run(settings, out_dir=str(train_dir))
+    else:
+        config = config_from_dict(merge(settings, {"run": {"out_dir": str(train_dir)}}))
     _remove_earlier_training(train_dir)
     train_dir.mkdir(parents=True)
     (train_dir / _TRAIN_MARKER).write_text("written by incontext train_fresh; the next run of the experiment replaces this folder\n")

@@ -18,40 +18,26 @@ import torch.nn.functional as F
 
 from ..fileio import strict_json
 from ..tasks.episodes import get_episode_source
-from .common import train_fresh
+from .common import GPT2_ADAMW, GPT2_BLOCK, TrainedModelOptions, train_fresh
 from .iclca_approx import approximation_errors, error_table
 from .registry import register_experiment
 
 
 @dataclass
-class TrainedApproxConfig:
-    n_layer: int = 4
-    d_model: int = 128
-    n_head: int = 4
+class TrainedApproxConfig(TrainedModelOptions):
     vocab_size: int = 2048
     seq_len: int = 128
-    steps: int = 1500
-    batch_size: int = 32
-    lr: float = 2e-3
     pairs: int = 50
     prompt_tokens: int = 96
     features: list[int] = field(default_factory=lambda: [64, 256, 1024])
     exact_sinks: list[int] = field(default_factory=lambda: [0, 1])
-    seed: int = 0
 
 
 @register_experiment("iclca-approx-trained", "ICLCA approximate conversion on a GPT-2-style model trained here on Shakespeare", TrainedApproxConfig)
 def run(config: TrainedApproxConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    model, train_config, trained = train_fresh(out_dir, {
-        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "positions": "learned",
-                  "norm": "layernorm", "mlp": "gelu_tanh", "attention": "softmax"},
-        "task": {"name": "shakespeare", "vocab_size": config.vocab_size, "seq_len": config.seq_len},
-        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.1, "betas": [0.9, 0.95]},
-        "schedule": {"total_steps": config.steps, "warmup_steps": 100},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0,
-                "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
-    })
+    task = {"name": "shakespeare", "vocab_size": config.vocab_size, "seq_len": config.seq_len}
+    model, train_config, trained = train_fresh(out_dir, config.train_config(task, model=GPT2_BLOCK, optimizer=GPT2_ADAMW))
     task = train_config.build_task()
     g = torch.Generator().manual_seed(config.seed + 7)
     windows = task.validation_windows(config.pairs, g)[:, : config.seq_len]

@@ -14,33 +14,31 @@ import torch
 from ..fileio import strict_json
 from ..tasks.regression import error_by_examples
 from ..train.metrics import read_metrics
-from .common import train_fresh
+from .common import TrainedModelOptions, train_fresh
 from .registry import register_experiment
 
 
 @dataclass
-class RegressionDemoConfig:
+class RegressionDemoConfig(TrainedModelOptions):
     # sized to train in about two minutes on 2 CPU cores; `--set steps=20000` trains further
-    d_in: int = 4
-    n_points: int = 16
-    noise: float = 0.1
-    n_layer: int = 4
     d_model: int = 64
-    n_head: int = 4
     steps: int = 4500
     batch_size: int = 64
     lr: float = 3e-3
+    d_in: int = 4
+    n_points: int = 16
+    noise: float = 0.1
     warmup: int = 100
     eval_sequences: int = 2000
-    seed: int = 0
     threads: int = 0  # 0: torch's default
 
-    def __post_init__(self):  # checked before training, not minutes later while plotting
-        for name in ("d_in", "n_points", "n_layer", "d_model", "n_head", "steps", "batch_size", "eval_sequences"):
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("d_in", "n_points", "eval_sequences"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.noise < 0 or self.lr <= 0 or self.warmup < 0 or self.threads < 0:
-            raise ValueError("noise, warmup and threads must be >= 0 and lr > 0")
+        if self.noise < 0 or self.warmup < 0 or self.threads < 0:
+            raise ValueError("noise, warmup and threads must be >= 0")
 
 
 @register_experiment(
@@ -51,15 +49,8 @@ class RegressionDemoConfig:
 def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    model, train_config, _ = train_fresh(out_dir, {
-        "model": {"n_layer": config.n_layer, "n_head": config.n_head, "d_model": config.d_model},
-        "task": {"name": "linear_regression", "d_in": config.d_in, "d_out": 1, "n_points": config.n_points,
-                 "noise": config.noise},
-        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0, "grad_clip": 1.0},
-        "schedule": {"total_steps": config.steps, "warmup_steps": config.warmup, "min_lr_ratio": 0.1},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0,
-                "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10, "threads": config.threads},
-    })
+    task = {"name": "linear_regression", "d_in": config.d_in, "d_out": 1, "n_points": config.n_points, "noise": config.noise}
+    model, train_config, _ = train_fresh(out_dir, config.train_config(task, warmup_steps=config.warmup, threads=config.threads))
     train_seconds = time.perf_counter() - start
     task = train_config.build_task()
 

@@ -29,7 +29,7 @@ from ..absorb.harness import compare
 from ..tasks.episodes import get_episode_source
 from ..tint import TinT, TintConfig
 from ..tint.reference import compare_with_exact
-from .common import train_fresh
+from .common import GPT2_ADAMW, GPT2_BLOCK, TrainedModelOptions, train_fresh
 from .registry import register_experiment
 
 METHODS = {"dynamic eval": "dynamic-eval", "TinT": "tint"}  # table row -> absorb method
@@ -37,22 +37,16 @@ PAPER_GPT2 = {"vanilla": [25.6, 24.9, 24.5, 23.3], "dynamic eval": [24.9, 24.0, 
 
 
 @dataclass
-class PerplexityConfig:
-    n_layer: int = 4
+class PerplexityConfig(TrainedModelOptions):
     d_model: int = 96  # divisible by the shards (3); K = d_model / 3 <= head size d_model / 3
-    n_head: int = 4
     vocab_size: int = 2048
     seq_len: int = 128  # document length
-    steps: int = 1500
-    batch_size: int = 32
-    lr: float = 2e-3
     fractions: list[float] = field(default_factory=lambda: [0.3, 0.5, 0.7, 0.9])
     documents: int = 64  # held-out documents evaluated
     tune_documents: int = 16  # other held-out documents for the inner learning rate
     inner_lrs: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 2e-4, 5e-4, 1e-3])
     n_simulation_layers: int | None = None  # None: all layers (as dynamic evaluation's step)
     exact_documents: int = 8  # documents on which TinT's step is compared with exact SGD (R-exact)
-    seed: int = 0
 
 
 def method_options(method: str, lr: float, config: PerplexityConfig) -> dict:
@@ -71,15 +65,9 @@ def perplexity(row: dict) -> float:
 def run(config: PerplexityConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    model, train_config, trained = train_fresh(out_dir, {
-        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "positions": "learned",
-                  "norm": "layernorm", "mlp": "gelu_tanh", "attention": "softmax"},
-        "task": {"name": "shakespeare", "vocab_size": config.vocab_size, "seq_len": config.seq_len},
-        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.1, "betas": [0.9, 0.95]},
-        "schedule": {"total_steps": config.steps, "warmup_steps": min(100, config.steps)},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0,
-                "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
-    })
+    task = {"name": "shakespeare", "vocab_size": config.vocab_size, "seq_len": config.seq_len}
+    model, train_config, trained = train_fresh(out_dir, config.train_config(
+        task, model=GPT2_BLOCK, optimizer=GPT2_ADAMW, warmup_steps=min(100, config.steps)))
     train_seconds = time.perf_counter() - start
     model = model.double().eval()  # float64: the finite-difference backward of TinT is exact to rounding
     task = train_config.build_task()

@@ -30,7 +30,6 @@ The VAE variant (App. A.1) reads a mean and a log-variance off y^l and samples y
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -39,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import check_choices
 from .cgt_losses import CGTLossConfig, cgt_loss
 from .transformer import Transformer, TransformerConfig
 
@@ -66,10 +66,7 @@ class CGTConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
-        if self.mixing not in ("tanh", "softmax"):
-            raise ValueError(f"CGTConfig.mixing={self.mixing!r} is not one of ('tanh', 'softmax')")
-        if self.mlp not in ("gelu", "gelu_tanh"):
-            raise ValueError(f"CGTConfig.mlp={self.mlp!r} is not one of ('gelu', 'gelu_tanh')")
+        check_choices(self)
         for key in ("n_layer", "split_layer", "d_x", "n_head_x", "d_y", "n_head_y", "rank", "n_templates", "max_seq_len"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -99,17 +96,6 @@ class CGTConfig:
             norm="layernorm", norm_eps=self.norm_eps, mlp=self.mlp, bias=True, tie_embeddings=self.tie_embeddings,
             init_std=self.init_std,
         )
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> CGTConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown CGTConfig keys {unknown}; allowed: {sorted(known)}")
-        return cls(**values)
 
 
 @dataclass

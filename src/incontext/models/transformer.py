@@ -16,7 +16,6 @@ attention) and gives the same logits as a full forward pass.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Literal, Protocol, runtime_checkable
@@ -25,22 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import check_choices, from_dict, to_dict
 from ..ops import FavorFeatures, apply_feature_map, apply_rope, rope_cos_sin
 from ..ops.linear_attention import LINEAR_ATTENTION_IMPLS
 from ..ops.softmax_attention import SOFTMAX_ATTENTION_IMPLS
-
-_CHOICES = {
-    "positions": ("learned", "rope", "none"),
-    "norm": ("layernorm", "rmsnorm"),
-    "mlp": ("gelu", "gelu_tanh", "relu", "swiglu"),
-    "attention": ("softmax", "linear"),
-    "softmax_impl": tuple(SOFTMAX_ATTENTION_IMPLS),
-    "feature_map": ("identity", "elu", "taylor", "favor"),
-    "linear_norm": ("kernel", "none"),
-    "linear_impl": tuple(LINEAR_ATTENTION_IMPLS),
-    "residual_stream": ("none", "q", "k", "v", "value_residual"),
-}
-
 
 @dataclass
 class TransformerConfig:
@@ -78,9 +65,7 @@ class TransformerConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
-        for key, allowed in _CHOICES.items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"TransformerConfig.{key}={getattr(self, key)!r} is not one of {allowed}")
+        check_choices(self)
         for key in ("n_layer", "n_head", "d_model", "max_seq_len", "chunk_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"TransformerConfig.{key} must be >= 1, got {getattr(self, key)}")
@@ -125,15 +110,11 @@ class TransformerConfig:
         return self.vocab_size is not None
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> "TransformerConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown TransformerConfig keys {unknown}; allowed: {sorted(known)}")
-        return cls(**values)
+        return from_dict(cls, values)
 
 
 def pick_next_token(logits: torch.Tensor, greedy: bool = True, temperature: float = 1.0, top_k: int | None = None,

@@ -3,6 +3,7 @@
     model:     {n_layer: 4, d_model: 64, n_head: 4, ...}   # TransformerConfig fields; sizes of the inputs
                                                            # and outputs come from the task unless given;
                                                            # `kind: cgt` takes CGTConfig fields instead
+                                                           # (kinds: MODEL_KINDS, typed once at load)
     loss:      {eta: 0.5, w_c: 0.08, ...}                  # CGTLossConfig fields (model.kind cgt only)
     task:      {name: linear_regression, d_in: 4, ...}     # a registered task and its config fields
     optimizer: {name: adamw, lr: 3.0e-3, ...}
@@ -23,8 +24,7 @@ from typing import Any, Literal
 
 from ..config import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
 from ..models import CGT, CGTConfig, CGTLossConfig, Transformer, TransformerConfig
-from ..tasks import get_task
-from ..tasks.registry import task_config_class
+from ..tasks.registry import task_class
 from ..tasks.base import Task
 
 _IO_KEYS = ("vocab_size", "d_input", "d_output")
@@ -110,74 +110,118 @@ class RunConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
+# the config and loss classes of MODEL_KINDS, for the annotations of TrainConfig (a new kind adds its classes here)
+ModelConfig = TransformerConfig | CGTConfig
+LossConfig = CGTLossConfig
+_DEFAULT_TASK = {"name": "linear_regression"}
+
+
 @dataclass
 class TrainConfig:
-    model: dict[str, Any] = field(default_factory=dict)
-    task: dict[str, Any] = field(default_factory=lambda: {"name": "linear_regression"})
-    loss: dict[str, Any] = field(default_factory=dict)  # CGTLossConfig fields; only for model.kind = cgt
+    """A training run. `model` is typed and sized for the task once, at load: a plain model section (YAML,
+    `--set`, a checkpoint's config) becomes the config class of its `kind` with the task's input/output sizes."""
+
+    model: ModelConfig | None = None  # None: the default model of its kind, sized for the task
+    task: dict[str, Any] = field(default_factory=lambda: dict(_DEFAULT_TASK))
+    loss: LossConfig | None = None  # the objective's options of a model with its own (model.kind=cgt)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
-    def __post_init__(self):
-        self.build_task()  # validates the task section
-        self.model_config()  # validates the model section against the task
-        self.loss_config()
+    @classmethod
+    def resolve_plain(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """from_dict's hook: the model and loss sections typed against the task section."""
+        model = values.get("model", {})
+        if isinstance(model, dict):
+            task = _build_task(values.get("task", _DEFAULT_TASK))
+            kind = _kind_name(model.get("kind", "transformer"))
+            values["model"] = resolve_model(kind, {k: v for k, v in model.items() if k != "kind"}, task)
+            values["loss"] = resolve_loss(kind, values.get("loss"))
+        return values
+
+    def __post_init__(self):  # a TrainConfig built in Python rather than loaded
+        if self.model is None or isinstance(self.model, dict):
+            resolved = self.resolve_plain({"model": self.model or {}, "task": self.task, "loss": self.loss})
+            self.model, self.loss = resolved["model"], resolved["loss"]
+        elif self.loss is None or isinstance(self.loss, dict):
+            self.loss = resolve_loss(self.model_kind, self.loss)
 
     def build_task(self) -> Task:
-        options = dict(self.task)
-        name = options.pop("name", None)
-        if not isinstance(name, str):
-            raise ConfigError(f"task.name must name a registered task, got {name!r}")
-        try:
-            typed = from_dict(task_config_class(name), options, where="task")  # types and finiteness, like the other sections
-            task = get_task(name, **{key: getattr(typed, key) for key in options})
-        except KeyError as error:
-            raise ConfigError(f"task.name: {error.args[0]}") from error
-        except ConfigError:
-            raise
-        except ValueError as error:
-            raise ConfigError(f"task: {error}") from error
-        dtype = getattr(task.config, "dtype", "float32")
-        if dtype != "float32":  # the trainer builds float32 models (bf16 comes from run.autocast)
-            raise ConfigError(f"task.dtype={dtype!r}: training uses float32 data (set run.autocast=bf16 for bf16)")
-        return task
+        return _build_task(self.task)
 
     @property
     def model_kind(self) -> str:
-        kind = self.model.get("kind", "transformer")
-        if kind not in MODEL_KINDS:
-            raise ConfigError(f"model.kind={kind!r} is not one of {tuple(MODEL_KINDS)}")
-        return kind
+        return next(name for name, kind in MODEL_KINDS.items() if type(self.model) is kind.config_class)
 
-    def loss_config(self) -> CGTLossConfig | None:
-        """The objective's options of a model with its own (CGT's), None for a model trained on the task's loss."""
-        loss_class = MODEL_KINDS[self.model_kind].loss_class
-        if loss_class is None:
-            if self.loss:
-                owners = [name for name, kind in MODEL_KINDS.items() if kind.loss_class is not None]
-                raise ConfigError(f"the loss section {self.loss} applies to model.kind={'|'.join(owners)} only")
-            return None
-        return from_dict(loss_class, dict(self.loss), where="loss")
+    def model_config(self) -> ModelConfig:
+        return self.model
 
-    def model_config(self) -> TransformerConfig | CGTConfig:
-        """TransformerConfig (or CGTConfig for model.kind=cgt): the model section, with input/output sizes and
-        length taken from the task."""
-        task = self.build_task()
-        kind = self.model_kind
-        values = {k: v for k, v in self.model.items() if k != "kind"}
-        io = task.model_io()
-        for key in _IO_KEYS:
-            if key in values and values[key] != io.get(key):
-                raise ConfigError(f"model.{key}={values[key]} contradicts the task {task.name}, which needs {io}")
-        values.update(io)
-        values.setdefault("max_seq_len", task.sequence_length)
-        if values["max_seq_len"] < task.sequence_length and values.get("positions", "learned") == "learned":
-            raise ConfigError(f"model.max_seq_len={values['max_seq_len']} is shorter than the task's sequences ({task.sequence_length})")
-        return from_dict(MODEL_KINDS[kind].config_class, values, where="model")
+    def loss_config(self) -> LossConfig | None:
+        return self.loss
 
     def to_dict(self) -> dict[str, Any]:
-        return to_dict(self)
+        """Plain sections that load back to this config (the model section names its kind)."""
+        plain = to_dict(self)
+        plain["model"] = {"kind": self.model_kind, **plain["model"]}
+        plain["loss"] = plain["loss"] or {}
+        return plain
+
+
+def _kind_name(kind: Any) -> str:
+    if kind not in MODEL_KINDS:
+        raise ConfigError(f"model.kind={kind!r} is not one of {tuple(MODEL_KINDS)}")
+    return kind
+
+
+def _build_task(options: dict[str, Any]) -> Task:
+    if not isinstance(options, dict):
+        raise ConfigError(f"task: expected a mapping of keys to values, got {options!r}")
+    options = dict(options)
+    name = options.pop("name", None)
+    if not isinstance(name, str):
+        raise ConfigError(f"task.name must name a registered task, got {name!r}")
+    try:
+        cls = task_class(name)
+        task = cls(from_dict(cls.config_class, options, where="task"))
+    except KeyError as error:
+        raise ConfigError(f"task.name: {error.args[0]}") from error
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(f"task: {error}") from error
+    dtype = getattr(task.config, "dtype", "float32")
+    if dtype != "float32":  # the trainer builds float32 models (bf16 comes from run.autocast)
+        raise ConfigError(f"task.dtype={dtype!r}: training uses float32 data (set run.autocast=bf16 for bf16)")
+    return task
+
+
+def resolve_model(kind: str, values: dict[str, Any], task: Task) -> ModelConfig:
+    """The model section of `kind` as its config class, with input/output sizes and length taken from the task."""
+    values = dict(values)
+    io = task.model_io()
+    for key in _IO_KEYS:
+        if key in values and values[key] != io.get(key):
+            raise ConfigError(f"model.{key}={values[key]} contradicts the task {task.name}, which needs {io}")
+    values.update(io)
+    values.setdefault("max_seq_len", task.sequence_length)
+    if not isinstance(values["max_seq_len"], int) or isinstance(values["max_seq_len"], bool):
+        raise ConfigError(f"model.max_seq_len: {values['max_seq_len']!r} is not int")
+    if values["max_seq_len"] < task.sequence_length and values.get("positions", "learned") == "learned":
+        raise ConfigError(f"model.max_seq_len={values['max_seq_len']} is shorter than the task's sequences ({task.sequence_length})")
+    return from_dict(MODEL_KINDS[kind].config_class, values, where="model")
+
+
+def resolve_loss(kind: str, values: Any) -> Any:
+    """The loss section as the kind's loss class (None for a model trained on the task's loss)."""
+    loss_class = MODEL_KINDS[kind].loss_class
+    if loss_class is None:
+        if values:
+            owners = [name for name, k in MODEL_KINDS.items() if k.loss_class is not None]
+            raise ConfigError(f"the loss section {values} applies to model.kind={'|'.join(owners)} only")
+        return None
+    if isinstance(values, loss_class):
+        return values
+    return from_dict(loss_class, dict(values or {}), where="loss")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

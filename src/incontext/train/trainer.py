@@ -29,7 +29,7 @@ from ..tasks.base import Batch, Task
 from ..fileio import strict_json
 from .checkpoint import (LATEST, complete_checkpoints, is_finite_checkpoint, latest_checkpoint, load_training_state,
                          read_state, save_checkpoint)
-from .config import MODEL_KINDS, OptimizerConfig, ScheduleConfig, TrainConfig
+from .config import MODEL_KINDS, OptimizerConfig, config_from_dict, ScheduleConfig, TrainConfig
 from .distributed import Distributed, init_distributed, rank_slice, shutdown
 from .metrics import MetricsLogger, plot_losses, read_metrics
 
@@ -147,6 +147,10 @@ def _check_resumable(saved: dict[str, Any], config: TrainConfig, checkpoint: Pat
     """Refuse to continue with another model, task, optimizer, loss, batch size or seed (the data and the
     weights would no longer be those of an uninterrupted run) unless forced."""
     current = config.to_dict()
+    try:  # the saved sections as this version resolves them (older runs saved the model section as given)
+        saved = {**saved, **{k: v for k, v in config_from_dict(saved).to_dict().items() if k in ("model", "loss")}}
+    except ConfigError:
+        pass
     differences = []
     for section in ("model", "task", "optimizer", "loss", "run.batch_size", "run.seed"):
         parent, _, key = section.partition(".")
@@ -465,7 +469,6 @@ def _finished_run(run_dir: Path, checkpoint: Path, model: torch.nn.Module, task:
 def load_for_eval(checkpoint: Path, device: str = "cpu") -> tuple[torch.nn.Module, TrainConfig]:
     """The model of a checkpoint and the config it was trained with."""
     from .checkpoint import load_weights
-    from .config import config_from_dict
 
     state = read_state(checkpoint)
     config = config_from_dict(state["config"])
