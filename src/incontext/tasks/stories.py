@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ..fileio import durable_replace
 from .base import Batch, Task, check_positive_int
 from .registry import register_task
 from .text import (
@@ -46,9 +45,8 @@ from .text import (
     ENDOFTEXT,
     ENDOFTEXT_ID,
     N_BYTES,
-    TOKENIZER_FILE,
     cache_root,
-    train_tokenizer,
+    cached_tokenizer,
 )
 
 if TYPE_CHECKING:
@@ -196,6 +194,56 @@ def names_in(text: str, names: tuple[str, ...] | list[str]) -> set[str]:
     return found & set(names)
 
 
+# IOI prompts (indirect object identification, Wang et al. 2022): "... A and B went to the P, S gave O to"
+
+
+# (prompt with {s} = subject, first name, second name); Burns et al.'s four sentences, asked in both orders
+PAPER_IOI_PROMPTS = (
+    ("When John and Mary went to the shops, {s} gave the bag to", "John", "Mary"),
+    ("When Tom and James went to the park, {s} gave the ball to", "Tom", "James"),
+    ("When Dan and Emily went to the shops, {s} gave an apple to", "Dan", "Emily"),
+    ("After Sam and Amy went to the park, {s} gave a drink to", "Sam", "Amy"),
+)
+
+
+@dataclass
+class IOIPrompt:
+    text: str  # ends before the answer, e.g. "When John and Mary went to the shops, John gave the bag to"
+    correct: str  # the indirect object
+    incorrect: str  # the subject
+    group: str  # e.g. "paper 1", "train names", "held-out names"
+
+
+def paper_ioi_prompts() -> list[IOIPrompt]:
+    """The paper's four IOI sentences, each with either name as the subject (8 prompts)."""
+    prompts = []
+    for i, (template, first, second) in enumerate(PAPER_IOI_PROMPTS, 1):
+        for subject, indirect in ((first, second), (second, first)):
+            prompts.append(IOIPrompt(template.format(s=subject), indirect, subject, f"paper {i}"))
+    return prompts
+
+
+def sampled_ioi_prompts(names: tuple[str, ...] | list[str], pairs: int, seed: int, group: str) -> list[IOIPrompt]:
+    """`pairs` random name pairs in random IOI sentences ("<Opener> A and B went to the P, S <verb> O to"),
+    each pair asked with either name as the subject."""
+    rng = random.Random(f"ioi/{seed}/{group}")
+    prompts = []
+    for _ in range(pairs):
+        a, b = rng.sample(list(names), 2)
+        opener, place, verb, obj = rng.choice(OPENERS), rng.choice(PLACES), rng.choice(GIVE_VERBS), rng.choice(OBJECTS)
+        for subject, indirect in ((a, b), (b, a)):
+            text = f"{opener} {a} and {b} went to the {place}, {subject} {verb} {obj} to"
+            prompts.append(IOIPrompt(text, indirect, subject, group))
+    return prompts
+
+
+def ioi_prompts(pairs: int, seed: int, paper: bool = True) -> list[IOIPrompt]:
+    """The IOI probe set: the paper's prompts (if `paper`), then `pairs` sampled pairs of training names
+    ("train names") and of held-out names ("held-out names")."""
+    return ((paper_ioi_prompts() if paper else []) + sampled_ioi_prompts(TRAIN_NAMES, pairs, seed, "train names")
+            + sampled_ioi_prompts(HELDOUT_NAMES, pairs, seed, "held-out names"))
+
+
 # Tokenizer and streams
 
 
@@ -214,28 +262,9 @@ def tokenizer_folder(config: StoriesConfig) -> Path:
 
 
 def load_tokenizer(config: StoriesConfig) -> Tokenizer:
-    """Read from <tokenizer_folder>/tokenizer.json when present, else trained on the training stories and saved
-    there atomically."""
-    from tokenizers import Tokenizer
-
-    path = tokenizer_folder(config) / TOKENIZER_FILE
-    if path.exists():
-        tokenizer = Tokenizer.from_file(str(path))
-        source = str(path)
-    else:
-        tokenizer = train_tokenizer(list(split_stories(config.seed, "train", config.train_stories)), config.vocab_size)
-        source = "the tokenizer trained on the stories"
-    if tokenizer.get_vocab_size() != config.vocab_size:
-        raise ValueError(f"{source} has {tokenizer.get_vocab_size()} tokens but StoriesConfig.vocab_size="
-                         f"{config.vocab_size} (delete it, or point tokenizer_dir elsewhere)")
-    if tokenizer.token_to_id(ENDOFTEXT) != ENDOFTEXT_ID:
-        raise ValueError(f"{source} does not have {ENDOFTEXT} at id {ENDOFTEXT_ID}")
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tokenizer.save(str(partial))
-        durable_replace(partial, path)  # fsync before the rename
-    return tokenizer
+    """The tokenizer trained on the training stories (cached in tokenizer_folder)."""
+    return cached_tokenizer(tokenizer_folder(config), lambda: list(split_stories(config.seed, "train", config.train_stories)),
+                            config.vocab_size, "StoriesConfig")
 
 
 def encode_stories(tokenizer: Tokenizer, stories: list[str] | tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:

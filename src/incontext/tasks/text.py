@@ -28,7 +28,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -143,34 +143,37 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def _check_tokenizer(tokenizer: Tokenizer, config: ShakespeareConfig, source: str) -> Tokenizer:
-    if tokenizer.get_vocab_size() != config.vocab_size:
-        raise ValueError(
-            f"{source} has {tokenizer.get_vocab_size()} tokens but ShakespeareConfig.vocab_size="
-            f"{config.vocab_size} (delete it, or point tokenizer_dir elsewhere)"
-        )
+def cached_tokenizer(folder: Path | None, training_texts: Callable[[], list[str]], vocab_size: int, owner: str) -> Tokenizer:
+    """The one tokenizer cache of the text tasks: <folder>/tokenizer.json when present, otherwise a BPE trained on
+    training_texts() and saved there (atomically, so concurrent runs do not read half a file); folder None keeps
+    it in memory. `owner` (the config class) names the vocab_size a mismatch contradicts."""
+    from tokenizers import Tokenizer
+
+    path = folder / TOKENIZER_FILE if folder is not None else None
+    if path is not None and path.exists():
+        tokenizer, source = Tokenizer.from_file(str(path)), str(path)
+    else:
+        tokenizer, source = train_tokenizer(training_texts(), vocab_size), f"the tokenizer trained for {owner}"
+    if tokenizer.get_vocab_size() != vocab_size:
+        raise ValueError(f"{source} has {tokenizer.get_vocab_size()} tokens but {owner}.vocab_size={vocab_size} "
+                         "(delete it, or point tokenizer_dir elsewhere)")
     if tokenizer.token_to_id(ENDOFTEXT) != ENDOFTEXT_ID:
         raise ValueError(f"{source} does not have {ENDOFTEXT} at id {ENDOFTEXT_ID}")
+    if path is not None and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tokenizer.save(str(partial))
+        durable_replace(partial, path)  # fsync before the rename
     return tokenizer
 
 
 def load_tokenizer(config: ShakespeareConfig) -> Tokenizer:
-    """The tokenizer for `config`: read from <tokenizer_folder>/tokenizer.json when present, otherwise trained
-    on the training plays and saved there (atomically, so concurrent runs do not read half a file)."""
-    from tokenizers import Tokenizer
+    """The tokenizer for `config`, trained on the training plays (cached in tokenizer_folder)."""
+    def training_plays() -> list[str]:
+        plays = edition_plays(config.edition)
+        return [plays[name] for name in split_plays(config, plays)[0]]
 
-    path = tokenizer_folder(config) / TOKENIZER_FILE
-    if path.exists():
-        return _check_tokenizer(Tokenizer.from_file(str(path)), config, str(path))
-    plays = edition_plays(config.edition)
-    train_names, _ = split_plays(config, plays)
-    tokenizer = train_tokenizer([plays[name] for name in train_names], config.vocab_size)
-    _check_tokenizer(tokenizer, config, f"the tokenizer trained on edition {config.edition!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tokenizer.save(str(partial))
-    durable_replace(partial, path)  # fsync before the rename
-    return tokenizer
+    return cached_tokenizer(tokenizer_folder(config), training_plays, config.vocab_size, "ShakespeareConfig")
 
 
 # Token streams
@@ -246,25 +249,23 @@ class TokenizedText:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-@register_task("shakespeare")
-class Shakespeare(TokenizedText, Task):
-    """Next-token prediction on windows of Shakespeare's plays.
+class TokenStreamTask(TokenizedText, Task):
+    """Next-token prediction on windows of a training and a validation token stream (config: vocab_size,
+    seq_len). A subclass says how to get the tokenizer (`load_tokenizer`) and the streams (`load_streams`).
 
     `sample` draws TRAINING windows; `sample_validation` and `validation_windows` draw held-out ones. The
     tokenizer and the token streams are loaded (or trained / encoded and cached) on first use.
     """
 
-    config_class = ShakespeareConfig
-    config: ShakespeareConfig
-
-    def __init__(self, config: ShakespeareConfig | None = None):
+    def __init__(self, config=None):
         super().__init__(config)
         self._tokenizer: Tokenizer | None = None
         self._streams: dict[str, torch.Tensor] | None = None
         self._on_device: dict[tuple[str, str], torch.Tensor] = {}
 
-    def load_tokenizer(self) -> Tokenizer:
-        return load_tokenizer(self.config)
+    def load_streams(self) -> dict[str, torch.Tensor]:
+        """{"train": ..., "validation": ...} 1-D int64 token streams."""
+        raise NotImplementedError
 
     # Streams
 
@@ -280,7 +281,7 @@ class Shakespeare(TokenizedText, Task):
 
     def _load(self) -> dict[str, torch.Tensor]:
         if self._streams is None:
-            self._streams = load_streams(self.config, self.tokenizer)
+            self._streams = self.load_streams()
         return self._streams
 
     def _stream(self, split: str, device: torch.device) -> torch.Tensor:
@@ -334,3 +335,17 @@ class Shakespeare(TokenizedText, Task):
     def evaluate(self, outputs: torch.Tensor, batch: Batch) -> dict[str, float | list[float]]:
         loss = self.loss(outputs, batch).item()
         return {"loss": loss, "perplexity": math.inf if loss > 700 else math.exp(loss)}  # NaN stays NaN
+
+
+@register_task("shakespeare")
+class Shakespeare(TokenStreamTask):
+    """Next-token prediction on windows of Shakespeare's plays (the last `validation_plays` held out)."""
+
+    config_class = ShakespeareConfig
+    config: ShakespeareConfig
+
+    def load_tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.config)
+
+    def load_streams(self) -> dict[str, torch.Tensor]:
+        return load_streams(self.config, self.tokenizer)

