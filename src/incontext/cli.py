@@ -45,7 +45,6 @@ _METHODS_HELP = (  # (name, what it needs (the method's `needs`), what it does)
 def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
     from .config import apply_overrides
     from .experiments import get_experiment
-
     from .experiments.common import claim_output_folder
 
     experiment = get_experiment(name)
@@ -64,7 +63,6 @@ def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
     return results
 
 
-COMPARE_FILES = {"results.json", "table.md", "compare.png"}
 DEMO = {"model": "smollm2", "task": "facts", "episodes": 10, "task_options": {"people": 2},
         "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora"],
         "method_options": {"iclca-approx": {"n_features": 256, "exact_sinks": 1},
@@ -72,20 +70,11 @@ DEMO = {"model": "smollm2", "task": "facts", "episodes": 10, "task_options": {"p
         "tune": {"dynamic-eval.learning_rate": [1e-5, 1e-4, 3e-4]}, "validation_episodes": 4}
 
 
-def _check_out(out: Path) -> None:
-    """Refuse to write into a folder that holds anything but an earlier comparison's files."""
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a folder")
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in COMPARE_FILES) if out.is_dir() else []
-    if foreign:
-        raise FileExistsError(f"--out {out} holds files this command did not write ({', '.join(foreign[:3])}"
-                              f"{', ...' if len(foreign) > 3 else ''}); choose an empty or new folder")
-
-
 def _compare(spec, out: Path) -> dict:
     from .experiments.absorb_compare import run_compare
+    from .experiments.common import claim_output_folder
 
-    _check_out(out)
+    claim_output_folder(out, "compare", create=False)  # a foreign folder is refused before the model loads
     results = run_compare(spec, out)
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}\nplot:    {out / 'compare.png'}")

@@ -136,14 +136,17 @@ def to_dict(config: Any) -> dict[str, Any]:
     return plain(dataclasses.asdict(config))
 
 
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """["a.b=1", "c=x"] -> {"a": {"b": 1}, "c": "x"}; values are parsed as YAML scalars."""
+def parse_overrides(overrides: list[str], flat: bool = False) -> dict[str, Any]:
+    """["a.b=1", "c=x"] -> {"a": {"b": 1}, "c": "x"}; values are parsed as YAML scalars. flat=True keeps dotted
+    keys whole and words errors for a command's `--set OPTION=VALUE` (as `incontext absorb` takes them)."""
     nested: dict[str, Any] = {}
     for item in overrides:
-        if "=" not in item:
+        key, sep, raw = item.partition("=")
+        if flat and (not sep or not key.strip()):
+            raise ConfigError(f"--set {item!r} must look like OPTION=VALUE (e.g. --set steps=8)")
+        if not sep:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. optimizer.lr=3e-4)")
-        key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
+        parts = [key.strip()] if flat else key.strip().split(".")
         if not all(parts):
             raise ConfigError(f"override {item!r} has an empty key")
         node = nested
@@ -154,6 +157,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         try:
             node[parts[-1]] = scalar(raw)
         except yaml.YAMLError as error:
+            if flat:
+                raise ConfigError(f"--set {item!r}: the value is not a valid YAML scalar") from None
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(error)})") from error
     return nested
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from ..absorb import absorb_methods, get_absorb_method
 from ..absorb.harness import compare, method_name
-from ..fileio import strict_json
 from ..tasks.episodes import get_episode_source
+from .common import Result, claim_output_folder, pyplot, save_result
 
 VALIDATION_SEED_OFFSET = 10_000  # validation episodes: seed + this (test episodes use the seed itself)
 
@@ -186,12 +186,8 @@ def table(results: dict[str, Any]) -> str:
     return intro + "\n\n" + "\n".join(lines) + "\n" + ("\nChosen on validation episodes: " + "; ".join(tuned) + "\n" if tuned else "")
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: dict[str, Any]):
+    plt = pyplot()
     rows = [r for r in results["rows"] if r["status"] == "ok"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     percent = results["metric"] in ("exact", "accuracy", "choice")
@@ -225,12 +221,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     right.set_ylabel("KL(prompted || method)" if rows and rows[0]["agreement"]["kl"] is not None else "relative logits error")
     right.set_title("agreement with the prompted model")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def write_results(results: dict[str, Any], out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(table(results))
-    plot(results, out_dir / "compare.png")
+    claim_output_folder(out_dir, "compare")
+    save_result(Result(results, {"table.md": table}, {"compare.png": plot}), out_dir)

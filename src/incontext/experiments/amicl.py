@@ -7,15 +7,14 @@ reported values.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..fileio import strict_json
 from ..models.amicl import AMICL, SEPARATIONS, SIMILARITIES, AMICLModelConfig
 from ..tasks import get_task
+from .common import Result, pyplot
 from .registry import register_experiment
 
 TARGETS = {"a=1": 0.33, "a=1.25": 0.91, "a=1.5": 0.99, "a=1.75": 1.0, "a=2": 1.0, "pearson, a=2": 0.85,
@@ -38,8 +37,7 @@ def accuracy(task_options: dict, model_options: dict, trials: int, seed: int) ->
 
 
 @register_experiment("amicl", "AMICL associative-memory ICL: sweeps over a, similarity x separation, D and length", AMICLConfig)
-def run(config: AMICLConfig, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(config: AMICLConfig, out_dir: Path) -> Result:
     n, seed = config.trials, config.seed
     a_sweep = {sim: [accuracy({}, {"a": a, "similarity": sim}, n, seed) for a in config.a_values] for sim in ("dot", "pearson")}
     grid = {f"{sim}/{sep}": accuracy({}, {"a": 2.0, "similarity": sim, "separation": sep}, n, seed)
@@ -49,9 +47,11 @@ def run(config: AMICLConfig, out_dir: Path) -> dict:
     ours = {f"a={a:g}": acc for a, acc in zip(config.a_values, a_sweep["dot"])}
     ours["pearson, a=2"] = grid["pearson/argmax"]
     ours.update({f"D={d}": acc for d, acc in dims.items()})
-    results = {"experiment": "amicl", "config": dataclasses.asdict(config), "a_sweep": a_sweep, "grid_a2": grid,
-               "dims_K50_a2": dims, "seq_lens_a2": lengths, "targets": TARGETS}
-    (out_dir / "results.json").write_text(strict_json(results))
+    results = {"a_sweep": a_sweep, "grid_a2": grid, "dims_K50_a2": dims, "seq_lens_a2": lengths, "targets": TARGETS}
+    return Result(results, {"table.md": lambda r: table(ours, grid, lengths, n)}, {"amicl.png": plot})
+
+
+def table(ours: dict[str, float], grid: dict[str, float], lengths: dict[int, float], n: int) -> str:
     lines = [f"| setting (K=512, D=100, s=20 unless said; {n} trials) | ours | paper | binomial std |", "|---|---|---|---|"]
     for name, target in TARGETS.items():
         if name not in ours:  # a setting this run did not sweep
@@ -64,18 +64,11 @@ def run(config: AMICLConfig, out_dir: Path) -> dict:
     for sim in SIMILARITIES:
         lines.append(f"| {sim} | " + " | ".join(f"{grid[f'{sim}/{sep}']:.3f}" for sep in SEPARATIONS) + " |")
     lines += ["", "Sequence length (a = 2): " + ", ".join(f"s={s}: {acc:.3f}" for s, acc in lengths.items())]
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
-    plot(results, out_dir / "amicl.png")
-    return results
+    return "\n".join(lines) + "\n"
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+def plot(results: dict):
+    fig, axes = pyplot().subplots(1, 3, figsize=(14, 4))
     a_values = results["config"]["a_values"]
     for sim, accs in results["a_sweep"].items():
         axes[0].plot(a_values, accs, marker="o", label=f"{sim} + argmax")
@@ -88,5 +81,4 @@ def plot(results: dict, path: Path) -> None:
     axes[2].plot([int(s) for s in lengths], list(lengths.values()), marker="o")
     axes[2].set(xscale="log", xlabel="sequence length s", ylabel="ICL accuracy", title="K=512, D=100, a=2", ylim=(0, 1.05))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

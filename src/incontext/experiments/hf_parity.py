@@ -3,13 +3,12 @@ directions) and against the pretrained SmolLM2-135M on real text (logits and gre
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..fileio import strict_json
+from .common import Result
 from .registry import register_experiment
 
 # A few sentences of ordinary English prose (public-domain style), enough for ~100 tokens.
@@ -90,13 +89,9 @@ def _smollm2(new_tokens: int) -> dict:
 
 
 @register_experiment("hf-parity", "logits of our Transformer vs transformers' GPT-2 / Llama and pretrained SmolLM2-135M", ParityConfig)
-def run(config: ParityConfig, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results = {"experiment": "hf-parity", "config": dataclasses.asdict(config), "dtype": "float32",
-               "random_weights": _random_pairs(config.seed), "smollm2": _smollm2(config.new_tokens)}
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(markdown_table(results))
-    return results
+def run(config: ParityConfig, out_dir: Path) -> Result:
+    return Result({"dtype": "float32", "random_weights": _random_pairs(config.seed), "smollm2": _smollm2(config.new_tokens)},
+                  {"table.md": markdown_table})
 
 
 def markdown_table(results: dict) -> str:

@@ -9,16 +9,14 @@ absorbing the prompt into m random features. Paper (pretrained GPT-2): 16.56% ->
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..fileio import strict_json
 from ..tasks.episodes import get_episode_source
-from .common import GPT2_ADAMW, GPT2_BLOCK, TrainedModelOptions, train_fresh
+from .common import GPT2_ADAMW, GPT2_BLOCK, Result, TrainedModelOptions, train_fresh
 from .iclca_approx import approximation_errors, error_table
 from .registry import register_experiment
 
@@ -34,8 +32,7 @@ class TrainedApproxConfig(TrainedModelOptions):
 
 
 @register_experiment("iclca-approx-trained", "ICLCA approximate conversion on a GPT-2-style model trained here on Shakespeare", TrainedApproxConfig)
-def run(config: TrainedApproxConfig, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(config: TrainedApproxConfig, out_dir: Path) -> Result:
     task = {"name": "shakespeare", "vocab_size": config.vocab_size, "seq_len": config.seq_len}
     model, train_config, trained = train_fresh(out_dir, config.train_config(task, model=GPT2_BLOCK, optimizer=GPT2_ADAMW))
     task = train_config.build_task()
@@ -49,14 +46,10 @@ def run(config: TrainedApproxConfig, out_dir: Path) -> dict:
                                 passages="task")  # + 1: the windows' last token, so the query's inputs are ids[m_prompt:seq_len]
     episodes = source.episodes(config.pairs, config.seed + 7, task=task)  # the windows above, cut at the prompt
     summary = approximation_errors(model, source, episodes, config.features, config.exact_sinks, config.seed)
-    results = {"experiment": "iclca-approx-trained", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
-               "train_eval_loss": trained["eval"].get("loss"), "validation_loss": validation_loss,
-               "relative_logits_error": summary,
+    results = {"parameters": model.num_parameters(), "train_eval_loss": trained["eval"].get("loss"),
+               "validation_loss": validation_loss, "relative_logits_error": summary,
                "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
-    (out_dir / "results.json").write_text(strict_json(results))
-    lines = [f"GPT-2-style model, {config.n_layer} layers, width {config.d_model}, {model.num_parameters():,} parameters, "
-             f"{config.steps} steps; held-out loss {validation_loss:.3f}. Prompt {m_prompt} tokens, query "
-             f"{config.seq_len - m_prompt} tokens, {config.pairs} held-out pairs.", "",
-             *error_table(summary)]
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
-    return results
+    head = (f"GPT-2-style model, {config.n_layer} layers, width {config.d_model}, {model.num_parameters():,} parameters, "
+            f"{config.steps} steps; held-out loss {validation_loss:.3f}. Prompt {m_prompt} tokens, query "
+            f"{config.seq_len - m_prompt} tokens, {config.pairs} held-out pairs.")
+    return Result(results, {"table.md": lambda r: "\n".join([head, "", *error_table(summary)])})

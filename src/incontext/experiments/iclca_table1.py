@@ -7,16 +7,15 @@ Linear-attention transformers with RoPE, width 128, vocabulary 52, tied embeddin
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..fileio import strict_json
 from ..absorb import ICLCA
 from ..models import Transformer, TransformerConfig
+from .common import Result
 from .registry import register_experiment
 
 # Paper Table 1 (float32, linear attention + RoPE): parameters -> mean relative logits error
@@ -42,8 +41,7 @@ def relative_errors(converted: torch.Tensor, reference: torch.Tensor) -> torch.T
 
 
 @register_experiment("iclca-table1", "ICLCA Table 1: float32 exactness of prompt-to-bias conversion, depth 1 to 1000", Table1Config)
-def run(config: Table1Config, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(config: Table1Config, out_dir: Path) -> Result:
     g = torch.Generator().manual_seed(config.seed)
     prompts = torch.randint(0, config.vocab_size, (config.pairs, config.prompt_len), generator=g)
     queries = torch.randint(0, config.vocab_size, (config.pairs, config.query_len), generator=g)
@@ -66,13 +64,14 @@ def run(config: Table1Config, out_dir: Path) -> dict:
                      "seconds": round(time.perf_counter() - start, 1)})
         print(f"depth {depth}: {rows[-1]['parameters']:,} parameters, mean relative error {rows[-1]['mean_rel_error']:.2e}")
         del model, reference, converted
-    results = {"experiment": "iclca-table1", "config": dataclasses.asdict(config), "dtype": "float32", "rows": rows}
-    (out_dir / "results.json").write_text(strict_json(results))
+    return Result({"dtype": "float32", "rows": rows}, {"table.md": table})
+
+
+def table(results: dict) -> str:
     lines = ["| depth | parameters (ours) | relative logits error, mean (max) | paper: parameters | paper: error |",
              "|---|---|---|---|---|"]
-    for r in rows:
+    for r in results["rows"]:
         paper_error = f"{r['paper_rel_error']:.1e}" if r["paper_rel_error"] else "-"
         lines.append(f"| {r['depth']} | {r['parameters']:,} | {r['mean_rel_error']:.1e} ({r['max_rel_error']:.1e}) | "
                      f"{r['paper_parameters']} | {paper_error} |")
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
-    return results
+    return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ import importlib
 import inspect
 import io
 import json
+import pkgutil
 import pprint
 import textwrap
 import tokenize
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Callable
 
 _EXPERIMENTS: dict[str, "Experiment"] = {}
-_MODULES = ("regression_demo", "hf_parity", "iclca_table1", "iclca_table2", "iclca_approx", "iclca_approx_trained", "amicl", "residual_bursty", "residual_lm", "cgt_table1", "cgt_regression", "cgt_text", "tint_table3", "tint_perplexity", "tint_classification")  # imported lazily so `incontext --help` stays fast
 
 
 @dataclass(frozen=True)
@@ -24,22 +24,35 @@ class Experiment:
     name: str
     description: str
     config_class: type
-    run: Callable
+    run: Callable  # (config, out_dir) -> the results as written (results.json's content)
 
 
 def register_experiment(name: str, description: str, config_class: type):
+    """Decorator for `run(config, out_dir) -> Result` (common.Result, written by common.save_result); a run
+    that writes its own files returns the results dict instead."""
     def decorate(run: Callable) -> Callable:
         if name in _EXPERIMENTS:
             raise ValueError(f"experiment {name!r} is registered twice")
-        _EXPERIMENTS[name] = Experiment(name, description, config_class, run)
+
+        def run_and_save(config, out_dir: Path) -> dict:
+            from .common import Result, save_result
+
+            out_dir = Path(out_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            result = run(config, out_dir)
+            return save_result(result, out_dir, name, config) if isinstance(result, Result) else result
+
+        _EXPERIMENTS[name] = Experiment(name, description, config_class, run_and_save)
         return run
 
     return decorate
 
 
 def _load_all() -> None:
-    for module in _MODULES:
-        importlib.import_module(f"{__package__}.{module}")
+    """Import every module of this package: the experiments register themselves (imported only when asked
+    for, so that `incontext --help` stays fast)."""
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        importlib.import_module(f"{__package__}.{module.name}")
 
 
 def list_experiments() -> list[Experiment]:

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import torch
 
-from ..fileio import strict_json
 from ..tasks.regression import error_by_examples
 from ..train.metrics import read_metrics
-from .common import TrainedModelOptions, train_fresh
+from .common import Result, TrainedModelOptions, pyplot, train_fresh
 from .registry import register_experiment
 
 
@@ -46,8 +45,7 @@ class RegressionDemoConfig(TrainedModelOptions):
     "train a small transformer on in-context linear regression (~2 min) and compare with least squares / ridge",
     RegressionDemoConfig,
 )
-def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(config: RegressionDemoConfig, out_dir: Path) -> Result:
     start = time.perf_counter()
     task = {"name": "linear_regression", "d_in": config.d_in, "d_out": 1, "n_points": config.n_points, "noise": config.noise}
     model, train_config, _ = train_fresh(out_dir, config.train_config(task, warmup_steps=config.warmup, threads=config.threads))
@@ -62,10 +60,7 @@ def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
         curves[name] = error_by_examples(baseline(eval_batch.inputs), eval_batch)
     curves = {name: [float(v) for v in curve] for name, curve in curves.items()}
     losses = [(r["step"], r["loss"]) for r in read_metrics(Path(train_config.run.out_dir)) if r["split"] == "train"]
-
     results = {
-        "experiment": "regression-demo",
-        "config": dataclasses.asdict(config),
         "task": dataclasses.asdict(task.config),
         "parameters": model.num_parameters(),
         "train_seconds": round(train_seconds, 1),
@@ -73,10 +68,8 @@ def run(config: RegressionDemoConfig, out_dir: Path) -> dict:
         "mse_by_examples": curves,
         "mean_mse": {name: sum(c) / len(c) for name, c in curves.items()},
     }
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(markdown_table(curves, config.d_in))
-    plot(curves, losses, config, out_dir / "regression_demo.png")
-    return results
+    return Result(results, {"table.md": lambda r: markdown_table(curves, config.d_in)},
+                  {"regression_demo.png": lambda r: plot(curves, losses, config)})
 
 
 def markdown_table(curves: dict[str, list[float]], d_in: int) -> str:
@@ -89,13 +82,8 @@ def markdown_table(curves: dict[str, list[float]], d_in: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(curves: dict[str, list[float]], losses: list[tuple[int, float]], config: RegressionDemoConfig, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+def plot(curves: dict[str, list[float]], losses: list[tuple[int, float]], config: RegressionDemoConfig):
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(11, 4))
     for name, curve in curves.items():
         left.plot(range(len(curve)), curve, label=name, marker="o" if name == "transformer" else None, markersize=3)
     left.axvline(config.d_in + 1, color="grey", linestyle=":", label=f"d_in + 1 = {config.d_in + 1}")
@@ -105,5 +93,4 @@ def plot(curves: dict[str, list[float]], losses: list[tuple[int, float]], config
     right.plot(*zip(*losses))
     right.set(yscale="log", xlabel="step", ylabel="training loss (mean over 10 steps)", title="training")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -13,7 +13,6 @@ The default is the reduced CPU scale of the notes (D = 32, Nmax = 16, lr 0.03, 1
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -23,10 +22,10 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from ..fileio import strict_json
 from ..models.toy_transformer import STREAMS, ToyTransformer, ToyTransformerConfig, parameter_count
 from ..tasks.bursty import KINDS, BurstyConfig, BurstyTask
 from ..train.batched import first_crossing, per_run_cross_entropy, train_runs
+from .common import Result, pyplot
 from .registry import register_experiment
 
 VARIANT_NAMES = {"none": "classic", "q": "Q-stream", "k": "K-stream", "v": "V-stream"}
@@ -74,8 +73,7 @@ def _stream_seed(seed: int, step: int) -> int:
 
 
 @register_experiment("residual-bursty", "Residual Q/K/V streams: emergence of ICL on bursty classification (2-layer toy, all runs batched)", ResidualBurstyConfig)
-def run(config: ResidualBurstyConfig, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(config: ResidualBurstyConfig, out_dir: Path) -> Result:
     device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if config.device == "auto" else config.device))
     seeds, variants = config.seeds, config.variants
@@ -128,15 +126,11 @@ def run(config: ResidualBurstyConfig, out_dir: Path) -> dict:
     save_file({name: p.detach().cpu().contiguous() for name, p in model.named_parameters()}, str(train_dir / "runs.safetensors"),
               metadata={"runs": json.dumps(runs)})
 
-    results = {"experiment": "residual-bursty", "config": dataclasses.asdict(config), "runs": runs,
-               "parameters_per_run": parameter_count(model_config),
+    results = {"runs": runs, "parameters_per_run": parameter_count(model_config),
                "parameters_per_run_paper_scale": parameter_count(ToyTransformerConfig()),
                "seconds": seconds, "steps_per_second": config.steps / seconds, "device": str(device),
                "curves": records, **summarise(records, runs, config)}
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(table(results))
-    plot(results, out_dir / "accuracy.png")
-    return results
+    return Result(results, {"table.md": table}, {"accuracy.png": plot})
 
 
 def summarise(records: list[dict], runs: list[tuple[str, int]], config: ResidualBurstyConfig) -> dict:
@@ -214,16 +208,11 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: dict):
     records, runs = results["curves"], [tuple(r) for r in results["runs"]]
     steps = [r["step"] for r in records]
     colors = {"none": "black", "q": "tab:blue", "k": "tab:green", "v": "tab:red"}
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4), sharey=True)
+    fig, axes = pyplot().subplots(1, 4, figsize=(18, 4), sharey=True)
     for ax, kind in zip(axes, KINDS):
         for variant in results["config"]["variants"]:
             curves = np.array([[r["accuracy"][kind][i] for r in records] for i, run in enumerate(runs) if run[0] == variant])
@@ -237,6 +226,5 @@ def plot(results: dict, path: Path) -> None:
     axes[0].legend()
     fig.suptitle("Residual attention streams, bursty in-context classification (thin: seeds, thick: mean)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 

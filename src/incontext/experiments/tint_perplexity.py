@@ -16,7 +16,6 @@ Paper (WikiText-103, GPT-2): vanilla 25.6/24.9/24.5/23.3, dynamic eval 24.9/24.0
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,12 +23,11 @@ from pathlib import Path
 
 import torch
 
-from ..fileio import strict_json
 from ..absorb.harness import compare
 from ..tasks.episodes import get_episode_source
 from ..tint import TinT, TintConfig
 from ..tint.reference import compare_with_exact
-from .common import GPT2_ADAMW, GPT2_BLOCK, TrainedModelOptions, train_fresh
+from .common import GPT2_ADAMW, GPT2_BLOCK, Result, TrainedModelOptions, train_fresh
 from .registry import register_experiment
 
 METHODS = {"dynamic eval": "dynamic-eval", "TinT": "tint"}  # table row -> absorb method
@@ -62,8 +60,7 @@ def perplexity(row: dict) -> float:
 
 
 @register_experiment("tint-perplexity", "TinT Table 2 analogue: held-out perplexity, vanilla vs dynamic eval vs TinT", PerplexityConfig)
-def run(config: PerplexityConfig, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(config: PerplexityConfig, out_dir: Path) -> Result:
     start = time.perf_counter()
     task = {"name": "shakespeare", "vocab_size": config.vocab_size, "seq_len": config.seq_len}
     model, train_config, trained = train_fresh(out_dir, config.train_config(
@@ -98,16 +95,19 @@ def run(config: PerplexityConfig, out_dir: Path) -> dict:
     g = torch.Generator().manual_seed(config.seed + 11)
     documents = task.validation_windows(config.documents + config.tune_documents, g)[config.tune_documents :, : config.seq_len]
     exact = against_exact(model, documents[: config.exact_documents], config, chosen["TinT"])
-    results = {"experiment": "tint-perplexity", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
-               "train_eval": trained.get("eval"), "train_seconds": round(train_seconds, 1),
+    results = {"parameters": model.num_parameters(), "train_eval": trained.get("eval"), "train_seconds": round(train_seconds, 1),
                "total_seconds": round(time.perf_counter() - start, 1), "perplexity": table,
                "perplexity_without_context": without_context,
                "inner_learning_rate": chosen, "tuning_perplexity": tuning, "vs_r_exact": exact,
                "paper_gpt2_wikitext103": PAPER_GPT2}
-    (out_dir / "results.json").write_text(strict_json(results))
+    return Result(results, {"table.md": lambda r: markdown_table(r, config)})
+
+
+def markdown_table(results: dict, config: PerplexityConfig) -> str:
+    table, chosen, exact = results["perplexity"], results["inner_learning_rate"], results["vs_r_exact"]
     fracs = " | ".join(f"{round(100 * f)}%" for f in config.fractions)
     lines = [(f"Held-out perplexity, {config.documents} documents of {config.seq_len} tokens (Shakespeare plays held out), "
-             f"GPT-2-style model with {config.n_layer} layers, width {config.d_model}, {model.num_parameters():,} parameters; "
+             f"GPT-2-style model with {config.n_layer} layers, width {config.d_model}, {results['parameters']:,} parameters; "
              "inner learning rate (summed loss) tuned per fraction on "
              f"{config.tune_documents} other documents."), "",
              f"| method | {fracs} | paper (GPT-2, WikiText-103) |", "|---|" + "---|" * (len(config.fractions) + 1)]
@@ -116,7 +116,7 @@ def run(config: PerplexityConfig, out_dir: Path) -> dict:
         lines.append(f"| {method}{lr} | " + " | ".join(f"{v:.2f}" for v in values) + " | "
                      + " / ".join(str(p) for p in PAPER_GPT2[method]) + " |")
     lines += ["", "Without the document's training part in the context (drop-prompt): "
-              + ", ".join(f"{v:.2f}" for v in without_context) + "."]
+              + ", ".join(f"{v:.2f}" for v in results["perplexity_without_context"]) + "."]
     lines += ["", f"TinT's step vs exact SGD on the same parameters (R-exact), mean over {config.exact_documents} documents:", "",
               "| fraction | TinT lr | logits rel. gap | update cosine | update norm ratio | held-out loss before / TinT / exact |",
               "|---|---|---|---|---|---|"]
@@ -124,8 +124,7 @@ def run(config: PerplexityConfig, out_dir: Path) -> dict:
         lines.append(f"| {fraction} | {row['learning_rate']:g} | {row['logits_rel_gap']:.2e} | {row['update_cosine']:.5f} | "
                      f"{row['update_norm_ratio']:.4f} | {row['heldout_loss_before']:.4f} / {row['heldout_loss_tint']:.4f} / "
                      f"{row['heldout_loss_exact']:.4f} |")
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
-    return results
+    return "\n".join(lines) + "\n"
 
 
 def against_exact(model, documents: torch.Tensor, config: PerplexityConfig, learning_rates: list[float]) -> dict:

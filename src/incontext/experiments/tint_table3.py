@@ -6,14 +6,12 @@ checked against R-approx (plain torch with TinT's gradient rules) and compared w
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..fileio import strict_json
 from ..models import Transformer, TransformerConfig
 from ..tint import TinT, TintConfig, sgd_reference
 from ..tint.counting import (
@@ -25,6 +23,7 @@ from ..tint.counting import (
 )
 from ..tint.hsplit import build_parameter_tree, count_weights
 from ..tint.reference import compare_with_exact
+from .common import Result
 from .registry import register_experiment
 
 
@@ -50,8 +49,7 @@ def _billions(n: int) -> float:
 
 
 @register_experiment("tint-table3", "TinT Table 3: simulator sizes (formula, built on meta) and a GPT-2-small-sized simulated step", Table3Config)
-def run(config: Table3Config, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(config: Table3Config, out_dir: Path) -> Result:
     formula = {name: {k: _billions(v) for k, v in transformer_counts(*OPT_MODELS[name]).items()} for name in OPT_MODELS}
     tint_config = TintConfig(rows_per_prefix=config.rows_per_prefix, shards=config.shards, learning_rate=config.learning_rate)
     from ..tint.modules import Layout
@@ -67,16 +65,14 @@ def run(config: Table3Config, out_dir: Path) -> dict:
     ours_formula = {"forward": (7 * sizes.q + sizes.q_split) * L, "backward": (8 * sizes.q + 6 * sizes.dh) * L,
                     "descent": 6 * sizes.q * L}
     ours_formula["total"] = sum(ours_formula.values())
-    results = {"experiment": "tint-table3", "config": dataclasses.asdict(config), "formula_billions": formula,
+    results = {"formula_billions": formula,
                "paper_billions": PAPER_TABLE3,
                "gpt2_small_layout": {"d_sim": layout.d_sim, "h_sim": layout.n_heads, "K": layout.K, "t_sim": layout.K + config.t_aux},
                "gpt2_small_built_meta": built, "gpt2_small_formula": ours_formula,
                "module_rows_per_layer": rows}
     if config.run_step:
         results["step"] = simulated_step(config, tint_config)
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(table(results))
-    return results
+    return Result(results, {"table.md": table})
 
 
 def simulated_step(config: Table3Config, tint_config: TintConfig) -> dict:
