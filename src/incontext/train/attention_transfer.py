@@ -151,8 +151,8 @@ def fit_feature_maps(captures: list[tuple[torch.Tensor, torch.Tensor]], config: 
             raise ValueError(f"{folder} holds maps trained with other options ({', '.join(mismatched)}); use a new folder")
         maps, losses = load_feature_maps(folder, partial=True), saved.get("losses", [])
     bar = tqdm(total=n_layer * config.steps, initial=len(maps) * config.steps, desc="feature maps", disable=not progress)
-    rng = random.Random(config.seed)
     for i in range(len(maps), n_layer):
+        rng = random.Random(f"transfer-{config.seed}-{i}")  # per layer: a resumed run trains as an uninterrupted one
         q_all, k_all = captures[i]
         k_all = k_all.repeat_interleave(groups, dim=1)
         layer = LearnedFeatures(n_head, dim, config.n_features, scale=scale, seed=config.seed + i)
