@@ -45,9 +45,9 @@ class LinearizeConfig:
     map_windows: int = 16  # training-play windows whose q/k train the maps
     window_tokens: int = 256
     n_features: int = 128  # per head (64 directions, both signs)
-    map_steps: int = 150  # per layer
+    map_steps: int = 200  # per layer
     map_lr: float = 0.01
-    map_batch: int = 4
+    map_batch: int = 2
     recovery_steps: int = 30  # LoRA recovery steps (KL to the softmax model)
     recovery_tokens: int = 128  # tokens per recovery window
     recovery_batch: int = 4
