@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from ..absorb import ICLCA
 from ..fileio import strict_json
+from ..interop.linearized import RECOVERY_FILE, RECOVERY_TARGETS, lora_alpha
 from ..interop.models import load_model
 from ..models import Transformer
 from ..tasks.corpora import shakespeare_plays
@@ -36,9 +37,6 @@ from ..train.attention_transfer import (
     TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
 )
 from .registry import register_experiment
-
-LORA_TARGETS = ("attn.qkv", "attn.out")
-
 
 @dataclass
 class LinearizeConfig:
@@ -90,10 +88,10 @@ def recover(teacher: Transformer, student: Transformer, windows: torch.Tensor, c
     on next-token distributions; the rest of the student stays frozen. Returns the loss per step."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    targets = [f"blocks.{i}.{name}" for i in range(student.config.n_layer) for name in LORA_TARGETS]
+    targets = [f"blocks.{i}.{name}" for i in range(student.config.n_layer) for name in RECOVERY_TARGETS]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        inject_adapter_in_model(LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, lora_dropout=0.0,
+        inject_adapter_in_model(LoraConfig(r=config.lora_rank, lora_alpha=lora_alpha(config.lora_rank), lora_dropout=0.0,
                                            target_modules=targets), student)
     for name, p in student.named_parameters():
         p.requires_grad_(".lora_" in name or ".learned." in name)
@@ -165,7 +163,7 @@ def run(config: LinearizeConfig, out_dir: Path) -> dict:
     recovery_windows = play_windows(codec, train_plays, 64, config.recovery_tokens, f"recovery-{config.seed}")
     recovery_losses = recover(model, linear, recovery_windows, config)
     save_file({name: p.detach().contiguous() for name, p in linear.named_parameters() if p.requires_grad},
-              str(out_dir / "recovery.safetensors"))
+              str(out_dir / RECOVERY_FILE))
     linear.requires_grad_(False)
     seconds["recovery"] = round(time.perf_counter() - tick, 1)
     ppl["linearized, after recovery"] = perplexity(linear, eval_windows)
