@@ -145,25 +145,31 @@ def log_kernel(log_phi_q: torch.Tensor, log_phi_k: torch.Tensor) -> torch.Tensor
     return torch.log(kernel.clamp_min(torch.finfo(kernel.dtype).tiny)) + shift_q + shift_k.transpose(-2, -1)
 
 
-def attention_distillation_loss(maps: LearnedFeatures, q: torch.Tensor, k: torch.Tensor, scale: float,
-                                split: int | None = None) -> torch.Tensor:
-    """KL divergence (the cross-entropy less the target's entropy, so 0 is perfect) from the causal softmax attention weights of rotated q, k (B, H, T, d; k repeated to the
-    query heads) and the weights the features give, averaged over query rows.
+def attention_distillation_losses(maps: LearnedFeatures, q: torch.Tensor, k: torch.Tensor, scale: float,
+                                  splits: tuple[int | None, ...] = (None,)) -> list[torch.Tensor]:
+    """KL divergence (the cross-entropy less the target's entropy, so 0 is perfect) from the causal softmax
+    attention weights of rotated q, k (B, H, T, d; k repeated to the query heads) to the weights the features
+    give, averaged over query rows; one loss per split, sharing the scores and the features.
 
     split=None: every key through the features (linear attention, normalized phi(q) . phi(k) weights).
     split=M: keys before M through the features, the others exact exp(q . k * scale), rows from M on (the
     approximate conversion of an M-token prompt); this one sees the features' absolute scale."""
     t = q.shape[-2]
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    exact = (q @ k.transpose(-2, -1)) * scale
-    target = torch.softmax(exact.masked_fill(~causal, float("-inf")), dim=-1)
-    approx = log_kernel(maps.log_q(q), maps.log_k(k))
-    if split is not None:
-        approx = torch.where(torch.arange(t, device=q.device) < split, approx, exact)
-        target, rows = target[..., split:, :], slice(split, None)
-    else:
-        rows = slice(None)
-    log_weights = torch.log_softmax(approx[..., rows, :].masked_fill(~causal[rows], float("-inf")), dim=-1)
-    log_target = torch.log_softmax(exact[..., rows, :].masked_fill(~causal[rows], float("-inf")), dim=-1)
-    gap = (log_target - log_weights).masked_fill(~causal[rows], 0.0)
-    return (target * gap).sum(-1).mean()
+    exact = ((q @ k.transpose(-2, -1)) * scale).masked_fill(~causal, float("-inf"))
+    log_target = torch.log_softmax(exact, dim=-1)
+    approx = log_kernel(maps.log_q(q), maps.log_k(k)).masked_fill(~causal, float("-inf"))
+    losses = []
+    for split in splits:
+        first = 0 if split is None else split
+        mixed = approx if split is None else torch.where(torch.arange(t, device=q.device) < split, approx, exact)
+        log_weights = torch.log_softmax(mixed[..., first:, :], dim=-1)
+        gap = (log_target[..., first:, :] - log_weights).masked_fill(~causal[first:], 0.0)
+        losses.append((log_target[..., first:, :].exp() * gap).sum(-1).mean())
+    return losses
+
+
+def attention_distillation_loss(maps: LearnedFeatures, q: torch.Tensor, k: torch.Tensor, scale: float,
+                                split: int | None = None) -> torch.Tensor:
+    """One split's loss of `attention_distillation_losses`."""
+    return attention_distillation_losses(maps, q, k, scale, (split,))[0]

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ..fileio import durable_replace, strict_json, write_text_atomic
 from ..models import Transformer, TransformerConfig
 from ..ops import apply_rope, rope_cos_sin
-from ..ops.feature_maps import LearnedFeatures, attention_distillation_loss
+from ..ops.feature_maps import LearnedFeatures, attention_distillation_loss, attention_distillation_losses
 
 MAPS_FILE, OPTIONS_FILE = "feature_maps.safetensors", "feature_maps.json"
 
@@ -91,10 +91,10 @@ def capture_queries_keys(model: Transformer, windows: torch.Tensor, batch: int =
 def transfer_loss(maps: LearnedFeatures, q: torch.Tensor, k: torch.Tensor, scale: float, split: int | None,
                   split_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(total, all-features loss, split loss) for q (B, H, T, d) and k repeated to the query heads."""
-    linear = attention_distillation_loss(maps, q, k, scale)
     if split is None or split_weight == 0:
+        linear = attention_distillation_loss(maps, q, k, scale)
         return linear, linear, None
-    converted = attention_distillation_loss(maps, q, k, scale, split=split)
+    linear, converted = attention_distillation_losses(maps, q, k, scale, (None, split))
     return linear + split_weight * converted, linear, converted
 
 
