@@ -45,6 +45,12 @@ def check_exactly_convertible(model: Transformer) -> None:
         raise ConversionError("the model is in training mode with dropout: call model.eval() before converting")
 
 
+def rotates_features(model: Transformer) -> bool:
+    """RoPE on the features (eq. 12): the query restarts at 0 and the state rotates by R_{-M}. Learned features
+    read queries and keys rotated at absolute positions instead: the state stays, the query keeps M, M+1, ..."""
+    return model.config.positions == "rope" and model.config.feature_map != "learned"
+
+
 def rotate_state(S: torch.Tensor, shift: int, model: Transformer) -> torch.Tensor:
     """R_shift S for a state S of shape (B, H, F, D): every column of S rotated in feature space."""
     cos, sin = rope_cos_sin(torch.tensor([shift], device=S.device), model.rope_dim, model.config.rope_theta, S.dtype)
@@ -61,7 +67,7 @@ def convert(model: Transformer, prompt: torch.Tensor, initial: Cache | None = No
     cache = Cache(layers=list(initial.layers), position=initial.position) if initial else Cache.empty(model.config.n_layer)
     with torch.no_grad():
         model(prompt, cache=cache)
-    if model.config.positions == "rope":
+    if rotates_features(model):
         m = prompt.shape[1]
         # b_KV = R_{-M} S_M: rotating the final state (rather than writing R_{j-M} per key) avoids off-by-ones
         cache.layers = [(rotate_state(S, -m, model), z) for S, z in cache.layers]
@@ -151,6 +157,6 @@ def algorithm_1(model: Transformer, prompt: torch.Tensor, *, printed_step_d: boo
             out, raw, _ = block(x, rope, previous, (S, z))
         x, previous = out, raw
         layers.append((S, z))
-    if model.config.positions == "rope":
+    if rotates_features(model):
         return Cache(layers=[(rotate_state(S, -m, model), z) for S, z in layers], position=0)
     return Cache(layers=layers, position=m)

@@ -4,7 +4,9 @@ SmolLM2-135M (Llama architecture, RoPE) with real text (Shakespeare plays shippe
 For each prompt/query pair of consecutive passages (the absorb harness's `continuation` episodes: held-out
 plays), the relative logits error against the prompted model of
 (a) the query without the prompt and (b) the query after absorbing the prompt into m FAVOR+ features, for
-several m, with and without keeping the first prompt token exact (an attention sink). Plus greedy
+several m, with and without keeping the first prompt token exact (an attention sink), and (c) the same through
+learned feature maps (one row per saved map folder, trained on the Shakespeare training plays by
+`incontext run linearize-smollm2`). Plus greedy
 continuations of fact prompts, like the paper's tables 3-5. Paper (GPT-2): 16.56% without the prompt, 9.17%
 converted.
 """
@@ -45,17 +47,23 @@ class ApproxConfig:
     features: list[int] = field(default_factory=lambda: [64, 256, 1024])
     exact_sinks: list[int] = field(default_factory=lambda: [0, 1])
     orthogonal: bool = True
+    # folders of learned feature maps (train/attention_transfer.py), one row per folder and exact-sink setting
+    learned: list[str] = field(default_factory=lambda: ["results/linearize-smollm2/feature_maps"])
     new_tokens: int = 12
     seed: int = 0
 
 
 def approximation_errors(model, source, episodes, features: list[int], exact_sinks: list[int], seed: int,
-                         orthogonal: bool = True) -> dict:
-    """The absorb harness with one iclca-approx row per (m, exact sinks): relative logits error vs the prompted
-    model (per query, Frobenius norm over the whole query) averaged over the episodes, with its std."""
+                         orthogonal: bool = True, learned: list[str] = ()) -> dict:
+    """The absorb harness with one iclca-approx row per (m, exact sinks) and per (learned maps, exact sinks):
+    relative logits error vs the prompted model (per query, Frobenius norm over the whole query) averaged over
+    the episodes, with its std."""
     variants = {f"m={m}, exact sinks={s}": (f"iclca-approx:m{m}-s{s}", {"n_features": m, "exact_sinks": s, "seed": seed,
                                                          "orthogonal": orthogonal})
                 for s in exact_sinks for m in features}
+    for j, folder in enumerate(learned):
+        for s in exact_sinks:
+            variants[f"learned {folder}, exact sinks={s}"] = (f"iclca-approx:learned{j}-s{s}", {"features": folder, "exact_sinks": s})
     rows = {row["method"]: row for row in compare(model, source, episodes, dict(variants.values()))}
     labels = {"without prompt": "drop-prompt", **{name: label for name, (label, _) in variants.items()}}
     return {name: {"mean": rows[label]["agreement"]["relative_logits_error"],
@@ -71,8 +79,12 @@ def error_table(summary: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
-@register_experiment("iclca-approx", "ICLCA approximate conversion (softmax, FAVOR+) on pretrained SmolLM2-135M with real text", ApproxConfig)
+@register_experiment("iclca-approx", "ICLCA approximate conversion (softmax, FAVOR+ or learned features) on pretrained SmolLM2-135M with real text", ApproxConfig)
 def run(config: ApproxConfig, out_dir: Path) -> dict:
+    for folder in config.learned:  # before the model loads: a missing folder fails at once
+        if not (Path(folder) / "feature_maps.json").is_file():
+            raise FileNotFoundError(f"no learned feature maps in {folder!r}: train them with `incontext run "
+                                    "linearize-smollm2`, or set learned=[]")
     out_dir.mkdir(parents=True, exist_ok=True)
     hf, tokenizer = load_smollm2()
     model = from_hf_llama(hf).eval()
@@ -82,28 +94,34 @@ def run(config: ApproxConfig, out_dir: Path) -> dict:
     episodes = source.episodes(config.pairs, config.seed, tokenizer=HFCodec(tokenizer))
     start = time.perf_counter()
     summary = approximation_errors(model, source, episodes, config.features, config.exact_sinks, config.seed,
-                                   config.orthogonal)
+                                   config.orthogonal, config.learned)
 
     generations = []
+    converters = {"converted": ICLCAApprox(max(config.features), seed=config.seed, exact_sinks=max(config.exact_sinks))}
+    converters.update({f"converted, learned {folder}": ICLCAApprox(features=folder, exact_sinks=max(config.exact_sinks))
+                       for folder in config.learned})
     with torch.no_grad():
         for context, question in FACTS:
             p = tokenizer(context + " ", return_tensors="pt").input_ids
             q = tokenizer(question, return_tensors="pt").input_ids
             with_prompt = model.generate(torch.cat([p, q], 1), config.new_tokens)[0, p.shape[1] + q.shape[1]:]
             without = model.generate(q, config.new_tokens)[0, q.shape[1]:]
-            converted = ICLCAApprox(max(config.features), seed=config.seed, exact_sinks=max(config.exact_sinks)).absorb(model, p)
-            absorbed = converted.generate(q, config.new_tokens)[0, q.shape[1]:]
-            generations.append({"context": context, "query": question, "with prompt": tokenizer.decode(with_prompt),
-                                "without prompt": tokenizer.decode(without), "converted": tokenizer.decode(absorbed)})
+            row = {"context": context, "query": question, "with prompt": tokenizer.decode(with_prompt),
+                   "without prompt": tokenizer.decode(without)}
+            for name, method in converters.items():
+                row[name] = tokenizer.decode(method.absorb(model, p).generate(q, config.new_tokens)[0, q.shape[1]:])
+            generations.append(row)
     results = {"experiment": "iclca-approx", "config": dataclasses.asdict(config), "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
                "seconds": round(time.perf_counter() - start, 1), "relative_logits_error": summary,
                "generations": generations, "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
     (out_dir / "results.json").write_text(strict_json(results))
     lines = error_table(summary)
-    lines += ["", f"Greedy continuations (converted: m={max(config.features)}, exact sinks={max(config.exact_sinks)}):", "",
-              "| context | query | with prompt | without prompt | converted |", "|---|---|---|---|---|"]
+    columns = list(generations[0])
+    lines += ["", f"Greedy continuations (converted: m={max(config.features)} FAVOR+ features or the learned maps, "
+              f"exact sinks={max(config.exact_sinks)}):", "",
+              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for g in generations:
-        cells = [g["context"], g["query"], g["with prompt"], g["without prompt"], g["converted"]]
+        cells = [g[c] for c in columns]
         lines.append("| " + " | ".join(c.replace("\n", " ").replace("|", "/") for c in cells) + " |")
     (out_dir / "table.md").write_text("\n".join(lines) + "\n")
     return results

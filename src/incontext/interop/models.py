@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 MODEL_CHOICES = "smollm2 (the shipped pretrained SmolLM2-135M-Instruct), a run folder or checkpoint of ours " \
-                "(holding state.json), or a local Hugging Face model folder (holding config.json)"
+                "(holding state.json), a linearize-smollm2 result folder (the linearized SmolLM2), " \
+                "or a local Hugging Face model folder (holding config.json)"
 
 
 class HFCodec:
@@ -62,6 +63,14 @@ def load_model(spec: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"unknown model {str(spec)!r}: give {MODEL_CHOICES}")
+    from .linearized import is_linearized_folder
+
+    if is_linearized_folder(path):
+        from .linearized import load_linearized
+
+        smollm2 = load_model("smollm2", dtype)
+        return LoadedModel(load_linearized(path, smollm2.model), smollm2.tokenizer, None,
+                           f"SmolLM2-135M-Instruct linearized by learned feature maps ({path})", None)
     if (path / "config.json").is_file() and not (path / "state.json").is_file():
         return _load_hf_folder(path, dtype)
     from ..train import load_for_eval

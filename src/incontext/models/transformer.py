@@ -5,8 +5,8 @@ Pre-norm blocks: x = x + Attn(Norm(x)); x = x + MLP(Norm(x)). Options (all in `T
 - inputs: tokens (embedding + LM head) or continuous vectors (read-in / read-out linears);
 - positions: learned, RoPE or none; norm: LayerNorm or RMSNorm; MLP: GELU (erf or tanh), ReLU or SwiGLU;
   biases on/off; 1/sqrt(d_head) logit scaling on/off; tied or untied head; dropout; grouped K/V heads;
-- attention: softmax (reference or torch SDPA) or linear/kernelized (identity, elu+1 or FAVOR+ features,
-  "kernel" or no normalization; parallel, recurrent or chunked form, all equal);
+- attention: softmax (reference or torch SDPA) or linear/kernelized (identity, elu+1, Taylor, FAVOR+ or learned
+  Hedgehog-style features, "kernel" or no normalization; parallel, recurrent or chunked form, all equal);
 - residual attention streams (Burns et al.): each layer adds the previous layer's raw Q, K or V projection
   of the same head, or the "value residual" variant mixing the first layer's values with learned scalars.
 
@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config import check_choices, from_dict, to_dict
 from ..ops import FavorFeatures, apply_feature_map, apply_rope, rope_cos_sin
+from ..ops.feature_maps import LearnedFeatures
 from ..ops.linear_attention import LINEAR_ATTENTION_IMPLS
 from ..ops.softmax_attention import SOFTMAX_ATTENTION_IMPLS
 
@@ -54,8 +55,10 @@ class TransformerConfig:
     attn_dropout: float = 0.0  # attention probabilities (softmax attention)
     attention: Literal["softmax", "linear"] = "softmax"
     softmax_impl: Literal["sdpa", "reference"] = "sdpa"
-    feature_map: Literal["identity", "elu", "taylor", "favor"] = "elu"
-    n_features: int | None = None  # FAVOR+ random features per head; None = head_dim
+    # learned: trainable maps applied to queries and keys AFTER RoPE (rotating q, k at their absolute positions,
+    # as the softmax model does; the features themselves are not rotated), e.g. a linearized softmax model
+    feature_map: Literal["identity", "elu", "taylor", "favor", "learned"] = "elu"
+    n_features: int | None = None  # FAVOR+ random features per head (None = head_dim); learned: 2m (None = 2 head_dim)
     orthogonal_features: bool = True
     feature_seed: int = 0
     linear_norm: Literal["kernel", "none"] = "kernel"
@@ -81,7 +84,9 @@ class TransformerConfig:
             raise ValueError("dropout and attn_dropout must lie in [0, 1)")
         if self.positions == "rope" and self.attention == "softmax" and self.dim_head % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.dim_head}")
-        if self.positions == "rope" and self.attention == "linear" and self.feature_dim % 2:
+        if self.positions == "rope" and self.attention == "linear" and self.feature_map == "learned" and self.dim_head % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {self.dim_head}")
+        if self.positions == "rope" and self.attention == "linear" and self.feature_map != "learned" and self.feature_dim % 2:
             raise ValueError(f"RoPE on linear attention rotates the features: feature dim {self.feature_dim} is odd")
 
     # derived sizes
@@ -103,6 +108,8 @@ class TransformerConfig:
             return self.n_features or self.dim_head
         if self.feature_map == "taylor":
             return 2 + self.dim_head + self.dim_head**2
+        if self.feature_map == "learned":
+            return self.n_features or 2 * self.dim_head
         return self.dim_head
 
     @property
@@ -187,6 +194,10 @@ class Attention(nn.Module):
             self.favor = FavorFeatures(
                 c.dim_head, c.feature_dim, orthogonal=c.orthogonal_features, seed=c.feature_seed + layer_index
             )
+        self.learned = None
+        if c.attention == "linear" and c.feature_map == "learned":
+            scale = 1.0 / math.sqrt(c.dim_head) if c.scale_attn else 1.0
+            self.learned = LearnedFeatures(c.n_head, c.dim_head, c.feature_dim, scale=scale, seed=c.feature_seed + layer_index)
         if c.residual_stream == "value_residual" and layer_index > 0:
             # Zhou et al. 2024: v_n <- lambda_self * v_n + lambda_first * v_1, both learned, start at 1/2
             self.value_mix = nn.Parameter(torch.full((2,), 0.5))
@@ -249,6 +260,14 @@ class Attention(nn.Module):
 
     def _linear(self, q, k, v, rope, layer_cache):
         c = self.config
+        kwargs = {"chunk_size": c.chunk_size} if c.linear_impl == "chunked" else {}
+        attend = LINEAR_ATTENTION_IMPLS[c.linear_impl]
+        normalize = c.linear_norm == "kernel"
+        if self.learned is not None:  # RoPE on q, k at absolute positions, then the maps (their scale built in)
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            phi_q, phi_k = self.learned.phi_q(q), self.learned.phi_k(self._expand_kv(k))
+            return attend(phi_q, phi_k, self._expand_kv(v), rope=None, normalize=normalize, state=layer_cache, **kwargs)
         if c.scale_attn:
             # FAVOR+ and Taylor features approximate exp(q.k / sqrt(d)): scale both sides by d^(-1/4). For
             # identity and elu features the scale goes on the queries (the kernel normalization cancels it).
@@ -258,11 +277,7 @@ class Attention(nn.Module):
                 q = q / math.sqrt(c.dim_head)
         phi_q = apply_feature_map(q, c.feature_map, self.favor)
         phi_k = apply_feature_map(self._expand_kv(k), c.feature_map, self.favor)
-        kwargs = {"chunk_size": c.chunk_size} if c.linear_impl == "chunked" else {}
-        attend = LINEAR_ATTENTION_IMPLS[c.linear_impl]
-        out, state = attend(
-            phi_q, phi_k, self._expand_kv(v), rope=rope, normalize=c.linear_norm == "kernel", state=layer_cache, **kwargs
-        )
+        out, state = attend(phi_q, phi_k, self._expand_kv(v), rope=rope, normalize=normalize, state=layer_cache, **kwargs)
         return out, state
 
 
@@ -336,6 +351,8 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("value_mix"):
                 nn.init.constant_(p, 0.5)
+            elif ".learned." in name:
+                continue  # learned feature maps keep their own start (the FAVOR+ estimator)
             elif "norm" in name:  # gains one, biases zero
                 nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
             elif p.dim() == 1:
@@ -402,9 +419,10 @@ class Transformer(nn.Module):
 
     @property
     def rope_dim(self) -> int:
-        """Dimension RoPE rotates: the head dimension, or the feature dimension for linear attention."""
+        """Dimension RoPE rotates: the head dimension, or the feature dimension for linear attention (except
+        learned features, which read rotated queries and keys)."""
         c = self.config
-        return c.feature_dim if c.attention == "linear" else c.dim_head
+        return c.feature_dim if c.attention == "linear" and c.feature_map != "learned" else c.dim_head
 
     def _check_inputs(self, inputs: torch.Tensor) -> None:
         c = self.config

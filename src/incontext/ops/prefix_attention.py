@@ -10,6 +10,9 @@ rotated model's own scores exp((R_i q) . (R_j k) * scale). All terms are combine
 are stored scaled by exp(-c) (c = their largest log-feature) and each row is shifted by its largest log-term,
 which keeps exp() in range without changing the ratio (a per-row max taken on the exact scores alone would not
 cancel against the feature terms).
+
+The features are FAVOR+ (a projection) or a layer's learned maps (`LearnedFeatures`, one per query head, their
+scale built in); both give log phi, and everything else is the same.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .feature_maps import LearnedFeatures
 from .softmax_attention import causal_mask
 
 
@@ -29,9 +33,15 @@ class FeaturePrefix:
     kv: torch.Tensor  # (B, H, m, D): sum_j exp(log_phi(k_j) - c) v_j^T
     normalizer: torch.Tensor  # (B, H, m): sum_j exp(log_phi(k_j) - c)
     log_scale: torch.Tensor  # (B, H, 1): c
-    projection: torch.Tensor  # (m, d): FAVOR+ directions
+    projection: torch.Tensor | None  # (m, d): FAVOR+ directions (None with learned features)
     k: torch.Tensor | None = None  # (B, H_kv, P, d) exact keys after the prompt (rotated)
     v: torch.Tensor | None = None
+    learned: LearnedFeatures | None = None  # the layer's learned maps, instead of FAVOR+
+
+    def log_query_features(self, q: torch.Tensor, scale: float) -> torch.Tensor:
+        if self.learned is not None:
+            return self.learned.log_q(q)
+        return log_features(q * math.sqrt(scale), self.projection)
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> "FeaturePrefix":
         if self.k is not None:
@@ -52,15 +62,20 @@ def log_features(x: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
     return x @ projection.to(x.dtype).T - 0.5 * x.pow(2).sum(-1, keepdim=True) - 0.5 * math.log(m)
 
 
-def absorb_keys(k: torch.Tensor, v: torch.Tensor, projection: torch.Tensor, scale: float) -> FeaturePrefix:
+def absorb_keys(k: torch.Tensor, v: torch.Tensor, projection: torch.Tensor | None, scale: float,
+                learned: LearnedFeatures | None = None) -> FeaturePrefix:
     """Feature sums of keys k (B, H, M, d) and values v (B, H, M, D); k already rotated."""
-    log_phi = log_features(k * math.sqrt(scale), projection)  # exp(q.k*scale) = exp((q sqrt s).(k sqrt s))
+    if learned is not None:
+        log_phi = learned.log_k(k)
+    else:
+        log_phi = log_features(k * math.sqrt(scale), projection)  # exp(q.k*scale) = exp((q sqrt s).(k sqrt s))
     if log_phi.shape[-2] == 0:  # nothing to absorb
         c = log_phi.new_zeros(*log_phi.shape[:2], 1, 1)
     else:
         c = log_phi.amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
     phi = torch.exp(log_phi - c)
-    return FeaturePrefix(kv=phi.transpose(-2, -1) @ v, normalizer=phi.sum(-2), log_scale=c[..., 0], projection=projection)
+    return FeaturePrefix(kv=phi.transpose(-2, -1) @ v, normalizer=phi.sum(-2), log_scale=c[..., 0], projection=projection,
+                         learned=learned)
 
 
 def prefix_softmax_attention(
@@ -69,7 +84,7 @@ def prefix_softmax_attention(
     """q (B, H, T, d); k, v (B, H, P + T, d) the exact keys after the prompt (queries are the last T)."""
     scores = (q @ k.transpose(-2, -1)) * scale
     scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    log_phi_q = log_features(q * math.sqrt(scale), prefix.projection) + prefix.log_scale[..., None]
+    log_phi_q = prefix.log_query_features(q, scale) + prefix.log_scale[..., None]
     shift = torch.maximum(scores.amax(-1, keepdim=True), log_phi_q.amax(-1, keepdim=True))
     exact = torch.exp(scores - shift)
     approx = torch.exp(log_phi_q - shift)

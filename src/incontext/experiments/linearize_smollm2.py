@@ -1,0 +1,200 @@
+"""A linearized SmolLM2-135M: learned feature maps by attention transfer, then a short LoRA recovery.
+
+1. Capture every layer's queries and keys (after RoPE) from the frozen softmax SmolLM2 on windows of the
+   Shakespeare TRAINING plays (the held-out plays are never read for training), and fit one learned
+   Hedgehog-style map per layer and head (train/attention_transfer.py). The maps are saved under
+   <out>/feature_maps (resumable); `incontext run iclca-approx` reads them for its learned-feature rows.
+2. Linearize: every softmax attention replaced by linear attention through the maps (same weights).
+3. Recover: a LoRA (peft) on the attention projections, plus the maps, trained to match the softmax model's
+   next-token distributions (KL) on other training-play windows; saved as <out>/recovery.safetensors.
+4. Held-out perplexity (windows of the held-out plays) of SmolLM2, linearized before and after recovery; and
+   exact ICLCA on the recovered linearized model: converted prompt + query alone vs the prompted model
+   (float32 and float64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from ..absorb import ICLCA
+from ..fileio import strict_json
+from ..interop.linearized import RECOVERY_FILE, RECOVERY_TARGETS, lora_alpha
+from ..interop.models import load_model
+from ..models import Transformer
+from ..tasks.corpora import shakespeare_plays
+from ..tasks.text import ShakespeareConfig, split_plays
+from ..train.attention_transfer import (
+    TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
+)
+from .registry import register_experiment
+
+@dataclass
+class LinearizeConfig:
+    map_windows: int = 16  # training-play windows whose q/k train the maps
+    window_tokens: int = 256
+    n_features: int = 128  # per head (64 directions, both signs)
+    map_steps: int = 200  # per layer
+    map_lr: float = 0.01
+    map_batch: int = 2
+    recovery_steps: int = 30  # LoRA recovery steps (KL to the softmax model)
+    recovery_tokens: int = 128  # tokens per recovery window
+    recovery_batch: int = 4
+    lora_rank: int = 8
+    lora_lr: float = 2e-3
+    eval_windows: int = 16  # held-out-play windows for perplexity
+    conversion_prompt: int = 128  # exact-conversion check: prompt and query tokens from a held-out play
+    conversion_query: int = 32
+    seed: int = 0
+
+
+def play_windows(tokenizer, names: list[str], n: int, length: int, seed: str) -> torch.Tensor:
+    """n windows of `length` tokens, each from a random place of a random play among `names` (seeded)."""
+    plays = shakespeare_plays()
+    rng = random.Random(seed)
+    windows = []
+    while len(windows) < n:
+        text = plays[rng.choice(names)]
+        start = rng.randrange(max(1, len(text) - 12 * length))
+        ids = tokenizer.encode(text[start:start + 12 * length])[1:]  # [1:]: the first token may be a cut word
+        if len(ids) >= length:
+            windows.append(torch.tensor(ids[:length]))
+    return torch.stack(windows)
+
+
+@torch.no_grad()
+def perplexity(model: Transformer, windows: torch.Tensor, batch: int = 4) -> float:
+    total, count = 0.0, 0
+    for start in range(0, windows.shape[0], batch):
+        x = windows[start:start + batch]
+        logits = model(x[:, :-1])
+        total += F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten(), reduction="sum").item()
+        count += x[:, 1:].numel()
+    return math.exp(total / count)
+
+
+def recover(teacher: Transformer, student: Transformer, windows: torch.Tensor, config: LinearizeConfig,
+            progress: bool = True) -> list[float]:
+    """LoRA (peft) on the student's attention projections, plus its feature maps, trained by KL(teacher || student)
+    on next-token distributions; the rest of the student stays frozen. Returns the loss per step."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    targets = [f"blocks.{i}.{name}" for i in range(student.config.n_layer) for name in RECOVERY_TARGETS]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        inject_adapter_in_model(LoraConfig(r=config.lora_rank, lora_alpha=lora_alpha(config.lora_rank), lora_dropout=0.0,
+                                           target_modules=targets), student)
+    for name, p in student.named_parameters():
+        p.requires_grad_(".lora_" in name or ".learned." in name)
+    trainable = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.lora_lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(config.seed)
+    student.train()
+    losses = []
+    for _ in tqdm(range(config.recovery_steps), desc="LoRA recovery", disable=not progress):
+        x = windows[torch.randperm(windows.shape[0], generator=generator)[: config.recovery_batch]]
+        with torch.no_grad():
+            target = torch.log_softmax(teacher(x), -1)
+        log_student = torch.log_softmax(student(x), -1)
+        loss = F.kl_div(log_student.flatten(0, 1), target.flatten(0, 1), log_target=True, reduction="batchmean")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    student.eval()
+    return losses
+
+
+def conversion_check(model: Transformer, prompt: torch.Tensor, query: torch.Tensor) -> dict[str, float]:
+    """Relative logits error of (converted prompt + query alone) vs (the prompted model), and of the query alone."""
+    with torch.no_grad():
+        prompted = model(torch.cat([prompt, query], 1))[:, prompt.shape[1]:]
+        converted = ICLCA().absorb(model, prompt)(query)
+        alone = model(query)
+
+    def rel(a):
+        return float((a - prompted).norm() / prompted.norm())
+
+    return {"converted": rel(converted), "without prompt": rel(alone)}
+
+
+@register_experiment("linearize-smollm2", "SmolLM2-135M linearized by learned feature maps (attention transfer) + LoRA recovery; exact ICLCA on it", LinearizeConfig)
+def run(config: LinearizeConfig, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    loaded = load_model("smollm2")
+    model, codec = loaded.model, loaded.tokenizer
+    model.requires_grad_(False)
+    train_plays, heldout_plays = split_plays(ShakespeareConfig(), shakespeare_plays())
+    seconds = {}
+
+    map_windows = play_windows(codec, train_plays, config.map_windows, config.window_tokens, f"maps-{config.seed}")
+    transfer = TransferConfig(n_features=config.n_features, steps=config.map_steps, lr=config.map_lr,
+                              batch=config.map_batch, seed=config.seed)
+    folder = out_dir / "feature_maps"
+    tick = time.perf_counter()
+    if (folder / "feature_maps.json").is_file() and read_options(folder)["layers_done"] == model.config.n_layer:
+        maps = load_feature_maps(folder)
+    else:
+        captures = capture_queries_keys(model, map_windows)
+        maps = fit_feature_maps(captures, transfer, scale=model_scale(model), folder=folder,
+                                extra={"model": "SmolLM2-135M-Instruct", "data": "Shakespeare training plays"})
+        del captures
+    seconds["feature maps"] = round(time.perf_counter() - tick, 1)
+    map_losses = read_options(folder)["losses"]
+
+    tick = time.perf_counter()
+    eval_windows = play_windows(codec, heldout_plays, config.eval_windows, config.window_tokens, f"eval-{config.seed}")
+    linear = linearize(model, maps)
+    ppl = {"SmolLM2 (softmax)": perplexity(model, eval_windows), "linearized, before recovery": perplexity(linear, eval_windows)}
+    seconds["perplexity"] = round(time.perf_counter() - tick, 1)
+
+    tick = time.perf_counter()
+    recovery_windows = play_windows(codec, train_plays, 64, config.recovery_tokens, f"recovery-{config.seed}")
+    recovery_losses = recover(model, linear, recovery_windows, config)
+    save_file({name: p.detach().contiguous() for name, p in linear.named_parameters() if p.requires_grad},
+              str(out_dir / RECOVERY_FILE))
+    linear.requires_grad_(False)
+    seconds["recovery"] = round(time.perf_counter() - tick, 1)
+    ppl["linearized, after recovery"] = perplexity(linear, eval_windows)
+
+    tick = time.perf_counter()
+    text = play_windows(codec, heldout_plays, 1, config.conversion_prompt + config.conversion_query, f"convert-{config.seed}")
+    prompt, query = text[:, : config.conversion_prompt], text[:, config.conversion_prompt:]
+    exactness = {"float32": conversion_check(linear, prompt, query)}
+    exactness["float64"] = conversion_check(linear.double(), prompt, query)
+    linear.float()
+    seconds["conversion"] = round(time.perf_counter() - tick, 1)
+
+    results = {"experiment": "linearize-smollm2", "config": dataclasses.asdict(config),
+               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
+               "data": {"training": "Shakespeare training plays (maps, recovery)", "evaluation": f"held-out plays {heldout_plays}"},
+               "perplexity": ppl, "perplexity_ratio_after": ppl["linearized, after recovery"] / ppl["SmolLM2 (softmax)"],
+               "feature_map_losses": map_losses, "recovery_kl": recovery_losses, "exact_conversion": exactness,
+               "seconds": {**seconds, "total": round(time.perf_counter() - start, 1)}}
+    (out_dir / "results.json").write_text(strict_json(results))
+    lines = [f"Held-out perplexity ({config.eval_windows} windows of {config.window_tokens} tokens from the held-out plays):", "",
+             "| model | perplexity | vs SmolLM2 |", "|---|---|---|"]
+    base = ppl["SmolLM2 (softmax)"]
+    lines += [f"| {name} | {value:.2f} | {value / base:.2f}x |" for name, value in ppl.items()]
+    lines += ["", "Attention-distillation KL per query row, mean over layers (before = the FAVOR+ start):", "",
+              "| keys through features | before | after |", "|---|---|---|"]
+    for key, label in (("linear", "all (linearized)"), ("converted", "before a split (conversion)")):
+        lines.append(f"| {label} | {sum(l['before'][key] for l in map_losses) / len(map_losses):.4f} | "
+                     f"{sum(l['after'][key] for l in map_losses) / len(map_losses):.4f} |")
+    lines += ["", f"Exact ICLCA on the recovered linearized model ({config.conversion_prompt}-token prompt, "
+              f"{config.conversion_query}-token query; relative logits error vs the prompted linearized model):", "",
+              "| dtype | converted | without prompt |", "|---|---|---|"]
+    lines += [f"| {dtype} | {row['converted']:.2e} | {row['without prompt']:.2e} |" for dtype, row in exactness.items()]
+    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
+    return results

@@ -1,0 +1,203 @@
+"""Attention transfer: learned feature maps distilled from a softmax model's own attention (Hedgehog, LoLCATs).
+
+1. `capture_queries_keys`: one pass of the frozen softmax model over training windows records every layer's
+   queries and keys after RoPE.
+2. `fit_feature_maps`: per layer, `LearnedFeatures` (one map per query head for queries and for keys) trained to
+   match the true causal softmax weights (ops/feature_maps.attention_distillation_loss) in two uses at once:
+   all keys through the features (a linearized model) and keys before a random split through the features, the
+   rest exact (the approximate conversion of a prompt). Saved after every layer (safetensors + JSON of the
+   options and losses), so an interrupted run resumes at the next layer.
+3. `linearize`: the same weights in a linear-attention Transformer that uses the maps; exact ICLCA applies to it.
+
+    captures = capture_queries_keys(model, windows)
+    maps = fit_feature_maps(captures, TransferConfig(), scale=model_scale(model), folder="maps")
+    linear = linearize(model, maps)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from ..fileio import durable_replace, strict_json, write_text_atomic
+from ..models import Transformer, TransformerConfig
+from ..ops import apply_rope, rope_cos_sin
+from ..ops.feature_maps import LearnedFeatures, attention_distillation_loss, attention_distillation_losses
+
+MAPS_FILE, OPTIONS_FILE = "feature_maps.safetensors", "feature_maps.json"
+
+
+@dataclass
+class TransferConfig:
+    n_features: int = 128  # per head: m directions, both signs
+    steps: int = 150  # Adam steps per layer
+    lr: float = 0.01
+    batch: int = 4  # windows per step
+    split_weight: float = 1.0  # weight of the conversion (split) loss beside the all-features one
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("n_features", "steps", "batch"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"TransferConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.n_features % 2:
+            raise ValueError(f"TransferConfig.n_features must be even (+/- pairs), got {self.n_features}")
+        if not (self.lr > 0 and self.split_weight >= 0):
+            raise ValueError("TransferConfig.lr must be > 0 and split_weight >= 0")
+
+
+def model_scale(model: Transformer) -> float:
+    c = model.config
+    return 1.0 / math.sqrt(c.dim_head) if c.scale_attn else 1.0
+
+
+@torch.no_grad()
+def capture_queries_keys(model: Transformer, windows: torch.Tensor, batch: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, (q (N, H, T, d), k (N, H_kv, T, d)) after RoPE at positions 0..T-1, for token windows (N, T)."""
+    c = model.config
+    if c.attention != "softmax":
+        raise ValueError(f"attention transfer reads a softmax model; this one has attention={c.attention!r}")
+    seen: dict[int, list[torch.Tensor]] = {i: [] for i in range(c.n_layer)}
+    hooks = [block.attn.qkv.register_forward_hook(lambda _m, _i, out, i=i: seen[i].append(out))
+             for i, block in enumerate(model.blocks)]
+    try:
+        for start in range(0, windows.shape[0], batch):
+            model(windows[start:start + batch])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    t = windows.shape[1]
+    rope = rope_cos_sin(torch.arange(t), c.dim_head, c.rope_theta, torch.float32) if c.positions == "rope" else None
+    layers = []
+    for i in range(c.n_layer):
+        qkv = torch.cat(seen.pop(i)).float()
+        q, k, _ = qkv.split([c.n_head * c.dim_head, c.kv_heads * c.dim_head, c.kv_heads * c.dim_head], -1)
+        q = q.view(*q.shape[:2], c.n_head, c.dim_head).transpose(1, 2)
+        k = k.view(*k.shape[:2], c.kv_heads, c.dim_head).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        layers.append((q.contiguous(), k.contiguous()))
+    return layers
+
+
+def transfer_loss(maps: LearnedFeatures, q: torch.Tensor, k: torch.Tensor, scale: float, split: int | None,
+                  split_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(total, all-features loss, split loss) for q (B, H, T, d) and k repeated to the query heads."""
+    if split is None or split_weight == 0:
+        linear = attention_distillation_loss(maps, q, k, scale)
+        return linear, linear, None
+    linear, converted = attention_distillation_losses(maps, q, k, scale, (None, split))
+    return linear + split_weight * converted, linear, converted
+
+
+def save_feature_maps(maps: list[LearnedFeatures], folder: str | Path, options: dict) -> None:
+    """Every finished layer's maps (safetensors) and the options, losses and progress (JSON)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"{i}.{name}": t.detach().contiguous().float() for i, layer in enumerate(maps)
+               for name, t in layer.state_dict().items()}
+    partial = folder / f".{MAPS_FILE}.partial"
+    save_file(tensors, str(partial))
+    durable_replace(partial, folder / MAPS_FILE)
+    write_text_atomic(folder / OPTIONS_FILE, strict_json({**options, "layers_done": len(maps)}))
+
+
+def read_options(folder: str | Path) -> dict:
+    path = Path(folder) / OPTIONS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} holds no learned feature maps ({OPTIONS_FILE} is missing)")
+    return json.loads(path.read_text())
+
+
+def load_feature_maps(folder: str | Path, *, partial: bool = False) -> list[LearnedFeatures]:
+    """The maps of every layer saved in `folder` (refuses an unfinished run unless partial=True)."""
+    options = read_options(folder)
+    done = options["layers_done"]
+    if done < options["n_layer"] and not partial:
+        raise ValueError(f"{folder}: only {done} of {options['n_layer']} layers are trained; resume the training first")
+    tensors = load_file(str(Path(folder) / MAPS_FILE)) if done else {}
+    maps = []
+    for i in range(done):
+        layer = LearnedFeatures(options["n_head"], options["dim"], options["n_features"], scale=options["scale"])
+        layer.load_state_dict({name: tensors[f"{i}.{name}"] for name in layer.state_dict()})
+        maps.append(layer)
+    return maps
+
+
+def fit_feature_maps(captures: list[tuple[torch.Tensor, torch.Tensor]], config: TransferConfig, *, scale: float,
+                     folder: str | Path | None = None, progress: bool = True, extra: dict | None = None) -> list[LearnedFeatures]:
+    """Train one `LearnedFeatures` per layer on captured (q, k); with `folder`, save after every layer and
+    resume from what is there (same options required)."""
+    n_layer = len(captures)
+    q0, k0 = captures[0]
+    n_windows, n_head, t, dim = q0.shape
+    groups = n_head // k0.shape[1]
+    options = {"n_layer": n_layer, "n_head": n_head, "dim": dim, "n_features": config.n_features, "scale": scale,
+               "training": dataclasses.asdict(config), "windows": n_windows, "window_tokens": t, **(extra or {})}
+    maps: list[LearnedFeatures] = []
+    losses: list[dict] = []
+    if folder is not None and (Path(folder) / OPTIONS_FILE).is_file():
+        saved = read_options(folder)
+        mismatched = [key for key in ("n_layer", "n_head", "dim", "n_features", "training") if saved[key] != options[key]]
+        if mismatched:
+            raise ValueError(f"{folder} holds maps trained with other options ({', '.join(mismatched)}); use a new folder")
+        maps, losses = load_feature_maps(folder, partial=True), saved.get("losses", [])
+    bar = tqdm(total=n_layer * config.steps, initial=len(maps) * config.steps, desc="feature maps", disable=not progress)
+    for i in range(len(maps), n_layer):
+        rng = random.Random(f"transfer-{config.seed}-{i}")  # per layer: a resumed run trains as an uninterrupted one
+        q_all, k_all = captures[i]
+        k_all = k_all.repeat_interleave(groups, dim=1)
+        layer = LearnedFeatures(n_head, dim, config.n_features, scale=scale, seed=config.seed + i)
+        optimizer = torch.optim.Adam(layer.parameters(), lr=config.lr)
+        held = slice(0, min(config.batch, n_windows))  # a fixed batch to report the loss before and after
+
+        def measure() -> dict:
+            with torch.no_grad():
+                _, linear, converted = transfer_loss(layer, q_all[held], k_all[held], scale, t // 2, 1.0)
+            return {"linear": linear.item(), "converted": converted.item()}
+
+        before = measure()
+        for _ in range(config.steps):
+            pick = rng.sample(range(n_windows), min(config.batch, n_windows))
+            split = rng.randint(t // 4, 3 * t // 4)
+            loss, _, _ = transfer_loss(layer, q_all[pick], k_all[pick], scale, split, config.split_weight)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            bar.update(1)
+            bar.set_postfix(layer=i, loss=f"{loss.item():.3f}")
+        with torch.no_grad():  # keeps exp(log phi(k)) in float range in linear attention (cancels there)
+            layer.key_offset.copy_(layer.log_k(k_all).amax(dim=(0, 2, 3)))
+        maps.append(layer)
+        losses.append({"layer": i, "before": before, "after": measure()})
+        if folder is not None:
+            save_feature_maps(maps, folder, {**options, "losses": losses})
+    bar.close()
+    return maps
+
+
+def linearize(model: Transformer, maps: list[LearnedFeatures], *, linear_impl: str = "chunked") -> Transformer:
+    """A linear-attention copy of the softmax `model`: the same weights, attention through the learned maps."""
+    c = model.config
+    if c.attention != "softmax":
+        raise ValueError(f"linearize needs a softmax model; this one has attention={c.attention!r}")
+    if len(maps) != c.n_layer or any(m.n_head != c.n_head or m.dim != c.dim_head for m in maps):
+        raise ValueError(f"the maps do not fit the model: {len(maps)} layers for {c.n_layer}, "
+                         f"heads/dim {maps[0].n_head if maps else None}/{maps[0].dim if maps else None} for {c.n_head}/{c.dim_head}")
+    config = TransformerConfig.from_dict({**c.to_dict(), "attention": "linear", "feature_map": "learned",
+                                          "n_features": maps[0].n_features, "linear_impl": linear_impl})
+    dtype = next(model.parameters()).dtype
+    linear = Transformer(config).to(dtype)
+    state = dict(model.state_dict())
+    for i, layer in enumerate(maps):
+        state.update({f"blocks.{i}.attn.learned.{name}": t.to(dtype) for name, t in layer.state_dict().items()})
+    linear.load_state_dict(state)
+    return linear.eval() if not model.training else linear

@@ -1,0 +1,178 @@
+"""Learned (Hedgehog-style) feature maps: the kernel and loss against plain references, attention transfer on a
+tiny random softmax model (loss and conversion error fall below FAVOR+ at equal feature count), resuming,
+and exact ICLCA on the linearized model in float64."""
+
+import pytest
+import torch
+
+from conftest import rel_error
+from incontext.absorb import ICLCA, AdaptedModel, ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
+from incontext.models import Cache, Transformer, TransformerConfig
+from incontext.ops.feature_maps import LearnedFeatures, attention_distillation_loss, log_kernel
+from incontext.train.attention_transfer import (
+    TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
+    save_feature_maps,
+)
+
+
+def softmax_llama(seed=0, sharpen=4.0, **options):
+    """A tiny random Llama-like model (RoPE, RMSNorm, SwiGLU, GQA) with sharper attention than the init gives."""
+    torch.manual_seed(seed)
+    config = {"vocab_size": 61, "n_layer": 2, "d_model": 48, "n_head": 4, "n_kv_head": 2, "positions": "rope",
+              "norm": "rmsnorm", "mlp": "swiglu", "bias": False, **options}
+    model = Transformer(TransformerConfig(**config)).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(sharpen)
+    return model
+
+
+def tokens(seed, batch, length, vocab=61):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_log_kernel_and_loss_match_plain_references():
+    g = torch.Generator().manual_seed(1)
+    maps = LearnedFeatures(3, 8, 12, scale=0.3, seed=2).double()
+    with torch.no_grad():
+        for p in maps.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    q, k = (3 * torch.randn(2, 3, 9, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    lq, lk = maps.log_q(q), maps.log_k(k)
+    plain = torch.logsumexp(lq[..., :, None, :] + lk[..., None, :, :], dim=-1)
+    assert rel_error(log_kernel(lq, lk), plain) < 1e-12
+    scores = (q @ k.transpose(-2, -1)) * 0.3
+    for split in (None, 4):
+        mixed = plain if split is None else torch.where(torch.arange(9) < split, plain, scores)
+        loss, rows = 0.0, range(0 if split is None else split, 9)
+        for i in rows:  # row by row: KL(softmax of the exact scores || softmax of the mixed ones) over keys <= i
+            p = torch.softmax(scores[..., i, : i + 1], -1)
+            loss = loss + (p * (torch.log(p) - torch.log_softmax(mixed[..., i, : i + 1], -1))).sum(-1)
+        assert abs(attention_distillation_loss(maps, q, k, 0.3, split=split).item() - (loss / len(rows)).mean().item()) < 1e-12
+
+
+def test_the_untrained_map_estimates_exp_of_the_scaled_dot_product():
+    # at init, phi(q) . phi(k) is the antithetic FAVOR+ estimate of exp(q.k * scale): unbiased, error ~ 1/sqrt(m)
+    g = torch.Generator().manual_seed(0)
+    q, k = (0.5 * torch.randn(1, 1, 6, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    exact = (q @ k.transpose(-2, -1)) * 0.25
+    errors = []
+    for features in (16, 4096):
+        maps = LearnedFeatures(1, 16, features, scale=0.25, seed=3).double()
+        errors.append(rel_error(torch.exp(log_kernel(maps.log_q(q), maps.log_k(k))), torch.exp(exact)))
+    assert errors[1] < errors[0] / 4 and errors[1] < 0.05
+
+
+def test_bad_options_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="even"):
+        LearnedFeatures(2, 8, 7, scale=1.0)
+    with pytest.raises(ValueError, match="expect"):
+        LearnedFeatures(2, 8, 8, scale=1.0).log_q(torch.zeros(1, 3, 4, 8))
+    with pytest.raises(ValueError, match="n_features"):
+        TransferConfig(n_features=9)
+    with pytest.raises(FileNotFoundError, match="no learned feature maps"):
+        load_feature_maps(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no learned feature maps"):
+        ICLCAApprox(features=str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Maps trained on a tiny random model's training windows (never the prompts/queries tested below)."""
+    torch.manual_seed(0)
+    model = softmax_llama()
+    folder = tmp_path_factory.mktemp("maps")
+    captures = capture_queries_keys(model, tokens(100, 12, 48))
+    config = TransferConfig(n_features=16, steps=150, lr=0.02, batch=4)
+    maps = fit_feature_maps(captures, config, scale=model_scale(model), folder=folder, progress=False)
+    return model, captures, config, folder, maps
+
+
+def test_training_lowers_the_distillation_loss(trained):
+    model, captures, _, folder, _ = trained
+    losses = read_options(folder)["losses"]
+    assert len(losses) == model.config.n_layer
+    for layer in losses:
+        assert layer["after"]["linear"] < 0.6 * layer["before"]["linear"]
+        assert layer["after"]["converted"] < 0.6 * layer["before"]["converted"]
+
+
+def test_learned_conversion_beats_favor_at_equal_feature_count(trained):
+    model, _, config, folder, _ = trained
+    model = model.double()
+    prompt, query = tokens(7, 6, 40), tokens(8, 6, 12)
+    reference = model(torch.cat([prompt, query], 1))[:, 40:]
+    learned = rel_error(ICLCAApprox(features=str(folder)).absorb(model, prompt)(query), reference)
+    favor = [rel_error(ICLCAApprox(config.n_features, seed=s).absorb(model, prompt)(query), reference) for s in range(3)]
+    without = rel_error(model(query, position_offset=40), reference)
+    assert learned < min(favor) and learned < without
+    model.float()
+
+
+def test_resuming_trains_as_an_uninterrupted_run(trained, tmp_path):
+    model, captures, config, folder, maps = trained
+    options = read_options(folder)
+    save_feature_maps(maps[:1], tmp_path, {**options, "losses": options["losses"][:1]})  # stopped after layer 0
+    with pytest.raises(ValueError, match="only 1 of 2"):
+        load_feature_maps(tmp_path)
+    resumed = fit_feature_maps(captures, config, scale=model_scale(model), folder=tmp_path, progress=False)
+    for a, b in zip(resumed, maps):
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(x, y), name
+    with pytest.raises(ValueError, match="other options"):
+        fit_feature_maps(captures, TransferConfig(n_features=8), scale=1.0, folder=tmp_path, progress=False)
+
+
+def test_approximate_conversion_with_learned_maps_saves_and_loads(trained, tmp_path):
+    model, _, _, folder, _ = trained
+    adapted = ICLCAApprox(features=str(folder), exact_sinks=1).absorb(model, tokens(3, 1, 14))
+    adapted.save(tmp_path / "adapted")
+    loaded = AdaptedModel.load(tmp_path / "adapted")
+    assert isinstance(loaded, SoftmaxFeaturePrefix) and loaded.maps is not None
+    query = tokens(4, 1, 6)
+    assert torch.equal(loaded(query), adapted(query))
+
+
+def test_linearized_model_converts_exactly_in_float64(trained):
+    model, _, _, _, maps = trained
+    linear = linearize(model, maps).double()
+    with torch.no_grad():  # weights that float32 cannot represent
+        for p in linear.parameters():
+            p.add_(1e-9 * torch.randn_like(p))
+    prompt, query = tokens(11, 3, 37), tokens(12, 3, 10)
+    prompted = linear(torch.cat([prompt, query], 1))[:, 37:]
+    converted = ICLCA().absorb(linear, prompt)(query)
+    assert rel_error(converted, prompted) < 1e-10
+    assert rel_error(linear(query), prompted) > 1e-3  # the prompt matters (the test can fail)
+
+
+@pytest.mark.parametrize("impl", ["recurrent", "parallel", "chunked"])
+def test_learned_linear_attention_forms_and_decoding_agree(trained, impl):
+    model, _, _, _, maps = trained
+    linear = linearize(model, maps, linear_impl=impl).double()
+    reference = linearize(model, maps, linear_impl="recurrent").double()
+    x = tokens(13, 2, 30)
+    full = linear(x)
+    assert rel_error(full, reference(x)) < 1e-12
+    cache = Cache.empty(linear.config.n_layer)
+    pieces = [linear(x[:, :17], cache=cache), linear(x[:, 17:18], cache=cache), linear(x[:, 18:], cache=cache)]
+    assert rel_error(torch.cat(pieces, 1), full) < 1e-12
+
+
+def test_linearized_model_is_close_to_its_softmax_source(trained):
+    model, _, _, _, maps = trained
+    x = tokens(14, 2, 40)
+    untrained = [LearnedFeatures(4, 12, 16, scale=model_scale(model), seed=i) for i in range(2)]
+    reference = model(x)
+    assert rel_error(linearize(model, maps)(x), reference) < rel_error(linearize(model, untrained)(x), reference)
+
+
+def test_linearize_refuses_maps_that_do_not_fit(trained):
+    model, _, _, _, maps = trained
+    with pytest.raises(ValueError, match="do not fit"):
+        linearize(model, maps[:1])
+    linear = linearize(model, maps)
+    with pytest.raises(ValueError, match="softmax"):
+        linearize(linear, maps)
+    with pytest.raises(ValueError, match="do not fit"):
+        convert_approximately(model, tokens(1, 1, 4), maps=maps[:1])
