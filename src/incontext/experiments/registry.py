@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 _EXPERIMENTS: dict[str, "Experiment"] = {}
-_MODULES = ("regression_demo", "hf_parity", "iclca_table1", "iclca_table2", "iclca_approx", "iclca_approx_trained", "amicl", "residual_bursty", "residual_lm", "cgt_table1", "cgt_regression", "cgt_text", "tint_table3", "tint_perplexity", "tint_classification")  # imported lazily so `incontext --help` stays fast
+_MODULES = ("regression_demo", "hf_parity", "iclca_table1", "iclca_table2", "iclca_approx", "iclca_approx_trained", "amicl", "residual_bursty", "residual_lm", "cgt_table1", "cgt_regression", "cgt_text", "cgt_pretrained", "tint_table3", "tint_perplexity", "tint_classification")  # imported lazily so `incontext --help` stays fast
 
 
 @dataclass(frozen=True)
