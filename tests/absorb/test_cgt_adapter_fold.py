@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from cgt_adapter_helpers import random_adapter, random_base, tokens
+from cgt_adapter_helpers import VOCAB, random_adapter, random_base, tokens
 
 from incontext.absorb import AdaptedModel, get_absorb_method
 
@@ -31,3 +31,22 @@ def test_cgt_fold_without_an_adapter_is_not_applicable_to_a_plain_model(tmp_path
     assert "does not apply" in reason and "guide.json" in reason
     with pytest.raises(ValueError, match="does not apply"):
         get_absorb_method("cgt-fold").absorb(base, tokens(1, 1, 5)[0])
+
+
+def test_cgt_fold_runs_in_the_harness_on_a_plain_model(tmp_path):
+    from incontext.absorb.harness import compare
+    from incontext.tasks.episodes import get_episode_source
+
+    class Codec:
+        def encode(self, text):
+            return [b % VOCAB for b in text.encode()]
+
+    adapter = random_adapter(random_base(2, dtype=torch.float32, max_seq_len=1024), 2)
+    adapter.save_guide(tmp_path / "adapter")
+    base = random_base(2, dtype=torch.float32, max_seq_len=1024)
+    source = get_episode_source("facts", people=1)
+    rows = compare(base, source, source.episodes(2, seed=0, tokenizer=Codec()),
+                   {"cgt-fold": {"adapter": str(tmp_path / "adapter")}, "cgt-fold:none": {}}, progress=False)
+    rows = {row["method"]: row for row in rows}
+    assert rows["cgt-fold"]["status"] == "ok" and rows["cgt-fold"]["score"]["n"] == 2
+    assert rows["cgt-fold:none"]["status"] == "n/a" and "adapter=FOLDER" in rows["cgt-fold:none"]["reason"]
