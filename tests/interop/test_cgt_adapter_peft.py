@@ -69,3 +69,22 @@ def test_adapter_factors_cover_q_k_v_gate_up_of_the_guided_layers():
     b, a, bias = factors["model.layers.1.self_attn.k_proj"]
     c = adapter.base.config
     assert b.shape == (c.kv_heads * c.dim_head, 3) and a.shape == (3, c.d_model) and bias.shape == (c.kv_heads * c.dim_head,)
+
+
+@pytest.mark.slow
+def test_smollm2_adapter_exports_to_peft_with_the_same_logits(tmp_path):
+    from incontext.interop.models import load_model
+
+    base = load_model("smollm2").model
+    adapter = random_adapter(base, 0, split_layer=26, n_y_blocks=2, d_y=16, n_head_y=2, rank=4, n_templates=4)
+    with torch.no_grad():
+        for generator in [*adapter.guide.t_attn, *adapter.guide.t_mlp]:
+            generator.left.mul_(0.1)  # updates of a realistic size (the random ones above swamp the base)
+    prompt, query = torch.randint(0, 49152, (1, 20)), torch.randint(0, 49152, (1, 16))
+    y = prompt_context(adapter, prompt)
+    save_llama_adapter(adapter, y, tmp_path / "adapter")
+    with_adapter = PeftModel.from_pretrained(to_hf_llama(base).eval(), tmp_path / "adapter").eval()
+    with torch.no_grad():
+        expected = adapter(query, y=y[None])
+        assert (with_adapter(query).logits - expected).abs().max() < 1e-4 * expected.abs().max()
+        assert (base(query) - expected).abs().max() > 1e-2 * expected.abs().max()

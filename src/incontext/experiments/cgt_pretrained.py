@@ -236,7 +236,8 @@ def collapse_check(adapter: CGTAdapter, docs: list[torch.Tensor], prefix: int, l
     """Spread of n = y/|y| over the last `last` prefix positions: within a document (mean squared distance to the
     document's mean) and across documents (of the documents' means around their grand mean); and the mean cosine
     of two different documents' y at the prefix's end. Collapse: across ~ 0 and cosine ~ 1."""
-    y = torch.cat([adapter.context(torch.stack(docs[i : i + 8])[:, :prefix])[:, -last:] for i in range(0, len(docs), 8)])
+    y = torch.cat([adapter.context(torch.stack([d[:prefix] for d in docs[i : i + 8]]))[:, -last:]
+                   for i in range(0, len(docs), 8)])
     n = y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
     means = n.mean(1)
     within = float((n - means[:, None]).square().sum(-1).mean())
