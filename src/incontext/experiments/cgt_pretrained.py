@@ -20,7 +20,7 @@ over the prefix), and a collapse check (spread of y across documents vs within a
 saved to out/adapter (for `cgt-fold` with adapter=...), and one document's context to out/peft-example as a PEFT
 LoRA adapter for transformers' LlamaForCausalLM, checked against the adapter's logits.
 
-    incontext run cgt-pretrained [--set steps=120]
+    incontext run cgt-pretrained [--set steps=400 --set batch_size=8]
 """
 
 from __future__ import annotations
@@ -70,15 +70,15 @@ class PretrainedConfig:
     cut_lo: int = 48
     cut_hi: int = 80
     max_doc_tokens: int = 512  # documents are truncated to this many tokens
-    steps: int = 120
-    batch_size: int = 8
+    steps: int = 100
+    batch_size: int = 4
     lr: float = 3e-3
-    warmup_steps: int = 12
+    warmup_steps: int = 10
     lora_rank: int = 0  # 0: the rank whose parameter count is closest to the guide's
     checkpoint_every: int = 25
     prefix: int = 64  # prompt tokens read before y is frozen
     scored: int = 64  # tokens scored after the prefix
-    eval_docs_per_topic: int = 20
+    eval_docs_per_topic: int = 10
     eval_batch_size: int = 8
     corpus_docs: int = 0  # documents per topic; 0 = all (small values make quick tests)
     seed: int = 0
