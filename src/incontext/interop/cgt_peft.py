@@ -4,6 +4,14 @@ LoRA adapter on the GPT-2 export of the x-only base model (one base, one small a
 The adapter targets the fused qkv (`attn.c_attn`) and MLP input (`mlp.c_fc`) of every stage-2 layer, with
 rank r, scaling 1 (lora_alpha = r), fan_in_fan_out (GPT-2's Conv1D stores (in, out)) and lora_bias (the
 bias row of R gives every folded layer a bias shift). Merging it reproduces the folded weights.
+
+A CGT adapter over a frozen Llama-architecture model (models/cgt_adapter.py, e.g. on SmolLM2) exports the same way
+onto transformers' own LlamaForCausalLM (`to_hf_llama(adapter.base)`): the fused qkv update becomes one LoRA per
+q/k/v projection with the same A and B split by rows, the gate/up update one per gate_proj/up_proj. Llama has no
+biases, so the shift W L r_b lives in the LoRA's own bias (PEFT lora_bias=True: lora_B is a Linear with bias,
+scaling 1); the base stays bias-free and `PeftModel.from_pretrained(base, folder)` reproduces the frozen-y
+adapter. The folded model alone is a LlamaForCausalLM with attention_bias = mlp_bias = True (zero biases on
+o_proj and down_proj).
 """
 
 from __future__ import annotations
@@ -14,8 +22,9 @@ import torch
 
 from ..absorb.cgt_fold import fold, lora_factors
 from ..models.cgt import CGT
-from .hf import to_hf_gpt2
-from .lora_export import attach_lora, save_adapter
+from ..models.cgt_adapter import CGTAdapter
+from .hf import to_hf_gpt2, to_hf_llama
+from .lora_export import Factors, attach_lora, save_adapter
 
 _HF_NAMES = {"attn.qkv": "attn.c_attn", "mlp.fc_in": "mlp.c_fc"}
 
@@ -51,3 +60,48 @@ def lora_adapter_model(model: CGT, y: torch.Tensor, base_hf_model=None):
 def save_lora_adapter(model: CGT, y: torch.Tensor, folder: str | Path) -> Path:
     """Save the context y as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)."""
     return save_adapter(lora_adapter_model(model, y), folder)
+
+
+# ----------------------------------------------------------------------------- a CGT adapter on a Llama base
+
+
+def llama_adapter_factors(adapter: CGTAdapter, y: torch.Tensor) -> Factors:
+    """The folded context's LoRA factors (B, A, bias) named as in LlamaForCausalLM, fused projections split."""
+    c = adapter.base.config
+    q_rows, kv_rows = c.n_head * c.dim_head, c.kv_heads * c.dim_head
+    factors: Factors = {}
+    for name, (b_factor, a_factor, bias) in lora_factors(adapter, y.to(next(adapter.parameters()).dtype)).items():
+        _, index, module = name.split(".", 2)
+        layer = f"model.layers.{index}."
+        if module == "attn.qkv":
+            parts = zip((f"self_attn.{p}_proj" for p in "qkv"), b_factor.split([q_rows, kv_rows, kv_rows]),
+                        bias.split([q_rows, kv_rows, kv_rows]))
+        else:
+            parts = zip(("mlp.gate_proj", "mlp.up_proj"), b_factor.chunk(2), bias.chunk(2))
+        for part, rows, shift in parts:
+            factors[layer + part] = (rows, a_factor, shift)
+    return factors
+
+
+def llama_adapter_model(adapter: CGTAdapter, y: torch.Tensor, base_hf_model=None):
+    """A peft PeftModel: the LlamaForCausalLM export of the frozen base (unless given) with the context y as a LoRA
+    adapter (rank r, scaling 1, lora_bias)."""
+    base = base_hf_model if base_hf_model is not None else to_hf_llama(adapter.base)
+    rank = adapter.config.rank
+    return attach_lora(base, llama_adapter_factors(adapter, y), rank, rank)
+
+
+def save_llama_adapter(adapter: CGTAdapter, y: torch.Tensor, folder: str | Path, base_hf_model=None) -> Path:
+    """Save the context y as a PEFT adapter folder for `PeftModel.from_pretrained(to_hf_llama(base), folder)`."""
+    peft_model = llama_adapter_model(adapter, y, base_hf_model)
+    folder = save_adapter(peft_model, folder)
+    if base_hf_model is not None:
+        peft_model.unload()  # hand the caller's model back without the LoRA layers
+    return folder
+
+
+def save_folded_llama(adapter: CGTAdapter, y: torch.Tensor, folder: str | Path) -> Path:
+    """The adapter with context y folded in, saved as a LlamaForCausalLM checkpoint (with q/k/v, gate/up biases)."""
+    folder = Path(folder)
+    to_hf_llama(fold(adapter, y)).save_pretrained(folder)
+    return folder

@@ -174,6 +174,20 @@ class LowRankGenerator(nn.Module):
         return torch.einsum("m,mdr->dr", sigma, self.left), torch.einsum("m,mdr->dr", sigma, self.right)
 
 
+def init_cgt_parameters(module: nn.Module, std: float, n_layer: int, generator: torch.Generator | None = None) -> None:
+    """GPT-2 initialisation (norm gains one, biases zero, weights N(0, std) with residual output projections scaled
+    by 1/sqrt(2 n_layer)); the L templates zero, so that every T = I at the start."""
+    for name, p in module.named_parameters():
+        if "norm" in name:
+            nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
+        elif name.endswith(".left") or p.dim() == 1:
+            nn.init.zeros_(p)
+        else:
+            residual = name.endswith(("attn.out.weight", "attn_x.out.weight", "attn_y.out.weight", "fc_out.weight"))
+            scale = 1.0 / math.sqrt(2 * n_layer) if residual else 1.0
+            nn.init.normal_(p, 0.0, std * scale, generator=generator)
+
+
 class TwoStreamBlock(nn.Module):
     """Stage-1 block: x-heads and MLP_x see x only; y-heads and MLP_y see [x, y] and write y only."""
 
@@ -254,16 +268,7 @@ class CGT(nn.Module):
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """GPT-2 initialisation (residual output projections scaled by 1/sqrt(2 L)); L templates zero (T = I)."""
-        std = self.config.init_std
-        for name, p in self.named_parameters():
-            if "norm" in name:
-                nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
-            elif name.endswith(".left") or p.dim() == 1:
-                nn.init.zeros_(p)
-            else:
-                residual = name.endswith(("attn.out.weight", "attn_x.out.weight", "attn_y.out.weight", "fc_out.weight"))
-                scale = 1.0 / math.sqrt(2 * self.config.n_layer) if residual else 1.0
-                nn.init.normal_(p, 0.0, std * scale, generator=generator)
+        init_cgt_parameters(self, self.config.init_std, self.config.n_layer, generator)
         if self.config.vae:  # start with a small posterior variance
             nn.init.constant_(self.y_logvar.bias, -4.0)
 
