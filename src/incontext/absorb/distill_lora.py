@@ -189,7 +189,8 @@ class DistillLoRA(AbsorbMethod):
     after `steps` steps, or earlier when the mean KL of the last `patience` steps is not `min_improvement`
     (relative) below the mean of the `patience` steps before. `autocast=True` runs the student's forward and
     backward in bfloat16 autocast on CPU (faster matmuls; the LoRA factors and the loss stay float32).
-    Randomness comes from one generator seeded with `seed` (CPU)."""
+    Randomness comes from one generator seeded with `seed` (CPU). The defaults (steps, batch_size, window_tokens)
+    were chosen on validation episodes of the `facts` task on SmolLM2 (seed 10000, never the test episodes)."""
 
     name = "distill-lora"
     needs = "a token-input causal LM"
@@ -199,15 +200,15 @@ class DistillLoRA(AbsorbMethod):
         rank: int = 8,
         alpha: float = 16.0,
         target_modules: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"),
-        steps: int = 16,
+        steps: int = 48,
         learning_rate: float = 3e-3,
         n_continuations: int = 2,
         continuation_tokens: int = 32,
-        window_tokens: int = 64,
+        window_tokens: int = 24,
         answer_tokens: int = 8,
         n_questions: int = 16,
         chat_answer_tokens: int = 24,
-        batch_size: int = 2,
+        batch_size: int = 4,
         temperature: float = 1.0,
         patience: int = 8,
         min_improvement: float = 0.01,
