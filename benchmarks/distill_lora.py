@@ -6,7 +6,7 @@ n x N tokens, cut into n queries of N tokens. They are held out: absorb() never 
 For each query, KL(SmolLM2 with the prompt in context || the model without it) per query token, averaged, for
 drop-prompt (before) and distill-lora (after), and the cross-entropy of the true next tokens under each.
 
-    python benchmarks/distill_lora.py [--prompt-tokens 512] [--play hamlet_gut] [--threads 2] [--set steps=16 ...]
+    python benchmarks/distill_lora.py [--prompt-tokens 512] [--play hamlet_gut] [--threads 2] [--tokenizer] [--set steps=16 ...]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from incontext.absorb import get_absorb_method
 from incontext.interop import from_hf_llama, load_smollm2
+from incontext.interop.models import HFCodec
 from incontext.tasks.corpora import shakespeare_plays
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,6 +60,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--set", type=option, action="append", default=[], metavar="KEY=VALUE",
                    help="a distill-lora option (rank, steps, learning_rate, ...); default: the method's defaults")
+    p.add_argument("--tokenizer", action="store_true",
+                   help="give the method the tokenizer, as `incontext absorb` does (questions and chat turns)")
     p.add_argument("--out", type=Path, default=None, help="[benchmarks/results/distill_lora.json]")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -76,6 +79,8 @@ def main() -> None:
 
     options = dict(args.set)
     method = get_absorb_method("distill-lora", **options)
+    if args.tokenizer:
+        method.use_codec(HFCodec(tokenizer))
     start, cpu_start = time.perf_counter(), time.process_time()
     adapted = method.absorb(model, prompt)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
@@ -86,7 +91,8 @@ def main() -> None:
     after = scores(teacher, adapted, queries)
     result = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "set")},
-        "method_options": {k: v for k, v in vars(method).items()},
+        "method_options": {k: v for k, v in vars(method).items() if k != "codec"},
+        "pool": history["pool"],
         "absorb_seconds": seconds, "absorb_cpu_seconds": cpu_seconds,
         "teacher_seconds": history["teacher_seconds"], "train_seconds": history["train_seconds"],
         "steps": history["steps"], "stopped_early": history["stopped_early"],
@@ -96,12 +102,12 @@ def main() -> None:
     stopped = ", stopped early" if history["stopped_early"] else ""
     table = "\n".join([
         f"# distill-lora on SmolLM2-135M: {m}-token prompt ({args.play}), {n} held-out queries of {length} tokens, "
-        f"{args.threads} threads",
+        f"{args.threads} threads" + (", with the tokenizer" if args.tokenizer else ""),
         "",
         f"absorb: {seconds:.1f} s (teacher targets {history['teacher_seconds']:.1f} s, training "
         f"{history['train_seconds']:.1f} s, {history['steps']} steps{stopped}); CPU time {cpu_seconds:.1f} s "
         f"({cpu_seconds / args.threads:.1f} s per thread, about the wall time on an idle machine); "
-        f"training-batch KL {history['kl'][0]:.3f} -> {history['kl'][-1]:.3f}",
+        f"training-batch KL {history['kl'][0]:.3f} -> {history['kl'][-1]:.3f}; training sequences {history['pool']}",
         "",
         "| held-out queries | KL(prompted ‖ model) per token | cross-entropy of the true next tokens |",
         "|---|---|---|",

@@ -20,7 +20,7 @@ import torch
 
 from .absorb import AdaptedModel, get_absorb_method
 from .absorb.base import max_context
-from .absorb.distill_lora import DistilledLoRA
+from .absorb.distill_lora import DistilledLoRA, DistillLoRA
 from .absorb.generation import context_room, stream_tokens
 from .config import scalar
 from .interop.models import load_model
@@ -119,6 +119,8 @@ def absorb(args) -> int:
     if reason is not None:
         raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
     codec = _codec(loaded, args.model)
+    if isinstance(method, DistillLoRA):
+        method.use_codec(codec)  # questions about the prompt, in the chat format too (a bare prompt has no queries)
     ids = codec.encode(prompt_text)
     if not ids:
         raise ValueError("the prompt encodes to no tokens: there is nothing to absorb")

@@ -39,22 +39,18 @@ def kl(model, adapted, prompt, text):
     return float(F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1).mean())
 
 
-def window_kl(model, adapted, prompt, width=16):
-    """Mean KL on the prompt cut into windows: the teacher reads the whole prefix, the student the window alone."""
-    with torch.no_grad():
-        teacher = F.log_softmax(model(prompt[None]), -1)[0]
-        total = 0.0
-        for start in range(0, len(prompt), width):
-            student = F.log_softmax(adapted(prompt[None, start: start + width]), -1)[0]
-            total += float(F.kl_div(student, teacher[start: start + width], log_target=True, reduction="none").sum())
-    return total / len(prompt)
+def recall_kl(model, adapted, prompt, width=16):
+    """Mean KL on the prompt cut into windows: the teacher reads the whole prompt and then the window again,
+    the student the window alone."""
+    windows = torch.stack([prompt[s: s + width] for s in range(0, len(prompt) - width + 1, width)])
+    return kl(model, adapted, prompt, windows)
 
 
 def test_kl_to_the_prompted_model_decreases():
     model, prompt = llama_like(), ids(40, 1)
     untrained = method(steps=0).absorb(model, prompt)
     adapted = method(steps=40, patience=40).absorb(model, prompt)
-    assert window_kl(model, adapted, prompt) < 0.8 * window_kl(model, untrained, prompt)
+    assert recall_kl(model, adapted, prompt) < 0.8 * recall_kl(model, untrained, prompt)
     # held out: continuations the model samples with another seed than the method's
     samples = model.generate(prompt[None].expand(4, 40), 12, greedy=False, generator=torch.Generator().manual_seed(99))
     held_out = samples[:, 40:]
@@ -107,6 +103,8 @@ def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries()
     steps = [x for x in seen if x.shape == (3, 1)]  # the teacher's sampling, one token per continuation per step
     continuations = torch.cat(steps, 1)
     assert continuations.shape == (3, 8)
+    answers = [x for x in seen if x.shape == (1, 1)]  # the teacher's greedy answers to the training queries
+    assert len(answers) == len(train_queries) * (method().answer_tokens - 1)
 
     def contains(whole, part):
         return any(torch.equal(whole[i: i + len(part)], part) for i in range(len(whole) - len(part) + 1))
@@ -115,10 +113,10 @@ def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries()
         row = row[: int(row.nonzero().max()) + 1] if row.any() else row[:0]  # drop the right padding (0 ids)
         if len(row) == 0:
             return False
-        return (contains(prompt, row) or any(torch.equal(q[: len(row)], row) for q in train_queries)
-                or any(torch.equal(c[: len(row)], row) for c in continuations))
+        return (contains(prompt, row) or any(torch.equal(c[: len(row)], row) for c in continuations)
+                or any(torch.equal(row[: len(q)], q) or torch.equal(q[: len(row)], row) for q in train_queries))
 
-    rows = [row for x in seen if x.shape != (3, 1) for row in x]
+    rows = [row for x in seen if x.shape not in ((3, 1), (1, 1)) for row in x]
     assert all(allowed(row) for row in rows)
     assert not any(contains(row, eval_query[:4]) for row in rows + list(continuations))
     assert any(torch.equal(row[:9], train_queries[1]) for row in rows)  # the training queries were used
@@ -208,3 +206,79 @@ def test_bad_inputs(prompt, queries, match):
     with pytest.raises(ValueError, match=match) as error:
         method().absorb(llama_like(), prompt, train_queries=queries)
     assert "\n" not in str(error.value)
+
+
+class CharCodec:
+    """A toy tokenizer for the tiny models: one id per character of a 64-character alphabet, and a chat template."""
+
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .?\n:<>|0123"
+
+    def encode(self, text):
+        return [self.alphabet.index(ch) for ch in text if ch in self.alphabet]
+
+    def decode(self, ids):
+        return "".join(self.alphabet[i] for i in ids)
+
+    def chat(self, messages, add_generation_prompt=False):
+        text = "".join(f"<{m['role'][0]}>{m['content']}|" for m in messages)
+        return text + ("<a>" if add_generation_prompt else "")
+
+    eos_token_id = alphabet.index("|")
+
+
+def test_recall_windows_are_the_prompted_models_distributions():
+    """Each recall window's targets: the model reading the prompt and then the window (float64 reference)."""
+    from incontext.absorb.distill_lora import _recall_windows
+    from incontext.models import Cache
+
+    model, prompt = llama_like(torch.float64, seed=3), ids(37, 2)
+    cache = Cache.empty(model.config.n_layer)
+    with torch.no_grad():
+        model(prompt[None], cache=cache)
+        windows = _recall_windows(model, cache, prompt, 10)
+    starts = [0, 5, 10, 15, 20, 25, 27]  # stride 5, the last window flush with the end
+    assert [int((w[None] == prompt.unfold(0, 10, 1)).all(1).nonzero()[0]) for w, _ in windows] == starts
+    for (window, logp), start in zip(windows, starts):
+        with torch.no_grad():
+            reference = F.log_softmax(model(torch.cat([prompt, window])[None]), -1)[0, 37:]
+        assert torch.equal(window, prompt[start: start + 10])
+        assert (logp - reference).abs().max() < 1e-12
+
+
+def test_chat_turns_teach_the_answer_given_with_the_prompt_in_the_user_turn():
+    """A question as a chat turn: the student reads chat(question) + the teacher's greedy answer, and its targets
+    are the distributions of the model that read the prompt and the question in the user turn (float64)."""
+    model, codec = llama_like(torch.float64, seed=4, max_seq_len=160), CharCodec()
+    prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker."))
+    method_ = method(chat_answer_tokens=6).use_codec(codec)
+    with torch.no_grad():
+        (student, logp), = method_._chat_turns(model, prompt, ["Where was Abe born?"], room=100)
+    question = codec.encode(codec.chat([{"role": "user", "content": "Where was Abe born?"}], add_generation_prompt=True))
+    assert student[: len(question)].tolist() == question
+    answer = student[len(question):].tolist()
+    teacher = codec.encode(codec.chat([{"role": "user", "content": "Abe was born in Rome.\nAbe is a baker.\n\nWhere was Abe born?"}],
+                                      add_generation_prompt=True))
+    with torch.no_grad():
+        reference = F.log_softmax(model(torch.tensor([teacher + answer])), -1)[0, len(teacher) - 1:]
+    n = logp.shape[0]
+    assert n == len(answer) + 1 and n <= 6
+    assert (logp - reference[:n]).abs().max() < 1e-12
+    assert answer == reference[: n - 1].argmax(-1).tolist()  # greedy
+
+
+def test_a_codec_adds_questions_and_chat_turns():
+    model, codec = llama_like(seed=4, max_seq_len=400), CharCodec()
+    prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker.\nBea has a cat named Tom."))
+    questions = []
+    from incontext.absorb import distill_lora
+
+    original = distill_lora.DistillLoRA._questions
+    distill_lora.DistillLoRA._questions = lambda self, model, prompt: questions or original(self, model, prompt)
+    try:
+        plain = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
+        questions += ["Where was Abe born?", "What is Bea's pet called?"]
+        asked = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
+    finally:
+        distill_lora.DistillLoRA._questions = original
+    assert asked["questions"] == asked["chat_turns"] == 2 and asked["recall_windows"] == plain["recall_windows"] > 0
+    assert method(steps=2).absorb(model, prompt).history["pool"]["chat_turns"] == 0  # no codec: no chat turns

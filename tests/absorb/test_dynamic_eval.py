@@ -115,3 +115,40 @@ def test_separator_and_options_are_checked_by_name():
     model = small_model()
     with pytest.raises(ValueError, match="no document of at least 2 tokens"):
         get_absorb_method("dynamic-eval", separator=[5]).absorb(model, torch.tensor([5, 1, 5, 2, 5]))
+
+
+def test_dynamic_eval_lora_step_is_the_projected_gradient_step():
+    """One SGD step of a LoRA (B = 0, A drawn from the seed) changes each targeted weight by
+    -lr s^2 G A^T A (G: the weight's gradient, s = alpha / r) and nothing else (float64, plain reference)."""
+    import math
+
+    import pytest
+    import torch.nn.functional as F
+
+    model = small_model()
+    prompt = torch.randint(0, 30, (10,), generator=torch.Generator().manual_seed(7))
+    lr, rank, alpha = 0.05, 3, 5.0
+    adapted = get_absorb_method("dynamic-eval", learning_rate=lr, lora_rank=rank, lora_alpha=alpha, seed=4,
+                                n_top_layers=1).absorb(model, prompt)
+    plain = {k: v.clone() for k, v in model.named_parameters()}
+    reference = model.requires_grad_(True)
+    loss = F.cross_entropy(reference(prompt[None])[0][:-1], prompt[1:], reduction="sum")
+    names = ["blocks.1.attn.qkv", "blocks.1.attn.out"]  # the top block's default targets, in the LoRA's order
+    grads = dict(zip(names, torch.autograd.grad(loss, [model.get_submodule(n).weight for n in names])))
+    model.requires_grad_(False)
+    generator, s = torch.Generator().manual_seed(4), alpha / rank
+    expected = dict(plain)
+    for name in names:
+        weight = plain[f"{name}.weight"]
+        bound = 1.0 / math.sqrt(weight.shape[1])
+        a = torch.empty(rank, weight.shape[1], dtype=torch.float64).uniform_(-bound, bound, generator=generator)
+        expected[f"{name}.weight"] = weight - lr * s * s * grads[name] @ a.T @ a
+    got = dict(adapted.base.named_parameters())
+    assert got.keys() == expected.keys()
+    for key in expected:
+        assert rel_error(got[key], expected[key]) < 1e-12, key
+    assert any(not torch.equal(got[f"{n}.weight"], plain[f"{n}.weight"]) for n in names)
+    with pytest.raises(ValueError, match="lora_rank must be an integer >= 1"):
+        get_absorb_method("dynamic-eval", lora_rank=0)
+    with pytest.raises(ValueError, match="lora_targets must be a non-empty subset"):
+        get_absorb_method("dynamic-eval", lora_rank=2, lora_targets=["attn.q"])

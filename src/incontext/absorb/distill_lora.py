@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +70,7 @@ class DistilledLoRA(AdaptedModel):
                 self.factors.register_buffer(_factor_key(name, "A"), linear.weight.new_zeros(spec.rank, linear.in_features))
                 self.factors.register_buffer(_factor_key(name, "B"), linear.weight.new_zeros(linear.out_features, spec.rank))
         else:
-            _inject_lora(base, spec)
+            inject_lora(base, spec, None)
 
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, position_offset=self.offset)
@@ -82,8 +83,7 @@ class DistilledLoRA(AdaptedModel):
         if self.merged:
             return {name: (getattr(self.factors, _factor_key(name, "A")), getattr(self.factors, _factor_key(name, "B")))
                     for name in self.spec.modules}
-        layers = {name: self.base.get_submodule(name) for name in self.spec.modules}
-        return {name: (layer.lora_A["default"].weight, layer.lora_B["default"].weight) for name, layer in layers.items()}
+        return injected_factors(self.base, self.spec)
 
     @torch.no_grad()
     def merged_model(self) -> "DistilledLoRA":
@@ -92,12 +92,7 @@ class DistilledLoRA(AdaptedModel):
             return copy.deepcopy(self)
         base = copy.deepcopy(self.base)
         factors = {name: (a.detach().clone(), b.detach().clone()) for name, (a, b) in self.lora_factors().items()}
-        for name in self.spec.modules:
-            parent_name, child = name.rsplit(".", 1)
-            parent = base.get_submodule(parent_name)
-            layer = getattr(parent, child)
-            layer.merge()  # peft: base weight += scaling * B @ A
-            setattr(parent, child, layer.base_layer)
+        merge_lora(base, self.spec)
         merged = DistilledLoRA(base, self.spec, self.offset, merged=True)
         for name, (a, b) in factors.items():
             getattr(merged.factors, _factor_key(name, "A")).copy_(a)
@@ -115,8 +110,16 @@ class DistilledLoRA(AdaptedModel):
         return cls(base, spec, extra["offset"], extra["merged"])
 
 
-def _inject_lora(model: Transformer, spec: LoRASpec) -> None:
-    """peft LoRA layers (dropout 0) on the named linears of `model`, in place; everything else frozen."""
+def lora_spec(model: Transformer, rank: int, alpha: float, targets: tuple[str, ...], layers: range | None = None) -> LoRASpec:
+    """A LoRA on the `targets` (see LORA_TARGETS) of the given blocks (all by default)."""
+    layers = range(model.config.n_layer) if layers is None else layers
+    return LoRASpec(int(rank), float(alpha), tuple(f"blocks.{i}.{t}" for i in layers for t in targets))
+
+
+def inject_lora(model: Transformer, spec: LoRASpec, generator: torch.Generator | None) -> list[nn.Parameter]:
+    """peft LoRA layers (dropout 0) on the named linears of `model`, in place, everything else frozen;
+    initialised as peft does (A ~ kaiming-uniform(a=sqrt(5)), B = 0), from `generator` when given. Returns the
+    factors."""
     from peft import LoraConfig, inject_adapter_in_model
 
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=list(spec.modules))
@@ -124,20 +127,70 @@ def _inject_lora(model: Transformer, spec: LoRASpec) -> None:
         inject_adapter_in_model(config, model)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
+    if generator is not None:
+        init_lora_factors(injected_factors(model, spec).values(), generator)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@torch.no_grad()
+def init_lora_factors(factors, generator: torch.Generator) -> None:
+    """peft's initialisation (A ~ kaiming-uniform(a=sqrt(5)), B = 0) from our seeded generator."""
+    for a, b in factors:
+        bound = 1.0 / math.sqrt(a.shape[1])
+        a.copy_(torch.empty(a.shape, dtype=torch.float64).uniform_(-bound, bound, generator=generator))
+        b.zero_()
+
+
+def injected_factors(model: Transformer, spec: LoRASpec) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    layers = {name: model.get_submodule(name) for name in spec.modules}
+    return {name: (layer.lora_A["default"].weight, layer.lora_B["default"].weight) for name, layer in layers.items()}
+
+
+@torch.no_grad()
+def merge_lora(model: Transformer, spec: LoRASpec) -> None:
+    """W <- W + scaling B A in each of spec's modules, and peft's layers replaced by the plain linears, in place."""
+    for name in spec.modules:
+        parent_name, child = name.rsplit(".", 1)
+        parent = model.get_submodule(parent_name)
+        layer = getattr(parent, child)
+        layer.merge()  # peft: base weight += scaling * B @ A
+        setattr(parent, child, layer.base_layer)
 
 
 # ----------------------------------------------------------------------------- the method
+
+# A generic few-shot prompt that turns a sentence into a question about it (for a bare passage: the questions a
+# user may ask are not given, so the base model writes some; nothing here comes from a task's queries)
+QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion: When was the Eiffel Tower completed?\n\n"
+                   "Sentence: Marie Curie worked as a physicist.\nQuestion: What was Marie Curie's job?\n\n"
+                   "Sentence: The river Thames flows through London.\nQuestion: Which city does the Thames flow through?\n\n"
+                   "Sentence: Ada Lovelace was born in London.\nQuestion: Where was Ada Lovelace born?\n\n")
 
 
 class DistillLoRA(AbsorbMethod):
     """Distil the prompted model into a LoRA on the model without the prompt (see the module docstring).
 
-    Each epoch visits, in a seeded random order, ceil(M / window_tokens) prompt windows (a fresh random window
-    each time, see `_window`), every continuation and every training query, `batch_size` sequences per AdamW
-    step. Training stops after `steps` steps, or earlier when the mean KL of the last `patience` steps is not
-    `min_improvement` (relative) below the mean of the `patience` steps before. The defaults absorb a 512-token
-    prompt into SmolLM2-135M in about a minute on 2 CPU cores (benchmarks/distill_lora.py); more steps
-    distil better. Randomness comes from one generator seeded with `seed` (CPU)."""
+    Training sequences (each: what the student reads, and the teacher's next-token log-probabilities for its
+    last positions), built once before training:
+
+    - recall windows: the prompt cut into windows of `window_tokens` (stride half a window); the teacher reads
+      the whole prompt and then the window again, the student the window alone, so the student learns to
+      continue the prompt's text as the teacher does when it can look the text up (a teacher that reads only
+      the prefix before the window knows no fact stated in the window: nothing to learn);
+    - `n_continuations` continuations of `continuation_tokens` the teacher samples after the prompt;
+    - each training query (never an evaluation query), followed by `answer_tokens` the teacher answers greedily;
+    - with a tokenizer (`use_codec`; `incontext absorb` gives the model's): up to `n_questions` questions
+      the base model writes about the prompt's sentences (QUESTION_WRITER), each as "Q: ...\\nA:" plus the
+      teacher's answer, and, where the codec has a chat template, as a chat turn: the teacher reads the prompt
+      and the question in the user turn, the student the question alone, and the student learns the teacher's
+      answer (up to `chat_answer_tokens`, to its end of turn).
+
+    Each epoch visits every sequence once in a seeded random order, `batch_size` per AdamW step. Training stops
+    after `steps` steps, or earlier when the mean KL of the last `patience` steps is not `min_improvement`
+    (relative) below the mean of the `patience` steps before. `autocast=True` runs the student's forward and
+    backward in bfloat16 autocast on CPU (faster matmuls; the LoRA factors and the loss stay float32).
+    Randomness comes from one generator seeded with `seed` (CPU). The defaults (steps, batch_size, window_tokens)
+    were chosen on validation episodes of the `facts` task on SmolLM2 (seed 10000, never the test episodes)."""
 
     name = "distill-lora"
     needs = "a token-input causal LM"
@@ -147,28 +200,34 @@ class DistillLoRA(AbsorbMethod):
         rank: int = 8,
         alpha: float = 16.0,
         target_modules: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"),
-        steps: int = 16,
+        steps: int = 48,
         learning_rate: float = 3e-3,
         n_continuations: int = 2,
         continuation_tokens: int = 32,
-        window_tokens: int = 64,
-        batch_size: int = 2,
+        window_tokens: int = 24,
+        answer_tokens: int = 8,
+        n_questions: int = 16,
+        chat_answer_tokens: int = 24,
+        batch_size: int = 4,
         temperature: float = 1.0,
         patience: int = 8,
         min_improvement: float = 0.01,
+        autocast: bool = False,
         merge: bool = True,
         seed: int = 0,
         progress: bool = True,
     ):
         positive = {"rank": rank, "alpha": alpha, "learning_rate": learning_rate, "continuation_tokens": continuation_tokens,
                     "window_tokens": window_tokens, "batch_size": batch_size, "temperature": temperature,
-                    "patience": patience}
+                    "patience": patience, "chat_answer_tokens": chat_answer_tokens}
         for key, value in positive.items():
             if not value > 0:
                 raise ValueError(f"distill-lora: {key} must be > 0, got {value}")
-        if steps < 0 or n_continuations < 0 or min_improvement < 0:
-            raise ValueError(f"distill-lora: steps, n_continuations and min_improvement must be >= 0, "
-                             f"got {steps}, {n_continuations}, {min_improvement}")
+        counts = {"steps": steps, "n_continuations": n_continuations, "answer_tokens": answer_tokens,
+                  "n_questions": n_questions, "min_improvement": min_improvement}
+        for key, value in counts.items():
+            if not value >= 0:
+                raise ValueError(f"distill-lora: {key} must be >= 0, got {value}")
         target_modules = (target_modules,) if isinstance(target_modules, str) else tuple(target_modules)
         unknown = sorted(set(target_modules) - set(LORA_TARGETS))
         if not target_modules or unknown:
@@ -177,9 +236,19 @@ class DistillLoRA(AbsorbMethod):
         self.rank, self.alpha, self.target_modules = int(rank), float(alpha), target_modules
         self.steps, self.learning_rate, self.batch_size = steps, learning_rate, batch_size
         self.n_continuations, self.continuation_tokens = n_continuations, continuation_tokens
-        self.window_tokens = window_tokens
+        self.window_tokens, self.answer_tokens = window_tokens, answer_tokens
+        self.n_questions, self.chat_answer_tokens = n_questions, chat_answer_tokens
         self.temperature, self.patience, self.min_improvement = temperature, patience, min_improvement
-        self.merge, self.seed, self.progress = merge, seed, progress
+        self.autocast, self.merge, self.seed, self.progress = autocast, merge, seed, progress
+        self.codec = None
+
+    def use_codec(self, codec) -> "DistillLoRA":
+        """Gives the method the model's tokenizer (encode, decode; chat for chat turns): it then also trains on
+        questions about the prompt (see the class docstring). Not an option: a tokenizer is no --set value."""
+        if not (hasattr(codec, "encode") and hasattr(codec, "decode")):
+            raise ValueError("distill-lora: the codec must be a tokenizer with encode and decode")
+        self.codec = codec
+        return self
 
     def unsupported(self, model) -> str | None:
         if not isinstance(model, Transformer):
@@ -202,53 +271,112 @@ class DistillLoRA(AbsorbMethod):
         model.eval()
         start = time.perf_counter()
         try:
-            prompt_logp, sequences = self._teacher_targets(model, prompt, queries, generator)
-            spec = LoRASpec(self.rank, self.alpha, tuple(f"blocks.{i}.{t}" for i in range(model.config.n_layer)
-                                                        for t in self.target_modules))
+            sequences, counts = self._teacher_targets(model, prompt, queries, generator)
+            spec = lora_spec(model, self.rank, self.alpha, self.target_modules)
             adapted = DistilledLoRA(copy.deepcopy(model), spec, offset=m, merged=False).eval()
         finally:
             model.train(was_training)
-        _init_lora(adapted, generator)
+        init_lora_factors(adapted.lora_factors().values(), generator)
         teacher_seconds = time.perf_counter() - start
-        adapted.history = self._train(adapted, prompt, prompt_logp, sequences, generator)
-        adapted.history.update(teacher_seconds=teacher_seconds, train_seconds=time.perf_counter() - start - teacher_seconds)
+        adapted.history = self._train(adapted, sequences, generator)
+        adapted.history.update(pool=counts, teacher_seconds=teacher_seconds,
+                               train_seconds=time.perf_counter() - start - teacher_seconds)
         return adapted.merged_model() if self.merge else adapted
 
     @torch.no_grad()
     def _teacher_targets(self, model, prompt, queries, generator):
-        """The teacher's next-token log-probabilities at every prompt position (M, V), and the other training
-        sequences as (student tokens (L,), teacher log-probs (L, V)) pairs."""
-        m = prompt.shape[0]
+        """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L
+        positions) pairs, and how many of each kind."""
+        m, max_len = prompt.shape[0], model.config.max_seq_len
         cache = Cache.empty(model.config.n_layer)
         prompt_logits = model(prompt[None], cache=cache)[0]
-        sequences = []
-        room = model.config.max_seq_len - m
+        room = max_len - m
+        sequences, counts = [], {}
+        windows = _recall_windows(model, cache, prompt, min(self.window_tokens, m, room))
+        sequences += windows
+        counts["recall_windows"] = len(windows)
         if self.n_continuations:
             tokens, logits = _sample(model, cache, prompt_logits[-1], self.n_continuations,
                                      min(self.continuation_tokens, room), self.temperature, generator)
-            sequences += [(t, F.log_softmax(x.float(), -1).to(x.dtype)) for t, x in zip(tokens, logits)]
-        for query in queries:
-            logits = model(query[None], cache=_copy(cache))[0]
-            sequences.append((query, F.log_softmax(logits.float(), -1).to(logits.dtype)))
-        return F.log_softmax(prompt_logits.float(), -1).to(prompt_logits.dtype), sequences
+            sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
+        counts["continuations"] = self.n_continuations
+        questions = self._questions(model, prompt) if self.codec is not None and self.n_questions else []
+        plain = queries + [q for q in (torch.tensor(self.codec.encode(f"Q: {text}\nA:")) for text in questions)
+                           if q.shape[0] + self.answer_tokens < room]
+        for query in plain:
+            sequences.append(_answered(model, _copy(cache), query, min(self.answer_tokens, room - query.shape[0])))
+        counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
+        chat = self._chat_turns(model, prompt, questions, room) if questions and hasattr(self.codec, "chat") else []
+        sequences += chat
+        counts["chat_turns"] = len(chat)
+        return sequences, counts
 
-    def _train(self, adapted: DistilledLoRA, prompt, prompt_logp, sequences, generator) -> dict[str, Any]:
-        m = prompt.shape[0]
-        window = min(self.window_tokens, m, adapted.base.config.max_seq_len - m)
-        n_windows = math.ceil(m / window)
-        pool = [None] * n_windows + sequences  # None: draw a fresh prompt window
+    def _questions(self, model, prompt) -> list[str]:
+        """Questions the base model (without the prompt) writes about up to n_questions of the prompt's
+        sentences, spread evenly over the prompt."""
+        text = self.codec.decode(prompt.tolist())
+        sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if len(s.split()) >= 3]
+        if len(sentences) > self.n_questions:
+            sentences = [sentences[round(i * len(sentences) / self.n_questions)] for i in range(self.n_questions)]
+        questions = []
+        for sentence in sentences:
+            ids = torch.tensor(self.codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nQuestion:"))
+            if ids.shape[0] + 24 > model.config.max_seq_len:
+                continue
+            cache = Cache.empty(model.config.n_layer)
+            logits = model(ids[None], cache=cache)[0, -1]
+            out = []
+            for _ in range(24):  # greedy, to the end of the line
+                token = int(logits.argmax())
+                if "\n" in self.codec.decode([token]):
+                    break
+                out.append(token)
+                logits = model(torch.tensor([[token]]), cache=cache)[0, -1]
+            question = self.codec.decode(out).strip()
+            if question.endswith("?") and question not in questions:
+                questions.append(question)
+        return questions
+
+    def _chat_turns(self, model, prompt, questions, room) -> list:
+        """Each question as a chat turn: the teacher reads the prompt and the question in the user turn and
+        answers greedily (to its end of turn); the student reads the question alone and learns the answer."""
+        codec, eos = self.codec, getattr(self.codec, "eos_token_id", None)
+        marker = "\u0000QUESTION\u0000"
+        template = codec.chat([{"role": "user", "content": f"{codec.decode(prompt.tolist()).strip()}\n\n{marker}"}],
+                              add_generation_prompt=True)
+        head, tail = template.split(marker)
+        head_ids = torch.tensor(codec.encode(head))
+        if head_ids.shape[0] + 64 > model.config.max_seq_len:
+            return []
+        head_cache = Cache.empty(model.config.n_layer)
+        model(head_ids[None], cache=head_cache)
+        out = []
+        for question in questions:
+            student = torch.tensor(codec.encode(codec.chat([{"role": "user", "content": question}], add_generation_prompt=True)))
+            teacher = torch.tensor(codec.encode(question + tail))
+            n = min(self.chat_answer_tokens, room - student.shape[0],
+                    model.config.max_seq_len - head_ids.shape[0] - teacher.shape[0])
+            if n < 1:
+                continue
+            cache = _copy(head_cache)
+            first = model(teacher[None], cache=cache)[0, -1]
+            tokens, logits = _greedy(model, cache, first, n, eos)
+            out.append((torch.cat([student, tokens[:-1]]), _log_probs(logits)))
+        return out
+
+    def _train(self, adapted: DistilledLoRA, sequences, generator) -> dict[str, Any]:
         params = [p for p in adapted.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=self.learning_rate, weight_decay=0.0)
         losses: list[float] = []
         stopped_early = False
         order: list[int] = []
         bar = tqdm(total=self.steps, desc="distill-lora", unit="step", disable=not self.progress, leave=False)
-        for _ in range(self.steps):
+        for _ in range(self.steps if sequences else 0):
             if len(order) < self.batch_size:
-                order += torch.randperm(len(pool), generator=generator).tolist()
+                order += torch.randperm(len(sequences), generator=generator).tolist()
             picked, order = order[: self.batch_size], order[self.batch_size:]
-            batch = [pool[i] if pool[i] is not None else _window(prompt, prompt_logp, window, generator) for i in picked]
-            loss = _kl_loss(adapted, batch)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                loss = _kl_loss(adapted, [sequences[i] for i in picked])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -261,8 +389,7 @@ class DistillLoRA(AbsorbMethod):
         bar.close()
         for p in params:
             p.requires_grad_(False)
-        return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early,
-                "pool": {"prompt_windows": n_windows, "other_sequences": len(sequences)}}
+        return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -302,6 +429,11 @@ def _query_ids(queries, m: int, max_len: int) -> list[torch.Tensor]:
     return out
 
 
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """In float32 at least (half-precision logits lose the small probabilities), float64 kept."""
+    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1).to(logits.dtype)
+
+
 def _copy(cache: Cache, batch: int = 1) -> Cache:
     """A cache of the same context that a forward pass can extend without touching `cache`, for `batch` rows."""
     layers = [tuple(t.expand(batch, *t.shape[1:]) for t in layer) for layer in cache.layers]
@@ -322,28 +454,54 @@ def _sample(model, cache, last_logits, n, length, temperature, generator):
     return torch.cat(tokens, 1), torch.stack(targets, 1)
 
 
-def _window(prompt, prompt_logp, width, generator):
-    """A random window of the prompt (student tokens, teacher log-probs given the whole prefix). It starts after
-    the first token (a window at 0 is the teacher's own context: nothing to learn) and is clipped at the end,
-    so every position from `width` on is covered equally often, the last ones included."""
+def _greedy(model, cache, first_logits, n, stop_id=None):
+    """Up to n greedy tokens after the cached context (ending with `stop_id` if drawn) and the logits each was
+    chosen from ((k,), (k, V)); extends `cache`."""
+    tokens, logits = [], [first_logits]
+    for i in range(n):
+        tokens.append(int(logits[-1].argmax()))
+        if tokens[-1] == stop_id or i + 1 == n:
+            break
+        logits.append(model(torch.tensor([[tokens[-1]]], device=first_logits.device), cache=cache)[0, -1])
+    return torch.tensor(tokens, device=first_logits.device), torch.stack(logits)
+
+
+def _answered(model, cache, query, n_answer):
+    """A training query and the teacher's greedy answer: the teacher reads the cached prompt, the query and
+    its answer; the student learns the teacher's next-token distributions on all of it."""
+    logits = model(query[None], cache=cache)[0]
+    if n_answer < 1:
+        return query, _log_probs(logits)
+    tokens, answer_logits = _greedy(model, cache, logits[-1], n_answer)
+    return torch.cat([query, tokens[:-1]]), _log_probs(torch.cat([logits, answer_logits[1:]]))
+
+
+def _recall_windows(model, cache, prompt, width):
+    """The prompt in windows of `width` tokens (stride width // 2, the last one flush with the end): the teacher
+    reads the cached prompt and then the window, the student the window alone."""
     m = prompt.shape[0]
-    if m == 1:
-        return prompt, prompt_logp
-    start = int(torch.randint(1, m, (1,), generator=generator))
-    return prompt[start: start + width], prompt_logp[start: start + width]
+    stride = max(1, width // 2)
+    starts = sorted(set(list(range(0, m - width + 1, stride)) + [m - width]))
+    windows = torch.stack([prompt[s: s + width] for s in starts])
+    logits = torch.cat([model(chunk, cache=_copy(cache, chunk.shape[0])) for chunk in windows.split(16)])
+    return [(w, _log_probs(x)) for w, x in zip(windows, logits)]
 
 
 def _kl_loss(adapted: DistilledLoRA, batch) -> torch.Tensor:
-    """Mean over real tokens of KL(teacher || student); sequences are right-padded (causal: padding is unseen)."""
+    """Mean over the taught positions of KL(teacher || student); sequences are right-padded (causal: padding is
+    unseen) and each teaches its last n positions (n = rows of its teacher log-probs)."""
     length = max(tokens.shape[0] for tokens, _ in batch)
     tokens = batch[0][0].new_zeros(len(batch), length)
     vocab = batch[0][1].shape[-1]
     teacher = batch[0][1].new_zeros(len(batch), length, vocab)
     mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
     for row, (ids, logp) in enumerate(batch):
-        tokens[row, : ids.shape[0]], teacher[row, : ids.shape[0]], mask[row, : ids.shape[0]] = ids, logp, True
-    student = F.log_softmax(adapted(tokens), -1)
-    kl = F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1)
+        end = ids.shape[0]
+        tokens[row, :end] = ids
+        teacher[row, end - logp.shape[0]: end], mask[row, end - logp.shape[0]: end] = logp, True
+    logits = adapted(tokens)
+    student = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    kl = F.kl_div(student, teacher.to(student.dtype), log_target=True, reduction="none").sum(-1)
     return kl[mask].mean()
 
 
@@ -353,12 +511,3 @@ def _plateau(losses: list[float], patience: int, min_improvement: float) -> bool
     recent = sum(losses[-patience:]) / patience
     before = sum(losses[-2 * patience: -patience]) / patience
     return recent > (1.0 - min_improvement) * before
-
-
-def _init_lora(adapted: DistilledLoRA, generator: torch.Generator) -> None:
-    """peft's initialisation (A ~ kaiming-uniform(a=sqrt(5)), B = 0) from our seeded generator."""
-    with torch.no_grad():
-        for a, b in adapted.lora_factors().values():
-            bound = 1.0 / math.sqrt(a.shape[1])
-            a.copy_(torch.empty(a.shape, dtype=torch.float64).uniform_(-bound, bound, generator=generator))
-            b.zero_()

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ..models import Cache, Transformer
 from .base import AbsorbMethod, AdaptedModel, PromptInContext
+from .distill_lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
 
 
 class UpdatedWeights(AdaptedModel):
@@ -147,11 +148,14 @@ def check_sgd_options(learning_rate, n_steps, reduction, optimizer) -> None:
 
 def prompt_sgd(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor] | None = None, *,
                learning_rate: float, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
-               n_top_layers: int | None = None) -> tuple[Transformer, list[float]]:
+               n_top_layers: int | None = None, lora_rank: int | None = None, lora_alpha: float | None = None,
+               lora_targets: tuple[str, ...] = ("attn.qkv", "attn.out"), seed: int = 0) -> tuple[Transformer, list[float]]:
     """Dynamic evaluation: `n_steps` optimizer steps on a copy of `model`, each on the loss of all `sequences`
     (summed over sequences; within one, summed or averaged over its target tokens), exact gradients.
-    Plain SGD reproduces Krause et al. / TinT's R-dyn; AdamW is offered for pretrained LMs. Returns the updated
-    copy (eval mode, no gradients) and the loss before each step."""
+    Plain SGD reproduces Krause et al. / TinT's R-dyn; AdamW is offered for pretrained LMs. With `lora_rank`,
+    the steps train a LoRA (W + (alpha / r) B A on `lora_targets` of the trained blocks; A drawn from `seed`,
+    B = 0, as peft does) instead of the weights, merged into the copy at the end. Returns the updated copy
+    (eval mode, no gradients) and the loss before each step."""
     check_sgd_options(learning_rate, n_steps, reduction, optimizer)
     targets = [full_mask(ids) for ids in sequences] if targets is None else targets
     if not any(bool(t[1:].any()) for t in targets):
@@ -160,6 +164,13 @@ def prompt_sgd(model: Transformer, sequences: list[torch.Tensor], targets: list[
     updated.train(False)
     updated.requires_grad_(False)
     params = trainable_parameters(updated, n_top_layers)
+    spec = None
+    if lora_rank is not None:
+        check_lora_options(lora_rank, lora_alpha, lora_targets)
+        first = 0 if n_top_layers is None else model.config.n_layer - n_top_layers
+        spec = lora_spec(updated, lora_rank, 2.0 * lora_rank if lora_alpha is None else lora_alpha, tuple(lora_targets),
+                         range(first, model.config.n_layer))
+        params = inject_lora(updated, spec, torch.Generator().manual_seed(seed))
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.SGD(params, lr=learning_rate) if optimizer == "sgd" else torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
@@ -176,24 +187,43 @@ def prompt_sgd(model: Transformer, sequences: list[torch.Tensor], targets: list[
     updated.requires_grad_(False)
     if not all(bool(torch.isfinite(p).all()) for p in params):
         raise FloatingPointError("dynamic evaluation produced non-finite weights; lower the learning rate")
+    if spec is not None:
+        merge_lora(updated, spec)
     return updated, losses
+
+
+def check_lora_options(rank, alpha, targets) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"lora_rank must be an integer >= 1, got {rank!r}")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):
+        raise ValueError(f"lora_alpha must be a number > 0, got {alpha!r}")
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    if not targets or set(targets) - set(LORA_TARGETS):
+        raise ValueError(f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {targets}")
 
 
 class DynamicEval(AbsorbMethod):
     """Gradient steps on the prompt's LM loss (or its masked tokens): plain SGD on all parameters by default,
-    as Krause et al. and TinT's R-dyn; AdamW and the top-n layers only are options."""
+    as Krause et al. and TinT's R-dyn; AdamW, the top-n layers only, and a LoRA (`lora_rank`, merged into the
+    weights) are options."""
 
     name = "dynamic-eval"
     needs = "a token-input causal LM"
     uses_loss_mask = True
 
     def __init__(self, learning_rate: float = 1e-3, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
-                 n_top_layers: int | None = None, keep_prompt: bool = False, separator: list[int] | None = None):
+                 n_top_layers: int | None = None, keep_prompt: bool = False, separator: list[int] | None = None,
+                 lora_rank: int | None = None, lora_alpha: float | None = None,
+                 lora_targets: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"), seed: int = 0):
         check_sgd_options(learning_rate, n_steps, reduction, optimizer)
         check_separator(separator)
+        if lora_rank is not None:
+            check_lora_options(lora_rank, lora_alpha, lora_targets)
         self.learning_rate, self.n_steps, self.reduction = learning_rate, n_steps, reduction
         self.optimizer, self.n_top_layers = optimizer, n_top_layers
         self.keep_prompt, self.separator = keep_prompt, separator
+        self.lora = {"lora_rank": lora_rank, "lora_alpha": lora_alpha, "seed": seed,
+                     "lora_targets": (lora_targets,) if isinstance(lora_targets, str) else tuple(lora_targets)}
 
     def unsupported(self, model) -> str | None:
         if not isinstance(model, Transformer) or not model.config.tokens:
@@ -207,7 +237,8 @@ class DynamicEval(AbsorbMethod):
         sequences, masks = _with_targets(*split_documents(ids, None if loss_mask is None else loss_mask[0], self.separator))
         targets = None if loss_mask is None else masks
         updated, _ = prompt_sgd(model, sequences, targets, learning_rate=self.learning_rate, n_steps=self.n_steps,
-                                reduction=self.reduction, optimizer=self.optimizer, n_top_layers=self.n_top_layers)
+                                reduction=self.reduction, optimizer=self.optimizer, n_top_layers=self.n_top_layers,
+                                **self.lora)
         return _adapted(updated, prompt, self.keep_prompt, self.separator)
 
 
