@@ -1,8 +1,10 @@
 """Smoke runs of the CGT experiments at toy sizes (they must run end to end and write their files)."""
 
 import json
+import shutil
 
 from incontext.cli import main
+from incontext.experiments.cgt_table1 import recompute
 
 TINY_MODEL = ["--set", "n_layer=2", "--set", "split_layer=1", "--set", "d_x=16", "--set", "n_head_x=2", "--set", "d_y=8",
               "--set", "n_head_y=2", "--set", "n_templates=2"]
@@ -32,6 +34,14 @@ def test_cgt_table1_runs_at_toy_size(tmp_path):
     assert not (tmp_path / "baseline-seed2").exists()
     summary = json.loads((tmp_path / "results.json").read_text())["summary"]
     assert summary["baseline"]["seeds"] == [0, 1] and summary["cgt_aux_reg"]["seeds"] == [0, 1]
+
+    # the committed run records alone (no checkpoints) rebuild the same summary and table
+    table = (tmp_path / "table.md").read_text()
+    for run_dir in tmp_path.glob("*-seed*"):
+        shutil.rmtree(run_dir / "train")
+    assert recompute(tmp_path)["summary"] == summary and (tmp_path / "table.md").read_text() == table
+    (tmp_path / "baseline-seed1" / "record.json").unlink()
+    assert recompute(tmp_path)["summary"]["baseline"]["seeds"] == [0]
 
 
 def test_cgt_regression_runs_at_toy_size(tmp_path):
