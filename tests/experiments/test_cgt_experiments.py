@@ -63,5 +63,29 @@ def test_cgt_text_runs_at_toy_size(tmp_path, monkeypatch):
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(results["models"]) == {"regularised", "unregularised"}
     assert len(results["models"]["regularised"]["per_position_ce"]["specialised (frozen y, no prefix)"]) == 48
+    assert len(results["baseline"]["per_position_ce"]["with prefix"]) == 48
+    spread = results["models"]["unregularised"]["y_spread"]
+    assert -1 <= spread["cos_across"] <= 1 and 0 <= spread["between_share"] <= 1
     for name in ("tsne_regularised.png", "tsne_unregularised.png", "cgt_text.png", "table.md"):
         assert (tmp_path / "out" / name).is_file()
+
+
+def test_y_spread_tells_collapsed_from_spread_contexts():
+    """y_spread on stand-in models: one y direction for every document (collapsed) vs a direction per document."""
+    import torch
+
+    from incontext.experiments.cgt_text import y_spread
+
+    class Stub:
+        def __init__(self, per_document):
+            self.per_document = per_document
+
+        def context(self, tokens):
+            g = torch.Generator().manual_seed(int(tokens[0, 0]))
+            base = torch.randn(8, generator=g) if self.per_document else torch.ones(8)
+            return (base + 0.01 * torch.randn(tokens.shape[1], 8, generator=g))[None]
+
+    docs = [(0, torch.full((20,), i)) for i in range(6)]
+    collapsed, spread = y_spread(Stub(False), docs, 20, 4), y_spread(Stub(True), docs, 20, 4)
+    assert collapsed["cos_across"] > 0.99 and collapsed["cos_within"] > 0.99 and collapsed["between_share"] < 0.1
+    assert spread["cos_across"] < 0.7 and spread["cos_within"] > 0.99 and spread["between_share"] > 0.9
