@@ -211,7 +211,8 @@ EXPERIMENTS = {'amicl': ('AMICL associative-memory ICL: sweeps over a, similarit
                    'int',
                    '250',
                    'steps between checkpoints probed for IOI / induction during training; 0 = final only'),
-                  ('threads', 'int', '1', '')]),
+                  ('threads', 'int', '1', ''),
+                  ('add_to_existing', 'bool', 'false', '')]),
  'tint-classification': ('TinT Table 1 analogue: few-shot BBC News topics, vanilla / in-context / dynamic eval / '
                          'TinT',
                          [('n_layer', 'int', '4', ''),

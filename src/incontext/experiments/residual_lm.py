@@ -220,6 +220,9 @@ class ResidualLMConfig:
     induction_sequences: int = 256
     probe_every: int = 250  # steps between checkpoints probed for IOI / induction during training; 0 = final only
     threads: int = 1
+    # keep the runs of other seeds already in <out>/results.json (same settings otherwise) and add these seeds:
+    # a study can grow one seed per process, e.g. --set seeds=[2] --set add_to_existing=true
+    add_to_existing: bool = False
 
     def __post_init__(self):
         unknown = [v for v in self.variants if v not in VARIANT_NAMES]
@@ -409,11 +412,13 @@ def rewrite_outputs(out_dir: Path) -> dict:
 def run(config: ResidualLMConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.threads)
-    runs: dict[str, list[dict]] = {v: [] for v in config.variants}
-    curves: dict[str, list[list[tuple[int, float]]]] = {v: [] for v in config.variants}
+    runs, curves = earlier_runs(config, out_dir) if config.add_to_existing else ({v: [] for v in config.variants}, {v: [] for v in config.variants})
+    new_seeds = config.seeds
+    earlier = [r["seed"] for r in runs[config.variants[0]]]
+    config = dataclasses.replace(config, seeds=earlier + [s for s in new_seeds if s not in earlier])  # what results.json covers
     parameters = 0
     results: dict = {}
-    for seed in config.seeds:  # seeds outermost: a cut-short study still has both variants for the first seeds
+    for seed in new_seeds:  # seeds outermost: a cut-short study still has both variants for the first seeds
         for variant in config.variants:
             run_dir = out_dir / "train" / f"{variant}-seed{seed}"
             started = time.perf_counter()
@@ -431,6 +436,32 @@ def run(config: ResidualLMConfig, out_dir: Path) -> dict:
                   f"held-out {result['ioi']['held-out names']['correct']:.1f}% / {result['ioi']['held-out names']['incorrect']:.1f}%")
         results = write_outputs(config, out_dir, runs, curves, parameters)  # after every seed: a cut-short study keeps its seeds
     return results
+
+
+SEED_INDEPENDENT = ("seeds", "threads", "add_to_existing")  # settings that may differ between runs of one study
+
+
+def earlier_runs(config: ResidualLMConfig, out_dir: Path) -> tuple[dict[str, list[dict]], dict[str, list]]:
+    """Runs and loss curves of the seeds not in config.seeds from <out>/results.json (none if it does not exist);
+    the earlier study must have used the same settings apart from its seeds."""
+    path = Path(out_dir) / "results.json"
+    runs: dict[str, list[dict]] = {v: [] for v in config.variants}
+    curves: dict[str, list] = {v: [] for v in config.variants}
+    if not path.is_file():
+        return runs, curves
+    saved = json.loads(path.read_text())
+    mine = {k: v for k, v in dataclasses.asdict(config).items() if k not in SEED_INDEPENDENT}
+    theirs = {k: v for k, v in saved["config"].items() if k not in SEED_INDEPENDENT}
+    differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if differing:
+        raise ValueError(f"add_to_existing: {path} was made with other settings ({', '.join(differing)}); "
+                         "use the same settings or another --out")
+    for variant in config.variants:
+        for run, curve in zip(saved["runs"][variant], saved["train_loss_curves"][variant]):
+            if run["seed"] not in config.seeds:
+                runs[variant].append(run)
+                curves[variant].append([tuple(point) for point in curve])
+    return runs, curves
 
 
 def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: dict, parameters: int) -> dict:
