@@ -189,7 +189,6 @@ def test_first_step():
     assert first_step_below([(10, 2.0), (20, 1.2), (30, 1.0)], 1.3) == 20 and first_step_below([(10, 2.0)], 1.3) is None
 
 
-@pytest.mark.slow  # two toy studies (~20 s)
 def test_a_seed_is_added_to_an_earlier_study(tmp_path, monkeypatch):
     """add_to_existing keeps the earlier seeds' runs as they were and adds the new seed; other settings refuse."""
     monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path / "cache"))
