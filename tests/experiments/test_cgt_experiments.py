@@ -52,6 +52,21 @@ def test_cgt_regression_runs_at_toy_size(tmp_path):
     assert set(curves) == {"baseline", "cgt dynamic", "cgt frozen after 2", "cgt frozen after 5", "ridge"}
     assert curves["cgt frozen after 5"][:5] == [None] * 5 and len(curves["cgt frozen after 5"]) == 8
     assert (tmp_path / "cgt_regression.png").is_file()
+    probe = json.loads((tmp_path / "results.json").read_text())["y_probe_r2"]
+    assert set(probe) == {"2", "5"} and all(r2 <= 1 for r2 in probe.values())
+
+
+def test_probe_r2_finds_a_linear_code_and_no_code():
+    import torch
+
+    from incontext.experiments.cgt_regression import probe_r2
+
+    g = torch.Generator().manual_seed(0)
+    targets = torch.randn(400, 5, generator=g, dtype=torch.float64)
+    mixing = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    encoded = targets @ mixing + 3.0 + 1e-3 * torch.randn(400, 12, generator=g, dtype=torch.float64)
+    assert probe_r2(encoded, targets, lam=1e-8) > 0.999
+    assert probe_r2(torch.randn(400, 12, generator=g, dtype=torch.float64), targets) < 0.1
 
 
 def test_cgt_text_runs_at_toy_size(tmp_path, monkeypatch):
