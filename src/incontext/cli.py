@@ -37,7 +37,8 @@ _METHODS_HELP = (  # (name, what it needs (the method's `needs`), what it does)
     ("iclca-approx", "softmax attention", "FAVOR+ random-feature conversion"),
     ("dynamic-eval", "a token-input causal LM", "gradient steps on the prompt"),
     ("tint", "a token-input causal LM that TinT can simulate", "a simulated SGD step on the prompt"),
-    ("cgt-fold", "a CGT model", "its context vector folded into the weights"),
+    ("cgt-fold", "a CGT model, or a CGT adapter trained on this model (option adapter=FOLDER)",
+     "its context vector folded into the weights"),
     ("distill-lora", "a token-input causal LM", "context distillation into a LoRA adapter (exported for peft)"),
 )
 

@@ -22,7 +22,7 @@ from .absorb import AdaptedModel, get_absorb_method
 from .absorb.base import max_context
 from .absorb.distill_lora import DistilledLoRA, DistillLoRA
 from .absorb.generation import context_room, stream_tokens
-from .config import scalar
+from .config import parse_overrides
 from .interop.models import load_model
 
 ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
@@ -68,22 +68,6 @@ def check_absorb_out(out: Path) -> None:
                               "choose an empty or new folder")
 
 
-def parse_options(settings: list[str]) -> dict[str, Any]:
-    """["steps=8", "learning_rate=1e-3"] -> {"steps": 8, "learning_rate": 0.001} (values as in compare's --set)."""
-    import yaml
-
-    options = {}
-    for item in settings:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {item!r} must look like OPTION=VALUE (e.g. --set steps=8)")
-        try:
-            options[key.strip()] = scalar(raw)
-        except yaml.YAMLError:
-            raise ValueError(f"--set {item!r}: the value is not a valid YAML scalar") from None
-    return options
-
-
 def model_fingerprint(model: torch.nn.Module) -> str:
     """sha256 of every tensor's name, shape and 4096 evenly spaced values: tells models of one architecture apart
     without hashing every weight."""
@@ -108,7 +92,7 @@ def _codec(loaded, spec: str):
 def absorb(args) -> int:
     prompt_text = read_prompt(args.prompt, args.prompt_file)
     check_absorb_out(args.out)
-    options = parse_options(args.set)
+    options = parse_overrides(args.set, flat=True)
     try:
         method = get_absorb_method(args.method, **options)
     except TypeError as error:  # a value of the wrong kind for the method's constructor

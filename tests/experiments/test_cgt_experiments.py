@@ -1,8 +1,10 @@
 """Smoke runs of the CGT experiments at toy sizes (they must run end to end and write their files)."""
 
 import json
+import shutil
 
 from incontext.cli import main
+from incontext.experiments.cgt_table1 import recompute
 
 TINY_MODEL = ["--set", "n_layer=2", "--set", "split_layer=1", "--set", "d_x=16", "--set", "n_head_x=2", "--set", "d_y=8",
               "--set", "n_head_y=2", "--set", "n_templates=2"]
@@ -33,6 +35,14 @@ def test_cgt_table1_runs_at_toy_size(tmp_path):
     summary = json.loads((tmp_path / "results.json").read_text())["summary"]
     assert summary["baseline"]["seeds"] == [0, 1] and summary["cgt_aux_reg"]["seeds"] == [0, 1]
 
+    # the committed run records alone (no checkpoints) rebuild the same summary and table
+    table = (tmp_path / "table.md").read_text()
+    for run_dir in tmp_path.glob("*-seed*"):
+        shutil.rmtree(run_dir / "train")
+    assert recompute(tmp_path)["summary"] == summary and (tmp_path / "table.md").read_text() == table
+    (tmp_path / "baseline-seed1" / "record.json").unlink()
+    assert recompute(tmp_path)["summary"]["baseline"]["seeds"] == [0]
+
 
 def test_cgt_regression_runs_at_toy_size(tmp_path):
     args = ["run", "cgt-regression", *TINY_MODEL, "--set", "steps=3", "--set", "batch_size=4", "--set", "d_in=3",
@@ -42,6 +52,21 @@ def test_cgt_regression_runs_at_toy_size(tmp_path):
     assert set(curves) == {"baseline", "cgt dynamic", "cgt frozen after 2", "cgt frozen after 5", "ridge"}
     assert curves["cgt frozen after 5"][:5] == [None] * 5 and len(curves["cgt frozen after 5"]) == 8
     assert (tmp_path / "cgt_regression.png").is_file()
+    probe = json.loads((tmp_path / "results.json").read_text())["y_probe_r2"]
+    assert set(probe) == {"2", "5"} and all(r2 <= 1 for r2 in probe.values())
+
+
+def test_probe_r2_finds_a_linear_code_and_no_code():
+    import torch
+
+    from incontext.experiments.cgt_regression import probe_r2
+
+    g = torch.Generator().manual_seed(0)
+    targets = torch.randn(400, 5, generator=g, dtype=torch.float64)
+    mixing = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    encoded = targets @ mixing + 3.0 + 1e-3 * torch.randn(400, 12, generator=g, dtype=torch.float64)
+    assert probe_r2(encoded, targets, lam=1e-8) > 0.999
+    assert probe_r2(torch.randn(400, 12, generator=g, dtype=torch.float64), targets) < 0.1
 
 
 def test_cgt_text_runs_at_toy_size(tmp_path, monkeypatch):
@@ -53,5 +78,29 @@ def test_cgt_text_runs_at_toy_size(tmp_path, monkeypatch):
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(results["models"]) == {"regularised", "unregularised"}
     assert len(results["models"]["regularised"]["per_position_ce"]["specialised (frozen y, no prefix)"]) == 48
+    assert len(results["baseline"]["per_position_ce"]["with prefix"]) == 48
+    spread = results["models"]["unregularised"]["y_spread"]
+    assert -1 <= spread["cos_across"] <= 1 and 0 <= spread["between_share"] <= 1
     for name in ("tsne_regularised.png", "tsne_unregularised.png", "cgt_text.png", "table.md"):
         assert (tmp_path / "out" / name).is_file()
+
+
+def test_y_spread_tells_collapsed_from_spread_contexts():
+    """y_spread on stand-in models: one y direction for every document (collapsed) vs a direction per document."""
+    import torch
+
+    from incontext.experiments.cgt_text import y_spread
+
+    class Stub:
+        def __init__(self, per_document):
+            self.per_document = per_document
+
+        def context(self, tokens):
+            g = torch.Generator().manual_seed(int(tokens[0, 0]))
+            base = torch.randn(8, generator=g) if self.per_document else torch.ones(8)
+            return (base + 0.01 * torch.randn(tokens.shape[1], 8, generator=g))[None]
+
+    docs = [(0, torch.full((20,), i)) for i in range(6)]
+    collapsed, spread = y_spread(Stub(False), docs, 20, 4), y_spread(Stub(True), docs, 20, 4)
+    assert collapsed["cos_across"] > 0.99 and collapsed["cos_within"] > 0.99 and collapsed["between_share"] < 0.1
+    assert spread["cos_across"] < 0.7 and spread["cos_within"] > 0.99 and spread["between_share"] > 0.9

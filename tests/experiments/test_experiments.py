@@ -2,6 +2,9 @@
 
 import json
 
+import pytest
+import torch
+
 from incontext.cli import main
 from incontext.experiments import list_experiments
 
@@ -48,6 +51,38 @@ def test_iclca_table2_runs_at_toy_size(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["accuracy"]["converted"] == results["accuracy"]["with prompt"]
     assert results["relative_logits_error_converted"] < 1e-5
+    assert 0 < results["counting"] < 1 and not results["reused_training"]
+
+
+@pytest.mark.slow  # three toy runs
+def test_iclca_table2_evaluates_a_finished_training_again(tmp_path):
+    """retrain=false evaluates the finished training again (same numbers); other settings train afresh."""
+    assert main(["run", "iclca-table2", "--set", "steps=3", "--set", "eval_sequences=20", "--set", "n_layer=1",
+                 "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    stamp = (tmp_path / "train" / "results.json").stat().st_mtime_ns
+    assert main(["run", "iclca-table2", "--set", "steps=3", "--set", "eval_sequences=20", "--set", "n_layer=1",
+                 "--set", "retrain=false", "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "results.json").read_text())
+    assert again["reused_training"] and again["accuracy"] == results["accuracy"]
+    assert (tmp_path / "train" / "results.json").stat().st_mtime_ns == stamp
+    assert main(["run", "iclca-table2", "--set", "steps=3", "--set", "eval_sequences=20", "--set", "n_layer=1",
+                 "--set", "retrain=false", "--set", "linear_norm=none", "--out", str(tmp_path)]) == 0
+    other = json.loads((tmp_path / "results.json").read_text())
+    assert not other["reused_training"] and other["accuracy"]["converted"] == other["accuracy"]["with prompt"]
+
+
+def test_counting_predictor():
+    """The counting predictor takes the most frequent non-trigger token of prompt + query so far."""
+    from incontext.experiments.iclca_table2 import counting_accuracy
+    from incontext.tasks.episodes import Episode, Query
+
+    prompt = torch.tensor([0, 7, 9, 9, 0, 7])  # token 0 a trigger; 9 most frequent so far
+    query = Query(inputs=torch.tensor([7, 0, 7, 0]), targets=torch.tensor([0, 7, 0, 5]),
+                  mask=torch.tensor([False, True, False, True]))
+    episode = Episode(prompt=prompt, queries=[query])
+    # position 1: counts 7 -> 3, 9 -> 2: predicts 7 (right); position 3: 7 -> 4: predicts 7, target 5 (wrong)
+    assert counting_accuracy([episode], {5, 7, 9}) == 0.5
 
 
 def test_iclca_approx_trained_runs_at_toy_size(tmp_path, monkeypatch):

@@ -10,18 +10,18 @@ import torch.nn.functional as F
 
 from incontext.cli import main
 from incontext.experiments.residual_lm import (
-    IOIPrompt,
     continuation_logprobs,
     first_step,
     first_step_below,
     in_context_score,
     induction_accuracy,
     ioi_scores,
-    paper_prompts,
     rewrite_outputs,
-    sampled_prompts,
 )
 from incontext.models import Transformer, TransformerConfig
+from incontext.tasks.stories import IOIPrompt
+from incontext.tasks.stories import paper_ioi_prompts as paper_prompts
+from incontext.tasks.stories import sampled_ioi_prompts as sampled_prompts
 from incontext.tasks import Stories, StoriesConfig
 from incontext.tasks.stories import HELDOUT_NAMES, TRAIN_NAMES
 from incontext.tasks.text import ENDOFTEXT_ID
@@ -187,3 +187,22 @@ def test_first_step():
     assert first_step(probes, lambda row: row["x"], 0.5) == 20
     assert first_step(probes, lambda row: row["x"], 0.9) is None
     assert first_step_below([(10, 2.0), (20, 1.2), (30, 1.0)], 1.3) == 20 and first_step_below([(10, 2.0)], 1.3) is None
+
+
+def test_a_seed_is_added_to_an_earlier_study(tmp_path, monkeypatch):
+    """add_to_existing keeps the earlier seeds' runs as they were and adds the new seed; other settings refuse."""
+    monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path / "cache"))
+    tiny = ["--set", "n_layer=1", "--set", "d_model=16", "--set", "n_head=2", "--set", "vocab_size=300",
+            "--set", "train_stories=300", "--set", "steps=2", "--set", "batch_size=2", "--set", "warmup_steps=1",
+            "--set", "ioi_pairs=2", "--set", "eval_windows=4", "--set", "icl_stories=4", "--set", "induction_sequences=4",
+            "--set", "probe_every=0", "--out", str(tmp_path / "out")]
+    assert main(["run", "residual-lm", "--set", "seeds=[0]", *tiny]) == 0
+    first = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert main(["run", "residual-lm", "--set", "seeds=[1]", "--set", "add_to_existing=true", *tiny]) == 0
+    both = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert both["seeds_done"] == [0, 1] and both["config"]["seeds"] == [0, 1]
+    for variant in ("none", "v"):
+        assert [r["seed"] for r in both["runs"][variant]] == [0, 1]
+        assert both["runs"][variant][0] == first["runs"][variant][0]
+        assert len(both["train_loss_curves"][variant]) == 2
+    assert main(["run", "residual-lm", "--set", "seeds=[2]", "--set", "add_to_existing=true", *tiny, "--set", "lr=0.01"]) == 2

@@ -7,7 +7,7 @@ from conftest import rel_error
 
 from incontext.cli import main
 from incontext.absorb.dynamic_eval import prompt_sgd, tint_simulate, tint_update
-from incontext.experiments.tint_classification import accuracy, loss_targets
+from incontext.experiments.tint_classification import SETTINGS, Study, accuracy, interval95, loss_targets
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TinT, TintConfig
 from incontext.tint.reference import (
@@ -119,7 +119,30 @@ def test_tint_classification_runs_at_toy_size(tmp_path):
     assert results["n_queries"] == {"validation": 5, "test": 5}
     assert len(set(results["label_tokens"])) == 5
     shots = results["2_shot"]
-    assert set(shots) == {"in-context"} | {f"{m} {s}/{l}" for m in ("dynamic eval", "TinT") for s in ("single", "multi") for l in ("label", "full")}
+    assert set(shots) == {"in-context"} | {f"{m} {s}/{l}" for m in ("dynamic eval", "TinT") for s in ("single", "multi") for l in ("label", "full")} \
+        | {"dynamic eval chosen on validation", "TinT chosen on validation"}
     assert all(len(v["plain"]["seeds"]) == 2 and 0 <= v["plain"]["mean"] <= 100 for v in shots.values())
     assert all(r["max_abs_label_log_prob_gap"] < 1e-9 for r in results["simulator_check"])
+    chosen = shots["TinT chosen on validation"]["calibrated"]
+    assert set(chosen["settings"]) <= set(SETTINGS) and len(chosen["validation_seeds"]) == 2
+    assert set(results["2_shot_per_seed"]["TinT single/label"][0]["validation_by_lr"]) == {"0.001"}
     assert (tmp_path / "table.md").is_file() and (tmp_path / "accuracy.png").is_file()
+
+
+def test_setting_chosen_on_validation_never_looks_at_test():
+    """Per calibration mode the setting with the best validation accuracy wins (ties: the first setting),
+    whatever the test accuracies say."""
+    validation = {"single/label": (50, 30), "single/full": (60, 30), "multi/label": (40, 30), "multi/full": (60, 20)}
+    rows = {f"TinT {s}": {"plain": 90 - 10 * i, "calibrated": 10 * i, "lr": {"plain": i, "calibrated": -i},
+                          "validation": {"plain": validation[s][0], "calibrated": validation[s][1]}}
+            for i, s in enumerate(SETTINGS)}
+    row = Study.chosen_on_validation(rows, "TinT")
+    assert row["setting"] == {"plain": "single/full", "calibrated": "single/label"}
+    assert (row["plain"], row["calibrated"]) == (80, 0) and row["lr"] == {"plain": 1, "calibrated": 0}
+    assert row["validation"] == {"plain": 60, "calibrated": 30}
+
+
+def test_interval95():
+    assert interval95(50, 100) == pytest.approx(100 * 1.96 * 0.05)
+    assert interval95(40, 400, seed_std=3.0, seeds=3) == pytest.approx(100 * 1.96 * (0.24 / 400 + 0.03 ** 2 / 3) ** 0.5)
+    assert interval95(40, 400, seed_std=3.0, seeds=3) > interval95(40, 400)

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..absorb.distill_lora import DistilledLoRA, LoRASpec, _init_lora
+from ..absorb.distill_lora import DistilledLoRA, LoRASpec, init_lora_factors
 from ..absorb.harness import interval95
 from ..fileio import strict_json
 from ..models import CGTAdapter, CGTAdapterConfig, Transformer
@@ -184,7 +184,8 @@ def lora_baseline(base: Transformer, layers: list[int], target_params: int, rank
     per_rank = sum(base.get_submodule(m).in_features + base.get_submodule(m).out_features for m in modules)
     rank = rank or max(1, round(target_params / per_rank))
     lora = DistilledLoRA(copy.deepcopy(base), LoRASpec(rank, float(rank), modules), offset=0, merged=False)
-    _init_lora(lora, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        init_lora_factors(lora.lora_factors().values(), torch.Generator().manual_seed(seed))
     return lora
 
 

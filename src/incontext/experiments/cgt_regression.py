@@ -3,7 +3,9 @@
 Error against the clean target U x + b by the number of examples seen, for: the baseline Transformer (width
 d_x), the CGT with dynamic y, the CGT with y frozen after k examples (k in `freeze_after`: y taken at the k-th
 y token, examples 1..k dropped, the x-only model reads the rest with positions restarting), and ridge regression
-(the Bayes-optimal reference). Reduced scale by default (deviations from the paper: d_in 8 not 16, 40 points not
+(the Bayes-optimal reference). Diagnosis of the frozen y: `y_probe_r2` is how much of the task (U, b) a
+linear map recovers from y at each freezing point (ridge fit on half of the sequences, R^2 on the other half):
+low R^2 means y does not hold the task; high R^2 with a poor frozen MSE means the x-only model does not read it. Reduced scale by default (deviations from the paper: d_in 8 not 16, 40 points not
 64, 4 layers with l = 3 not 8 with l = 7, d_x 64 / d_y 32 not 128 / 64).
 
     incontext run cgt-regression [--set steps=4000]
@@ -69,6 +71,20 @@ def settings(config: RegressionConfig, cgt: bool) -> dict:
                     "checkpoint_every": 0, "log_every": 50, "tensorboard": False}}
 
 
+def probe_r2(features: torch.Tensor, targets: torch.Tensor, lam: float = 1e-3) -> float:
+    """Held-out R^2 (mean over target columns) of a ridge map features -> targets fitted on the first half of the
+    rows (standardised features, an intercept) and scored on the second half."""
+    features, targets = features.double(), targets.double()
+    half = features.shape[0] // 2
+    mean, std = features[:half].mean(0), features[:half].std(0).clamp_min(1e-12)
+    design = torch.cat([(features - mean) / std, torch.ones(features.shape[0], 1, dtype=torch.float64)], dim=1)
+    fit, test = design[:half], design[half:]
+    weights = torch.linalg.solve(fit.T @ fit + lam * half * torch.eye(fit.shape[1], dtype=torch.float64), fit.T @ targets[:half])
+    residual = ((test @ weights - targets[half:]) ** 2).sum(0)
+    total = ((targets[half:] - targets[half:].mean(0)) ** 2).sum(0)
+    return float((1 - residual / total).mean())
+
+
 def error_by_examples(predictions: torch.Tensor, clean: torch.Tensor) -> list[float]:
     """Mean squared error at each x token (B, T, d_out predictions against the clean targets)."""
     return (predictions.double() - clean.double()).square().mean(-1)[:, 0::2].mean(0).tolist()
@@ -92,7 +108,10 @@ def run(config: RegressionConfig, out_dir: Path) -> dict:
             rest = cgt(batch.inputs[:, 2 * k :], y=contexts[:, 2 * k - 1])
             curves[f"cgt frozen after {k}"] = [None] * k + error_by_examples(rest, clean[:, 2 * k :])
         curves["ridge"] = error_by_examples(Ridge(lam=config.noise**2)(batch.inputs), clean)
-    results = {"experiment": "cgt-regression", "config": dataclasses.asdict(config), "mse_by_examples": curves}
+        task_vectors = torch.cat([batch.info["U"].flatten(1), batch.info["b"]], dim=1)
+        probe = {str(k): probe_r2(contexts[:, 2 * k - 1], task_vectors) for k in config.freeze_after}
+    results = {"experiment": "cgt-regression", "config": dataclasses.asdict(config), "mse_by_examples": curves,
+               "y_probe_r2": probe}
     (out_dir / "results.json").write_text(strict_json(results))
     marks = sorted({*config.freeze_after, min(n - 1, 2 * max(config.freeze_after)), n - 1})
     lines = [(f"MSE against U x + b after k examples (d_in {config.d_in}, noise {config.noise}, {config.eval_sequences} "
@@ -101,6 +120,8 @@ def run(config: RegressionConfig, out_dir: Path) -> dict:
              "|---" * (len(marks) + 1) + "|"]
     for name, curve in curves.items():
         lines.append(f"| {name} | " + " | ".join("–" if curve[k] is None else f"{curve[k]:.3f}" for k in marks) + " |")
+    lines += ["", "Linear probe of the task (U, b) from the frozen y (held-out R^2): "
+              + ", ".join(f"after {k} examples {r2:.2f}" for k, r2 in probe.items()) + "."]
     (out_dir / "table.md").write_text("\n".join(lines) + "\n")
     plot(curves, config, out_dir / "cgt_regression.png")
     return results

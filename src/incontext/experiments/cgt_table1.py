@@ -5,7 +5,9 @@ ICL sequences, several seeds, mean +- 3 standard errors.
     incontext run cgt-table1 --set preset=paper   # 6 layers, d_x 112, d_y 64, 3 digits, 4 tasks (a GPU job)
 
 Any preset value can be overridden (`--set steps=3000`). Runs go to <out>/<variant>-seed<k>/train, `workers`
-of them at a time (one CPU thread each on CPU).
+of them at a time (one CPU thread each on CPU). Every run's full record (training time, evaluation metrics) is
+written to <out>/<variant>-seed<k>/record.json, which is committed (the checkpoints are not): `recompute(out)`
+rebuilds the summary and table from those records alone, e.g. after seeds were trained by separate processes.
 """
 
 from __future__ import annotations
@@ -201,26 +203,55 @@ def run(config: Table1Config, out_dir: Path) -> dict:
     for job in jobs:
         model, train_config = load_for_eval(latest_checkpoint(run_dirs[job] / "train"))
         task = train_config.build_task()
-        batch = task.sample(config.eval_sequences, torch.Generator().manual_seed(123_457))
+        batch = task.sample(config.eval_sequences, torch.Generator().manual_seed(RECORD_EVAL_SEED))
         metrics = cgt_arithmetic_metrics(model, batch, task.config)
         runs.append({"variant": job[0], "seed": job[1], **trained[job], "metrics": metrics})
+        (run_dirs[job] / RECORD).write_text(strict_json({**runs[-1], "settings": settings[job],
+                                                        "eval_sequences": config.eval_sequences, "eval_seed": RECORD_EVAL_SEED}))
         if job[0] != "baseline" and job[1] == config.seeds[0]:
             maps[job[0]] = dot_product_map(model.context(batch.inputs))
     spans = TaskSpans.of(task.config)
-
-    summary: dict[str, dict[str, list[float]]] = {}
-    for variant in sorted({job[0] for job in jobs}, key=config.variants.index):
-        chosen = [r["metrics"] for r in runs if r["variant"] == variant]
-        summary[variant] = {key: list(mean_3se([m[key] for m in chosen])) for key in chosen[0]}
-        summary[variant]["seconds_per_step"] = list(mean_3se([r["seconds_per_step"] for r in runs if r["variant"] == variant]))
-        summary[variant]["seeds"] = [r["seed"] for r in runs if r["variant"] == variant]
     results = {"experiment": "cgt-table1", "config": dataclasses.asdict(config), "resolved": config.resolved(),
-               "runs": runs, "summary": summary, "paper": PAPER}
+               "runs": runs, "summary": summarize_runs(runs, config.variants), "paper": PAPER}
     (out_dir / "results.json").write_text(strict_json(results))
     (out_dir / "table.md").write_text(table(results))
     for variant, matrix in maps.items():
         boundaries = [spans.task(k)[0] for k in range(1, spans.n_tasks)]
         plot_dot_map(matrix, out_dir / f"dot_map_{variant}.png", f"{variant} (seed {config.seeds[0]})", boundaries)
+    plot_summary(results, out_dir / "table1.png")
+    return results
+
+
+RECORD = "record.json"  # one run's record, next to its (uncommitted) train folder
+RECORD_EVAL_SEED = 123_457  # the evaluation batch of every run
+
+
+def summarize_runs(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Per variant: mean and 3 standard errors of every metric and of the time per step, and its seeds."""
+    order = list(variants) + sorted({r["variant"] for r in runs} - set(variants))
+    summary: dict[str, dict[str, list[float]]] = {}
+    for variant in [v for v in order if any(r["variant"] == v for r in runs)]:
+        mine = sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["seed"])
+        summary[variant] = {key: list(mean_3se([r["metrics"][key] for r in mine])) for key in mine[0]["metrics"]}
+        summary[variant]["seconds_per_step"] = list(mean_3se([r["seconds_per_step"] for r in mine]))
+        summary[variant]["seeds"] = [r["seed"] for r in mine]
+    return summary
+
+
+def recompute(out_dir: Path) -> dict[str, Any]:
+    """Rebuild results.json's runs and summary and table.md from the run records <out>/*/record.json (no model
+    is loaded): the table of whatever runs have finished, in whichever processes."""
+    out_dir = Path(out_dir)
+    runs = [json.loads(path.read_text()) for path in sorted(out_dir.glob(f"*/{RECORD}"))]
+    if not runs:
+        raise FileNotFoundError(f"no run records ({RECORD}) under {out_dir}")
+    results = json.loads((out_dir / "results.json").read_text())
+    runs = [{k: v for k, v in r.items() if k not in ("settings", "eval_sequences", "eval_seed")} for r in runs]
+    results["runs"] = sorted(runs, key=lambda r: (results["config"]["variants"].index(r["variant"])
+                                                  if r["variant"] in results["config"]["variants"] else len(VARIANTS), r["seed"]))
+    results["summary"] = summarize_runs(results["runs"], results["config"]["variants"])
+    (out_dir / "results.json").write_text(strict_json(results))
+    (out_dir / "table.md").write_text(table(results))
     plot_summary(results, out_dir / "table1.png")
     return results
 

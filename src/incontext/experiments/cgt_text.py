@@ -7,7 +7,11 @@ Trains two CGTs on joined documents (tasks/topic_mixture.py), with and without t
 - t-SNE of y per held-out document (mean over its last 16 tokens), coloured by topic, with and without the
   regulariser (Fig. 6c), plus a 5-nearest-neighbour topic accuracy in y space as a number;
 - per-position cross-entropy on the second part of held-out documents: specialised (y frozen after the first
-  `prefix` tokens, the prefix dropped), dynamic without the prefix, and dynamic with it (Fig. 6a).
+  `prefix` tokens, the prefix dropped), dynamic without the prefix, and dynamic with it (Fig. 6a);
+- whether y has collapsed to one direction (then freezing it changes nothing: specialised CE = no-prefix CE):
+  the spread of y across documents vs within one (`y_spread`);
+- a same-size plain transformer (n_layer layers of width d_x, no y) trained on the same data, with and
+  without the prefix, so the CGTs' cross-entropies have a reference.
 Reduced scale (4 layers, l = 3, d_x 64, d_y 32, 2048-token BPE, 256-token sequences) by default.
 
     incontext run cgt-text [--set steps=4000]
@@ -57,13 +61,20 @@ class TextConfig:
     seed: int = 0
 
 
-def settings(config: TextConfig, regularised: bool) -> dict:
+def settings(config: TextConfig, regularised: bool | None) -> dict:
+    """Trainer settings of the regularised / unregularised CGT, or (None) of the same-size plain transformer."""
+    if regularised is None:
+        model = {"n_layer": config.n_layer, "d_model": config.d_x, "n_head": config.n_head_x, "positions": "learned"}
+        loss = {}
+    else:
+        model = {"kind": "cgt", "n_layer": config.n_layer, "split_layer": config.split_layer, "d_x": config.d_x,
+                 "n_head_x": config.n_head_x, "d_y": config.d_y, "n_head_y": config.n_head_y, "rank": config.rank,
+                 "n_templates": config.n_templates}
+        loss = {"eta": config.eta, "aux_cuts": config.aux_cuts, "w_c": config.w_c if regularised else 0.0,
+                "w_d": config.w_d if regularised else 0.0}
     return {
-        "model": {"kind": "cgt", "n_layer": config.n_layer, "split_layer": config.split_layer, "d_x": config.d_x,
-                  "n_head_x": config.n_head_x, "d_y": config.d_y, "n_head_y": config.n_head_y, "rank": config.rank,
-                  "n_templates": config.n_templates},
-        "loss": {"eta": config.eta, "aux_cuts": config.aux_cuts, "w_c": config.w_c if regularised else 0.0,
-                 "w_d": config.w_d if regularised else 0.0},
+        "model": model,
+        "loss": loss,
         "task": {"name": "topic_mixture", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
                  "cut_range": [config.cut_lo, config.cut_hi], "max_docs": config.corpus_docs},
         "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0},
@@ -106,6 +117,38 @@ def knn_topic_accuracy(vectors: np.ndarray, labels: list[int]) -> float | None:
 
 
 @torch.no_grad()
+def y_spread(model, docs: list[tuple[int, torch.Tensor]], seq_len: int, skip: int) -> dict[str, float]:
+    """Has y collapsed? For each document, the unit directions n_s of y over its positions skip..seq_len-1:
+    `cos_within` = mean cosine of n_s with the document's mean direction; `cos_across` = mean cosine between two
+    documents' mean directions (distinct pairs); `between_share` = share of y's total variance (over all those
+    positions) that lies between the documents' means. A collapsed y has cos_across ~ cos_within ~ 1."""
+    ys = torch.stack([model.context(tokens[None, :seq_len])[0, skip:] for _, tokens in docs]).double()  # (D, S, d_y)
+    n = _unit(ys)
+    means = _unit(n.mean(1))
+    within = float((n * means[:, None]).sum(-1).mean())
+    gram = means @ means.T
+    d = len(docs)
+    across = float((gram.sum() - gram.diagonal().sum()) / (d * (d - 1))) if d > 1 else float("nan")
+    flat = ys.reshape(-1, ys.shape[-1])
+    total = float(((flat - flat.mean(0)) ** 2).sum(-1).mean())
+    between = float(((ys.mean(1) - flat.mean(0)) ** 2).sum(-1).mean())
+    return {"cos_within": within, "cos_across": across, "between_share": between / total if total > 0 else float("nan"),
+            "mean_norm": float(ys.norm(dim=-1).mean())}
+
+
+@torch.no_grad()
+def baseline_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -> dict[str, list[float]]:
+    """The plain transformer's CE at each position after the prefix, without and with the prefix in context."""
+    tokens = torch.stack([d[: prefix + length + 1] for d in docs])
+    targets = tokens[:, prefix + 1 :]
+
+    def ce(logits):
+        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
+
+    return {"no prefix": ce(model(tokens[:, prefix:-1])), "with prefix": ce(model(tokens[:, :-1])[:, prefix:])}
+
+
+@torch.no_grad()
 def per_position_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -> dict[str, list[float]]:
     """CE at each position of the part after the prefix: frozen y (prefix dropped), dynamic without the prefix,
     dynamic with it."""
@@ -127,6 +170,7 @@ def run(config: TextConfig, out_dir: Path) -> dict:
     for name, regularised in (("regularised", True), ("unregularised", False)):
         models[name], train_config, _ = train_fresh(out_dir / name, settings(config, regularised))
         task = train_config.build_task()
+    baseline, _, _ = train_fresh(out_dir / "baseline", settings(config, None))
     g = torch.Generator().manual_seed(config.seed + 99)
     mixtures = task.mixtures("validation", config.eval_sequences, g)
     docs = task.documents("validation")
@@ -137,6 +181,10 @@ def run(config: TextConfig, out_dir: Path) -> dict:
     long_docs = [tokens for _, tokens in docs if len(tokens) > config.prefix + length][: config.eval_sequences]
 
     results = {"experiment": "cgt-text", "config": dataclasses.asdict(config), "topics": list(task.topics), "models": {}}
+    with torch.no_grad():
+        results["baseline"] = {"parameters": baseline.num_parameters(),
+                               "validation_ce": F.cross_entropy(baseline(mixtures.inputs).transpose(1, 2), mixtures.targets).item(),
+                               "per_position_ce": baseline_ce(baseline, long_docs, config.prefix, length)}
     for name, model in models.items():
         with torch.no_grad():
             y = model.context(mixtures.inputs)
@@ -146,7 +194,8 @@ def run(config: TextConfig, out_dir: Path) -> dict:
         window = min(48, config.cut_lo - 1, config.seq_len - config.cut_hi - 1)  # every mixture has these offsets
         entry = {"validation_ce": dynamic_ce, "transition": join_transition(y, mixtures.info["join"], window),
                  "knn_topic_accuracy": knn_topic_accuracy(vectors, labels),
-                 "per_position_ce": per_position_ce(model, long_docs, config.prefix, length)}
+                 "per_position_ce": per_position_ce(model, long_docs, config.prefix, length),
+                 "y_spread": y_spread(model, chosen, config.seq_len, config.prefix), "parameters": model.num_parameters()}
         results["models"][name] = entry
         plot_tsne(vectors, [task.topics[t] for t in labels], out_dir / f"tsne_{name}.png",
                   f"t-SNE of y per document ({name}); 5-NN topic accuracy "
@@ -176,6 +225,21 @@ def table(results: dict) -> str:
         knn = "–" if m["knn_topic_accuracy"] is None else f"{m['knn_topic_accuracy']:.3f}"
         lines.append(f"| {name} | {m['validation_ce']:.3f} | {knn} | {after:.3f} | "
                      + " | ".join(f"{v:.3f}" for v in means) + " |")
+    if "baseline" in results:
+        b = results["baseline"]
+        no_prefix, with_prefix = (float(np.mean(v)) for v in (b["per_position_ce"]["no prefix"], b["per_position_ce"]["with prefix"]))
+        lines.append(f"| plain transformer, same width and depth ({b['parameters']:,} parameters) | {b['validation_ce']:.3f} "
+                     f"| | | | {no_prefix:.3f} | {with_prefix:.3f} |")
+    spreads = {name: m["y_spread"] for name, m in results["models"].items() if "y_spread" in m}
+    if spreads:
+        lines += ["", (f"Has y collapsed? Unit directions of y over positions {c['prefix']}..{c['seq_len'] - 1} of "
+                       f"{c['docs_per_topic']} held-out documents per topic: mean cosine with the document's own mean "
+                       "direction (within), between two documents' mean directions (across), and the share of y's "
+                       "variance between documents."), "",
+                  "| model | cos within a document | cos across documents | between-document share of variance | mean norm of y |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | {s['cos_within']:.3f} | {s['cos_across']:.3f} | {s['between_share']:.3f} | {s['mean_norm']:.2f} |"
+                  for name, s in spreads.items()]
     return "\n".join(lines) + "\n"
 
 

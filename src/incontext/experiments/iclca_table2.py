@@ -5,17 +5,29 @@ A sequence is cut in two: the first half is the prompt, the second the input. Sc
 holding a trigger whose successor was committed in the prompt and that has not recurred in the input (only
 the prompt can tell what comes next there). The evaluation is the absorb harness on the `induction` episodes:
 keep-prompt, drop-prompt and iclca rows. Paper (12 layers, d = 128, RoPE): 99.95 / 2.23 / 99.95%.
+
+Diagnostics (is it induction?): `counting` is what a model that never looks at positions can reach, predicting
+the most frequent non-trigger token of the context so far (outputs recur with their triggers, so counting beats
+chance without any induction head); the learning curve (learning_curve.png) is the trainer's accuracy at every
+committed trigger (a broader set than the scored positions) during training, with the counting level.
+`retrain=false` evaluates the finished training already in <out>/train (same settings) instead of training again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..fileio import strict_json
 from ..absorb.harness import compare
-from ..tasks.episodes import get_episode_source
+from ..tasks.episodes import Episode, get_episode_source
+from ..train import latest_checkpoint, load_for_eval
+from ..train.metrics import read_metrics
 from .common import train_fresh
 from .registry import register_experiment
 
@@ -29,6 +41,7 @@ class Table2Config:
     d_model: int = 128
     n_head: int = 4
     feature_map: str = "elu"
+    linear_norm: str = "kernel"  # "none": unnormalised linear attention
     seq_len: int = 64
     trigger_prob: float = 0.3  # denser triggers than Bietti's setting: learnable within minutes on CPU
     steps: int = 8000
@@ -36,39 +49,106 @@ class Table2Config:
     lr: float = 1e-3
     eval_sequences: int = 1000  # held-out sequences with at least one scored position (one episode each)
     seed: int = 0
+    retrain: bool = True  # false: evaluate the finished training in <out>/train if its settings match
 
 
-@register_experiment("iclca-table2", "ICLCA Table 2: induction heads in a linear-attention model, prompt vs none vs converted", Table2Config)
-def run(config: Table2Config, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model, train_config, _ = train_fresh(out_dir, {
+def train_settings(config: Table2Config) -> dict:
+    return {
         "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "attention": "linear",
-                  "feature_map": config.feature_map, "positions": "rope"},
+                  "feature_map": config.feature_map, "positions": "rope",
+                  **({} if config.linear_norm == "kernel" else {"linear_norm": config.linear_norm})},
         "task": {"name": "induction", "seq_len": config.seq_len, "trigger_prob": config.trigger_prob},
         "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.01},
         "schedule": {"total_steps": config.steps, "warmup_steps": 100},
         "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 500,
                 "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
-    })
+    }
+
+
+def finished_training(train_dir: Path, settings: dict):
+    """(model, config) of a training in train_dir run to its last step with these model / task / optimizer /
+    schedule settings, else None."""
+    checkpoint = latest_checkpoint(train_dir) if train_dir.is_dir() else None
+    if checkpoint is None:
+        return None
+    model, config = load_for_eval(checkpoint)
+    saved = dataclasses.asdict(config)
+    for section in ("model", "task"):
+        if any(saved[section].get(k) != v for k, v in settings[section].items()):
+            return None
+    if saved["schedule"]["total_steps"] != settings["schedule"]["total_steps"] or saved["optimizer"]["lr"] != settings["optimizer"]["lr"] \
+            or json.loads((train_dir / "results.json").read_text()).get("steps") != settings["schedule"]["total_steps"]:
+        return None
+    return model, config
+
+
+def counting_accuracy(episodes: list[Episode], non_triggers: set[int]) -> float:
+    """Accuracy at the scored positions of predicting the most frequent non-trigger token of prompt + query so
+    far (ties: the one seen first): what a model reaches that counts tokens and never looks at positions."""
+    hits = total = 0
+    for episode in episodes:
+        prompt = episode.prompt.tolist()
+        for query in episode.queries:
+            tokens = query.inputs.tolist()
+            for i in query.mask.nonzero().flatten().tolist():
+                counts = Counter(t for t in prompt + tokens[: i + 1] if t in non_triggers)
+                hits += bool(counts) and counts.most_common(1)[0][0] == int(query.targets[i])
+                total += 1
+    return hits / total
+
+
+def learning_curve(train_dir: Path) -> list[dict]:
+    """The trainer's evaluations: step, loss, accuracy at every committed trigger."""
+    return [{"step": r["step"], "loss": r["loss"], "accuracy": r["accuracy"]}
+            for r in read_metrics(train_dir) if r.get("split") == "eval" and "accuracy" in r]
+
+
+def all_committed_counting(task, sequences: int, seed: int) -> float:
+    """The counting predictor's accuracy at every committed trigger (the trainer's evaluation set)."""
+    batch = task.sample(sequences, torch.Generator().manual_seed(seed))
+    non_triggers = set(task.config.non_trigger_ids)
+    hits = total = 0
+    for b, t in batch.mask.nonzero().tolist():
+        counts = Counter(x for x in batch.inputs[b, : t + 1].tolist() if x in non_triggers)
+        hits += counts.most_common(1)[0][0] == int(batch.targets[b, t])
+        total += 1
+    return hits / total
+
+
+@register_experiment("iclca-table2", "ICLCA Table 2: induction heads in a linear-attention model, prompt vs none vs converted", Table2Config)
+def run(config: Table2Config, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = train_settings(config)
+    reused = None if config.retrain else finished_training(out_dir / "train", settings)
+    if reused is None:
+        model, train_config, _ = train_fresh(out_dir, settings)
+    else:
+        model, train_config = reused
     task = train_config.build_task()
     source = get_episode_source("induction", prompt_fraction=0.5)  # prompt = first half of each sequence
     episodes = source.episodes(config.eval_sequences, config.seed + 10_000, task=task)
     rows = {row["method"]: row for row in compare(model, source, episodes, {"iclca": {}})}
     converted = rows["iclca"]["agreement"]
+    curve = learning_curve(out_dir / "train")
     results = {
         "experiment": "iclca-table2", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
+        "reused_training": reused is not None,
         "scored_positions": sum(int(q.mask.sum()) for e in episodes for q in e.queries),
         "chance": 1.0 / len(task.config.non_trigger_ids),
         "accuracy": {name: rows[label]["score_pooled"] for name, label in LABELS.items()},  # over all scored positions
         "accuracy_per_sequence": {name: rows[label]["score"] for name, label in LABELS.items()},  # mean, 95% interval
+        "counting": counting_accuracy(episodes, set(task.config.non_trigger_ids)),
         "argmax_agreement_converted_vs_prompted": converted["top1"],
         "relative_logits_error_converted": converted["relative_logits_error"],
+        "learning_curve": curve,
+        "counting_all_committed": all_committed_counting(task, 256, config.seed + 20_000),
         "paper": {"with prompt": 0.9995, "without prompt": 0.0223, "converted": 0.9995},
         "harness_rows": list(rows.values()),
     }
     (out_dir / "results.json").write_text(strict_json(results))
     a, p = results["accuracy"], results["paper"]
-    lines = [f"{config.n_layer}-layer linear-attention transformer ({config.feature_map} features, RoPE, width {config.d_model}), "
+    norm = "" if config.linear_norm == "kernel" else f", {config.linear_norm} normalisation"
+    lines = [f"{config.n_layer}-layer linear-attention transformer ({config.feature_map} features{norm}, RoPE, width {config.d_model}), "
              f"{config.steps} steps; {results['scored_positions']} scored positions in {config.eval_sequences} sequences "
              f"of {config.seq_len} tokens (prompt = first half).", "",
              "| | with prompt | without prompt | converted (ICLCA) |", "|---|---|---|---|",
@@ -77,6 +157,32 @@ def run(config: Table2Config, out_dir: Path) -> dict:
              "",
              f"Converted vs prompted: argmax agreement {100 * results['argmax_agreement_converted_vs_prompted']:.2f}% "
              f"over the scored positions, relative logits error {results['relative_logits_error_converted']:.1e}; chance "
-             f"{100 * results['chance']:.2f}%."]
+             f"{100 * results['chance']:.2f}%. Counting (the most frequent non-trigger token of the context, no "
+             f"induction): {100 * results['counting']:.2f}% at the scored positions, "
+             f"{100 * results['counting_all_committed']:.1f}% at all committed triggers."]
+    if curve:
+        lines.append(f"Learning curve (accuracy at all committed triggers): " + ", ".join(
+            f"{r['step']}: {100 * r['accuracy']:.1f}%" for r in curve[:: max(1, len(curve) // 8)]) + f" (last {100 * curve[-1]['accuracy']:.1f}%).")
+        plot_curve(results, out_dir / "learning_curve.png")
     (out_dir / "table.md").write_text("\n".join(lines) + "\n")
     return results
+
+
+def plot_curve(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = results["learning_curve"]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot([r["step"] for r in curve], [100 * r["accuracy"] for r in curve], marker="o", ms=3, label="model, all committed triggers")
+    ax.axhline(100 * results["counting_all_committed"], color="tab:orange", ls="--", label="counting (no induction)")
+    ax.axhline(100 * results["chance"], color="gray", ls=":", label="chance")
+    ax.axhline(100 * results["paper"]["with prompt"], color="tab:green", ls="-.", label="paper, with prompt")
+    ax.set(xlabel="training step", ylabel="accuracy (%)", ylim=(0, 102),
+           title=f"induction, {results['config']['n_layer']}-layer linear attention")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,29 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from ..fileio import strict_json
-from ..tasks.stories import (
-    GIVE_VERBS,
-    HELDOUT_NAMES,
-    OBJECTS,
-    OPENERS,
-    PLACES,
-    TRAIN_NAMES,
-    Stories,
-    heldout_stories,
-)
+from ..tasks.stories import PAPER_IOI_PROMPTS, IOIPrompt, Stories, heldout_stories, ioi_prompts
 from ..tasks.text import ENDOFTEXT_ID
 from ..train import load_for_eval
 from ..train.metrics import read_metrics
 from .common import train_fresh
 from .registry import register_experiment
 
-# (prompt with {s} = subject and {io} = indirect object, first name, second name); each is asked in both orders.
-PAPER_PROMPTS = (
-    ("When John and Mary went to the shops, {s} gave the bag to", "John", "Mary"),
-    ("When Tom and James went to the park, {s} gave the ball to", "Tom", "James"),
-    ("When Dan and Emily went to the shops, {s} gave an apple to", "Dan", "Emily"),
-    ("After Sam and Amy went to the park, {s} gave a drink to", "Sam", "Amy"),
-)
 PAPER = {  # Burns et al., Table 2 and sec. 4 (percent; classic, residual V)
     "ioi_correct": {"none": 7.2, "v": 41.0},
     "ioi_incorrect": {"none": 5.1, "v": 3.2},
@@ -67,37 +50,6 @@ def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
 
 
 VARIANT_NAMES = {"none": "classic", "v": "residual V", "q": "residual Q", "k": "residual K", "value_residual": "value residual"}
-
-
-@dataclass
-class IOIPrompt:
-    text: str  # ends before the answer, e.g. "When John and Mary went to the shops, John gave the bag to"
-    correct: str  # the indirect object
-    incorrect: str  # the subject
-    group: str  # e.g. "paper 1", "train names", "held-out names"
-
-
-def paper_prompts() -> list[IOIPrompt]:
-    """The paper's four IOI sentences, each with either name as the subject (8 prompts)."""
-    prompts = []
-    for i, (template, first, second) in enumerate(PAPER_PROMPTS, 1):
-        for subject, indirect in ((first, second), (second, first)):
-            prompts.append(IOIPrompt(template.format(s=subject), indirect, subject, f"paper {i}"))
-    return prompts
-
-
-def sampled_prompts(names: tuple[str, ...] | list[str], pairs: int, seed: int, group: str) -> list[IOIPrompt]:
-    """`pairs` random name pairs in random IOI sentences ("<Opener> A and B went to the P, S <verb> O to"),
-    each pair asked with either name as the subject."""
-    rng = random.Random(f"ioi/{seed}/{group}")
-    prompts = []
-    for _ in range(pairs):
-        a, b = rng.sample(list(names), 2)
-        opener, place, verb, obj = rng.choice(OPENERS), rng.choice(PLACES), rng.choice(GIVE_VERBS), rng.choice(OBJECTS)
-        for subject, indirect in ((a, b), (b, a)):
-            text = f"{opener} {a} and {b} went to the {place}, {subject} {verb} {obj} to"
-            prompts.append(IOIPrompt(text, indirect, subject, group))
-    return prompts
 
 
 @torch.no_grad()
@@ -220,6 +172,9 @@ class ResidualLMConfig:
     induction_sequences: int = 256
     probe_every: int = 250  # steps between checkpoints probed for IOI / induction during training; 0 = final only
     threads: int = 1
+    # keep the runs of other seeds already in <out>/results.json (same settings otherwise) and add these seeds:
+    # a study can grow one seed per process, e.g. --set seeds=[2] --set add_to_existing=true
+    add_to_existing: bool = False
 
     def __post_init__(self):
         unknown = [v for v in self.variants if v not in VARIANT_NAMES]
@@ -253,10 +208,9 @@ def train_settings(config: ResidualLMConfig, variant: str, seed: int) -> dict:
 def evaluate_model(model: torch.nn.Module, task: Stories, config: ResidualLMConfig) -> dict:
     """Every probe for one trained model (in eval mode, in its own architecture)."""
     model.eval()
-    prompts = (paper_prompts() + sampled_prompts(TRAIN_NAMES, config.ioi_pairs, config.corpus_seed, "train names")
-               + sampled_prompts(HELDOUT_NAMES, config.ioi_pairs, config.corpus_seed, "held-out names"))
+    prompts = ioi_prompts(config.ioi_pairs, config.corpus_seed)
     ioi = ioi_scores(model, task, prompts)
-    paper_groups = [ioi[f"paper {i}"] for i in range(1, len(PAPER_PROMPTS) + 1)]
+    paper_groups = [ioi[f"paper {i}"] for i in range(1, len(PAPER_IOI_PROMPTS) + 1)]
     ioi["paper"] = {key: float(np.mean([g[key] for g in paper_groups])) for key in ("correct", "incorrect", "logit_diff", "accuracy")}
     curve = in_context_curve(model, task, config.icl_stories, seed=config.corpus_seed)
     return {"validation_loss": validation_loss(model, task, config.eval_windows, seed=config.corpus_seed + 1),
@@ -267,8 +221,7 @@ def evaluate_model(model: torch.nn.Module, task: Stories, config: ResidualLMConf
 
 def probe_checkpoints(train_dir: Path, task: Stories, config: ResidualLMConfig) -> list[dict]:
     """IOI (training and held-out names), induction accuracy and validation loss of every checkpoint of a run."""
-    prompts = (sampled_prompts(TRAIN_NAMES, config.ioi_pairs, config.corpus_seed, "train names")
-               + sampled_prompts(HELDOUT_NAMES, config.ioi_pairs, config.corpus_seed, "held-out names"))
+    prompts = ioi_prompts(config.ioi_pairs, config.corpus_seed, paper=False)
     rows = []
     for checkpoint in sorted((train_dir / "checkpoints").glob("step_*")):
         model, _ = load_for_eval(checkpoint)
@@ -337,14 +290,14 @@ def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, 
     lines += ["", "Per paper sentence (both name orders), P(correct) / P(incorrect) in %, ours vs paper Table 2:", "",
               "| sentence | " + " | ".join(VARIANT_NAMES[v] for v in variants) + "".join(f" | paper {VARIANT_NAMES[v]}" for v in paper_variants) + " |",
               "|---" * (1 + len(variants) + len(paper_variants)) + "|"]
-    for i in range(1, len(PAPER_PROMPTS) + 1):
+    for i in range(1, len(PAPER_IOI_PROMPTS) + 1):
         cells = []
         for v in variants:
             c = _mean_std([r["ioi"][f"paper {i}"]["correct"] for r in runs[v]])
             w = _mean_std([r["ioi"][f"paper {i}"]["incorrect"] for r in runs[v]])
             cells.append(f"{c[0]:.1f} +- {c[1]:.1f} / {w[0]:.1f} +- {w[1]:.1f}")
         cells += [f"{PAPER['sentence_correct'][v][i - 1]} / {PAPER['sentence_incorrect'][v][i - 1]}" for v in paper_variants]
-        lines.append(f"| {i}: {PAPER_PROMPTS[i - 1][0].format(s='*')} | " + " | ".join(cells) + " |")
+        lines.append(f"| {i}: {PAPER_IOI_PROMPTS[i - 1][0].format(s='*')} | " + " | ".join(cells) + " |")
     lines += ["", *training_table(runs, curves or {})]
     return "\n".join(lines) + "\n"
 
@@ -409,11 +362,13 @@ def rewrite_outputs(out_dir: Path) -> dict:
 def run(config: ResidualLMConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.threads)
-    runs: dict[str, list[dict]] = {v: [] for v in config.variants}
-    curves: dict[str, list[list[tuple[int, float]]]] = {v: [] for v in config.variants}
+    runs, curves = earlier_runs(config, out_dir) if config.add_to_existing else ({v: [] for v in config.variants}, {v: [] for v in config.variants})
+    new_seeds = config.seeds
+    earlier = [r["seed"] for r in runs[config.variants[0]]]
+    config = dataclasses.replace(config, seeds=earlier + [s for s in new_seeds if s not in earlier])  # what results.json covers
     parameters = 0
     results: dict = {}
-    for seed in config.seeds:  # seeds outermost: a cut-short study still has both variants for the first seeds
+    for seed in new_seeds:  # seeds outermost: a cut-short study still has both variants for the first seeds
         for variant in config.variants:
             run_dir = out_dir / "train" / f"{variant}-seed{seed}"
             started = time.perf_counter()
@@ -431,6 +386,32 @@ def run(config: ResidualLMConfig, out_dir: Path) -> dict:
                   f"held-out {result['ioi']['held-out names']['correct']:.1f}% / {result['ioi']['held-out names']['incorrect']:.1f}%")
         results = write_outputs(config, out_dir, runs, curves, parameters)  # after every seed: a cut-short study keeps its seeds
     return results
+
+
+SEED_INDEPENDENT = ("seeds", "threads", "add_to_existing")  # settings that may differ between runs of one study
+
+
+def earlier_runs(config: ResidualLMConfig, out_dir: Path) -> tuple[dict[str, list[dict]], dict[str, list]]:
+    """Runs and loss curves of the seeds not in config.seeds from <out>/results.json (none if it does not exist);
+    the earlier study must have used the same settings apart from its seeds."""
+    path = Path(out_dir) / "results.json"
+    runs: dict[str, list[dict]] = {v: [] for v in config.variants}
+    curves: dict[str, list] = {v: [] for v in config.variants}
+    if not path.is_file():
+        return runs, curves
+    saved = json.loads(path.read_text())
+    mine = {k: v for k, v in dataclasses.asdict(config).items() if k not in SEED_INDEPENDENT}
+    theirs = {k: v for k, v in saved["config"].items() if k not in SEED_INDEPENDENT}
+    differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if differing:
+        raise ValueError(f"add_to_existing: {path} was made with other settings ({', '.join(differing)}); "
+                         "use the same settings or another --out")
+    for variant in config.variants:
+        for run, curve in zip(saved["runs"][variant], saved["train_loss_curves"][variant]):
+            if run["seed"] not in config.seeds:
+                runs[variant].append(run)
+                curves[variant].append([tuple(point) for point in curve])
+    return runs, curves
 
 
 def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: dict, parameters: int) -> dict:
@@ -496,7 +477,7 @@ def plot(results: dict, out_dir: Path) -> None:
     plt.close(fig)
 
     # IOI probabilities: correct (solid) and incorrect (hatched) per prompt group, mean +- std over seeds.
-    groups = [f"paper {i}" for i in range(1, len(PAPER_PROMPTS) + 1)] + ["paper", "train names", "held-out names"]
+    groups = [f"paper {i}" for i in range(1, len(PAPER_IOI_PROMPTS) + 1)] + ["paper", "train names", "held-out names"]
     fig, ax = plt.subplots(figsize=(12, 4))
     width = 0.8 / (2 * len(variants))
     x = np.arange(len(groups))
