@@ -3,6 +3,8 @@
 import json
 import shutil
 
+import pytest
+
 from incontext.cli import main
 from incontext.experiments.cgt_table1 import recompute
 
@@ -104,3 +106,7 @@ def test_y_spread_tells_collapsed_from_spread_contexts():
     collapsed, spread = y_spread(Stub(False), docs, 20, 4), y_spread(Stub(True), docs, 20, 4)
     assert collapsed["cos_across"] > 0.99 and collapsed["cos_within"] > 0.99 and collapsed["between_share"] < 0.1
     assert spread["cos_across"] < 0.7 and spread["cos_within"] > 0.99 and spread["between_share"] > 0.9
+    uneven = [(0, torch.full((20 - i,), i)) for i in range(6)]  # held-out documents differ in length
+    assert y_spread(Stub(True), uneven, 20, 4)["cos_within"] > 0.99
+    with pytest.raises(ValueError, match="shortest document"):
+        y_spread(Stub(True), uneven, 20, 15)

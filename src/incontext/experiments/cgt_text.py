@@ -122,7 +122,10 @@ def y_spread(model, docs: list[tuple[int, torch.Tensor]], seq_len: int, skip: in
     `cos_within` = mean cosine of n_s with the document's mean direction; `cos_across` = mean cosine between two
     documents' mean directions (distinct pairs); `between_share` = share of y's total variance (over all those
     positions) that lies between the documents' means. A collapsed y has cos_across ~ cos_within ~ 1."""
-    ys = torch.stack([model.context(tokens[None, :seq_len])[0, skip:] for _, tokens in docs]).double()  # (D, S, d_y)
+    length = min(seq_len, *(len(tokens) for _, tokens in docs))  # documents differ in length: compare equal spans
+    if length <= skip:
+        raise ValueError(f"y_spread: the shortest document has {length} tokens, not more than skip={skip}")
+    ys = torch.stack([model.context(tokens[None, :length])[0, skip:] for _, tokens in docs]).double()  # (D, S, d_y)
     n = _unit(ys)
     means = _unit(n.mean(1))
     within = float((n * means[:, None]).sum(-1).mean())
