@@ -153,6 +153,11 @@ DEMO_TINY = ["steps=2", "n_layer=1", "d_model=8", "n_head=2", "n_points=4", "d_i
     (["run", "regression-demo", *sets("=3")], "empty key"),
     (["run", "regression-demo", *sets("lr=inf")], "not a finite number"),
     (["run", "iclca-table1", *sets("pairs=[1")], "not valid YAML"),
+    (["run", "cgt-pretrained", *sets("steps=0")], "steps must be >= 1"),
+    (["run", "cgt-pretrained", *sets("nosuch=1")], "unknown key"),
+    (["run", "linearize-smollm2", *sets("n_features=0")], "n_features must be >= 1"),
+    (["run", "linearize-smollm2", *sets("map_lr=-1")], "map_lr > 0"),
+    (["run", "cgt-text", *sets("split_layer=abc")], "split_layer"),
 ])
 def test_bad_experiment_settings(capsys, tmp_path, args, fragment):
     check_refused(capsys, tmp_path, [*args, "--out", tmp_path / "out"], fragment)

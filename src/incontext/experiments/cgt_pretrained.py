@@ -49,6 +49,7 @@ from ..train import OptimizerConfig, ScheduleConfig, latest_checkpoint, lr_at, s
 from ..train.checkpoint import load_training_state, read_state
 from ..train.trainer import build_optimizer
 from .cgt_text import knn_topic_accuracy
+from .common import check_settings
 from .registry import register_experiment
 
 
@@ -82,6 +83,11 @@ class PretrainedConfig:
     eval_batch_size: int = 8
     corpus_docs: int = 0  # documents per topic; 0 = all (small values make quick tests)
     seed: int = 0
+
+    def __post_init__(self):
+        check_settings(self, counts=("split_layer", "n_y_blocks", "d_y", "n_head_y", "rank", "n_templates", "seq_len",
+                                     "max_doc_tokens", "steps", "batch_size", "checkpoint_every", "prefix", "scored",
+                                     "eval_docs_per_topic", "eval_batch_size"), rates=("lr",))
 
 
 # ----------------------------------------------------------------------------- data

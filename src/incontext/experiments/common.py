@@ -23,6 +23,17 @@ GPT2_ADAMW = {"name": "adamw", "weight_decay": 0.1, "betas": (0.9, 0.95)}
 EXPERIMENT_RUN = {"eval_every": 0, "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10}
 
 
+def check_settings(config: Any, counts: tuple[str, ...] = (), rates: tuple[str, ...] = ()) -> None:
+    """An experiment config's sizes and counts must be >= 1 and its learning rates > 0: refused when the config
+    is read, before a model loads or an output folder is claimed."""
+    for name in counts:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
+    for name in rates:
+        if not getattr(config, name) > 0:
+            raise ValueError(f"the learning rate must satisfy {name} > 0, got {getattr(config, name)}")
+
+
 @dataclass
 class TrainedModelOptions:
     """The options of an experiment that trains a Transformer through the trainer (flat keys for --set);
@@ -37,11 +48,7 @@ class TrainedModelOptions:
     seed: int = 0
 
     def __post_init__(self):  # checked before training, not minutes later
-        for name in ("n_layer", "d_model", "n_head", "steps", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"the learning rate must satisfy lr > 0, got {self.lr}")
+        check_settings(self, counts=("n_layer", "d_model", "n_head", "steps", "batch_size"), rates=("lr",))
 
     def train_config(self, task: dict[str, Any], *, model: dict[str, Any] | None = None,
                      optimizer: dict[str, Any] | None = None, warmup_steps: int = 100, **run: Any) -> TrainConfig:

@@ -36,6 +36,7 @@ from ..tasks.text import ShakespeareConfig, split_plays
 from ..train.attention_transfer import (
     TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
 )
+from .common import check_settings
 from .registry import register_experiment
 
 @dataclass
@@ -55,6 +56,11 @@ class LinearizeConfig:
     conversion_prompt: int = 128  # exact-conversion check: prompt and query tokens from a held-out play
     conversion_query: int = 32
     seed: int = 0
+
+    def __post_init__(self):
+        check_settings(self, counts=("map_windows", "window_tokens", "n_features", "map_steps", "map_batch",
+                                     "recovery_tokens", "recovery_batch", "lora_rank", "eval_windows",
+                                     "conversion_prompt", "conversion_query"), rates=("map_lr", "lora_lr"))
 
 
 def play_windows(tokenizer, names: list[str], n: int, length: int, seed: str) -> torch.Tensor:
