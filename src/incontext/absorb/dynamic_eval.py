@@ -101,6 +101,15 @@ def _with_targets(sequences, masks):
     return [ids for ids, _ in kept], [m for _, m in kept]
 
 
+def training_sequences(prompt: torch.Tensor, loss_mask: torch.Tensor | None, separator: list[int] | None, who: str):
+    """The (sequences, masks) one prompt row gives a gradient step: split at the separator, documents without a
+    target dropped. `who` names the method in the error for a prompt too short to learn from."""
+    ids = prompt[0]
+    if ids.shape[0] < 2:
+        raise ValueError(f"{who} needs a prompt of at least 2 tokens (one prediction to learn)")
+    return _with_targets(*split_documents(ids, None if loss_mask is None else loss_mask[0], separator))
+
+
 def _adapted(updated: Transformer, prompt: torch.Tensor, keep_prompt: bool, separator: list[int] | None) -> AdaptedModel:
     if keep_prompt:
         adapted = UpdatedWithPrompt(updated, prompt)
@@ -231,10 +240,7 @@ class DynamicEval(AbsorbMethod):
         return None
 
     def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
-        ids = prompt[0]
-        if ids.shape[0] < 2:
-            raise ValueError("dynamic evaluation needs a prompt of at least 2 tokens (one prediction to learn)")
-        sequences, masks = _with_targets(*split_documents(ids, None if loss_mask is None else loss_mask[0], self.separator))
+        sequences, masks = training_sequences(prompt, loss_mask, self.separator, "dynamic evaluation")
         targets = None if loss_mask is None else masks
         updated, _ = prompt_sgd(model, sequences, targets, learning_rate=self.learning_rate, n_steps=self.n_steps,
                                 reduction=self.reduction, optimizer=self.optimizer, n_top_layers=self.n_top_layers,
@@ -324,8 +330,5 @@ class TinTStep(AbsorbMethod):
         return None
 
     def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
-        ids = prompt[0]
-        if ids.shape[0] < 2:
-            raise ValueError("TinT needs a prompt of at least 2 tokens (one prediction to learn)")
-        sequences, masks = _with_targets(*split_documents(ids, None if loss_mask is None else loss_mask[0], self.separator))
+        sequences, masks = training_sequences(prompt, loss_mask, self.separator, "TinT")
         return _adapted(tint_update(model, sequences, masks, self.config), prompt, self.keep_prompt, self.separator)
