@@ -42,14 +42,13 @@ from torch import nn
 
 from ..absorb.distill_lora import DistilledLoRA, LoRASpec, init_lora_factors
 from ..absorb.harness import interval95
-from ..fileio import strict_json
 from ..models import CGTAdapter, CGTAdapterConfig, Transformer
 from ..tasks.topic_mixture import topic_documents
 from ..train import OptimizerConfig, ScheduleConfig, latest_checkpoint, lr_at, save_checkpoint
 from ..train.checkpoint import load_training_state, read_state
 from ..train.trainer import build_optimizer
 from .cgt_text import knn_topic_accuracy
-from .common import check_settings
+from .common import Result, check_settings, save_result
 from .registry import register_experiment
 
 
@@ -377,8 +376,7 @@ def run_on(base: Transformer, encode: Callable[[str], list[int]], config: Pretra
     }
     key = f"{special} - {reference}"
     results["acceptance"] = {"specialised_below_no_prefix": bool(comparisons[key]["high"] < 0), "difference": comparisons[key]}
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(table(results))
+    save_result(Result(results, tables={"table.md": table}), out_dir)  # the one writer of results.json and tables
     plot(results, out_dir / "cgt_pretrained.png")
     return results
 

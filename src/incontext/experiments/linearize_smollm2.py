@@ -27,7 +27,6 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..absorb import ICLCA
-from ..fileio import strict_json
 from ..interop.linearized import RECOVERY_FILE, RECOVERY_TARGETS, lora_alpha
 from ..interop.models import load_model
 from ..models import Transformer
@@ -36,7 +35,7 @@ from ..tasks.text import ShakespeareConfig, split_plays
 from ..train.attention_transfer import (
     TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
 )
-from .common import check_settings
+from .common import Result, check_settings, save_result
 from .registry import register_experiment
 
 @dataclass
@@ -188,7 +187,7 @@ def run(config: LinearizeConfig, out_dir: Path) -> dict:
                "perplexity": ppl, "perplexity_ratio_after": ppl["linearized, after recovery"] / ppl["SmolLM2 (softmax)"],
                "feature_map_losses": map_losses, "recovery_kl": recovery_losses, "exact_conversion": exactness,
                "seconds": {**seconds, "total": round(time.perf_counter() - start, 1)}}
-    (out_dir / "results.json").write_text(strict_json(results))
+    save_result(Result(results), out_dir)  # the one writer of results.json
     lines = [f"Held-out perplexity ({config.eval_windows} windows of {config.window_tokens} tokens from the held-out plays):", "",
              "| model | perplexity | vs SmolLM2 |", "|---|---|---|"]
     base = ppl["SmolLM2 (softmax)"]
