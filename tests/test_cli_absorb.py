@@ -136,15 +136,37 @@ def test_keep_prompt_generates_what_the_prompted_model_generates(llama, loaded, 
     assert generate(capsys, llama, "--max-new-tokens", "12", QUESTION) != printed
 
 
-@pytest.mark.parametrize("method, options", [
-    ("dynamic-eval", ["learning_rate=0.05", "n_steps=2"]),
-    ("distill-lora", ["steps=3", "learning_rate=0.05", "n_continuations=1", "continuation_tokens=4", "progress=false"]),
-])
+class PeftReference:
+    """transformers' own Llama with the absorb folder's PEFT adapter (PeftModel.from_pretrained), reading queries at
+    the positions after the prompt as the distilled student does: an independent reference for `generate`."""
+
+    def __init__(self, llama, out):
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        self.model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(llama), out / "peft_adapter").eval()
+        self.offset = json.loads((out / "absorb.json").read_text())["prompt_tokens"]
+
+    def __call__(self, ids):
+        return self.model(ids, position_ids=torch.arange(self.offset, self.offset + ids.shape[1])[None]).logits
+
+
+DISTILL = ["steps=3", "learning_rate=0.05", "n_continuations=1", "continuation_tokens=4", "progress=false"]
+
+
+@pytest.mark.parametrize("method, options", [("dynamic-eval", ["learning_rate=0.05", "n_steps=2"]),
+                                             ("distill-lora", DISTILL), ("distill-lora", DISTILL + ["merge=false"])])
 def test_generate_from_an_absorb_folder_follows_the_adapted_models_argmax(method, options, llama, loaded, tmp_path, capsys):
     out = tmp_path / method
     record = absorb(capsys, llama, out, method, *options)
     assert record["options"]["learning_rate"] == 0.05
-    adapted = AdaptedModel.load(out)
+    if method == "distill-lora":  # the adapter alone is written: a few MB, not the whole base
+        assert sorted(record["files"]) == ["absorb.json", "peft_adapter/README.md", "peft_adapter/adapter_config.json",
+                                           "peft_adapter/adapter_model.safetensors"]
+        adapted = PeftReference(llama, out)
+    else:
+        adapted = AdaptedModel.load(out)
+    assert sorted(record["files"]) == sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     query = loaded.tokenizer.encode(QUESTION)
     printed = generate(capsys, llama, "--adapted", str(out), "--max-new-tokens", "10", QUESTION)
     chain = greedy_chain(adapted, query, 10, stop={loaded.tokenizer.eos_token_id})
@@ -157,22 +179,23 @@ def test_generate_from_an_absorb_folder_follows_the_adapted_models_argmax(method
     assert sampled[0] == sampled[1]
 
 
-def test_distill_lora_writes_a_peft_adapter_that_loads_on_the_hf_base(llama, loaded, tmp_path, capsys):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+def test_a_distilled_adapter_reloads_with_the_logits_of_the_absorbed_model(llama, loaded, tmp_path, capsys):
+    from incontext.absorb import get_absorb_method
+    from incontext.cli_absorb import load_adapted
 
     out = tmp_path / "lora"
-    record = absorb(capsys, llama, out, "distill-lora", "steps=3", "learning_rate=0.05", "n_continuations=1",
-                    "continuation_tokens=4", "progress=false", "merge=false")
-    assert record["peft_adapter"]["written"] and "peft_adapter/adapter_model.safetensors" in record["files"]
-    adapted = AdaptedModel.load(out)
-    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(llama), out / "peft_adapter").eval()
+    record = absorb(capsys, llama, out, "distill-lora", *DISTILL, "merge=false")
+    assert record["peft_adapter"]["written"] and record["peft_adapter"]["query_position"] == record["prompt_tokens"]
+    # the same absorb in this process (seeded, deterministic on CPU): the model the folder should give back
+    method = get_absorb_method("distill-lora", **{k: v for k, v in record["options"].items()}).use_codec(loaded.tokenizer)
+    absorbed = method.absorb(loaded.model, torch.tensor(loaded.tokenizer.encode(PROMPT)))
+    reloaded = load_adapted(out, loaded.model, llama)
     query = torch.tensor([loaded.tokenizer.encode(QUESTION)])
-    m = record["prompt_tokens"]  # the student reads queries at positions after the prompt
     with torch.no_grad():
-        theirs = peft(query, position_ids=torch.arange(m, m + query.shape[1])[None]).logits
-        ours, base = adapted(query), loaded.model(query, position_offset=m)
-    assert (theirs - ours).abs().max() < 1e-4 * ours.abs().max()
+        ours, reference, theirs = reloaded(query), absorbed(query), PeftReference(llama, out)(query)
+        base = loaded.model(query, position_offset=record["prompt_tokens"])
+    assert (ours - reference).abs().max() < 1e-5 * reference.abs().max()
+    assert (ours - theirs).abs().max() < 1e-5 * theirs.abs().max()
     assert (ours - base).abs().max() > 1e-3 * ours.abs().max()  # the adapter is not a no-op
 
 
@@ -199,6 +222,8 @@ def test_absorb_may_rewrite_its_own_folder(llama, tmp_path, capsys):
     assert (out / "peft_adapter").is_dir()
     absorb(capsys, llama, out, "keep-prompt")  # the earlier adapter is not this model's: removed
     assert sorted(p.name for p in out.iterdir()) == ["absorb.json", "adapted.json", "adapted.safetensors"]
+    absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
+    assert sorted(p.name for p in out.iterdir()) == ["absorb.json", "peft_adapter"]  # keep-prompt's model removed
 
 
 # ----------------------------------------------------------------------------- one-line errors
@@ -251,3 +276,31 @@ def test_bad_adapted_folders_are_one_line_errors(llama, other_llama, tmp_path, c
     weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
     code, _, err = run(capsys, "generate", "--model", llama, "--adapted", str(out), QUESTION)
     assert code == 2 and "is corrupt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_peft_adapter_folders_are_one_line_errors(llama, other_llama, tmp_path, capsys):
+    out = tmp_path / "lora"
+    absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
+
+    def refused(model, message):
+        code, printed, err = run(capsys, "generate", "--model", model, "--adapted", str(out), QUESTION)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not printed, err
+
+    refused(other_llama, f"was absorbed into {llama!r}, not into {other_llama!r}")
+    record = json.loads((out / "absorb.json").read_text())
+    weights = out / "peft_adapter" / "adapter_model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # one bit of one factor: still loads, sha256 differs
+    refused(llama, "adapter_model.safetensors is corrupt (its sha256 differs")
+    weights.write_bytes(good[:50])
+    del record["peft_adapter"]["sha256"]
+    (out / "absorb.json").write_text(json.dumps(record))
+    refused(llama, "adapter_model.safetensors is corrupt")
+    weights.unlink()
+    refused(llama, "peft_adapter/adapter_model.safetensors is missing")
+    weights.write_bytes(good)
+    del record["model_fingerprint"]  # a record without a fingerprint is still read (the adapter's shapes are checked)
+    (out / "absorb.json").write_text(json.dumps(record))
+    assert run(capsys, "generate", "--model", llama, "--adapted", str(out), QUESTION)[0] == 0
+    (out / "absorb.json").write_text("{broken")
+    refused(llama, "absorb.json is corrupt")

@@ -23,6 +23,7 @@ from .absorb.base import max_context
 from .absorb.distill_lora import DistilledLoRA, DistillLoRA
 from .absorb.generation import context_room, stream_tokens
 from .config import parse_overrides
+from .fileio import sha256_file
 from .interop.models import load_model
 
 ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
@@ -118,15 +119,20 @@ def absorb(args) -> int:
     seconds = time.perf_counter() - start
 
     out = args.out
-    adapted.save(out)
-    written = list(ADAPTED_FILES)
-    peft_note = None
-    if isinstance(adapted, DistilledLoRA):
+    out.mkdir(parents=True, exist_ok=True)
+    written, peft_note = [], None
+    if isinstance(adapted, DistilledLoRA):  # the adapter alone (a few MB): generate puts it back on the base
         peft_note = _save_peft(adapted, model, out / PEFT_FOLDER)
         if peft_note["written"]:
             written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (out / PEFT_FOLDER).iterdir())
-    elif (out / PEFT_FOLDER).is_dir():  # an earlier distill-lora's adapter in this folder is no longer this model's
-        shutil.rmtree(out / PEFT_FOLDER)  # check_absorb_out made sure it holds only peft's files
+    if not written:  # no low-rank update to save alone: the whole adapted model (safetensors + JSON)
+        adapted.save(out)
+        written = list(ADAPTED_FILES)
+    # what an earlier absorb left in this folder (check_absorb_out made sure it is only ours) is not this model's
+    for name in set(ADAPTED_FILES) - set(written):
+        (out / name).unlink(missing_ok=True)
+    if not peft_note or not peft_note["written"]:
+        shutil.rmtree(out / PEFT_FOLDER, ignore_errors=True)
     record = {
         "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
         "model_fingerprint": model_fingerprint(model), "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
@@ -160,39 +166,66 @@ def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
             shutil.rmtree(folder)
         return {"written": False, "reason": str(error)}
     save_peft_adapter(adapted, hf_base, folder, family)
-    return {"written": True, "family": family, "folder": PEFT_FOLDER,
+    return {"written": True, "family": family, "folder": PEFT_FOLDER, "query_position": adapted.offset,
+            "sha256": sha256_file(folder / "adapter_model.safetensors"),
             "load": f"PeftModel.from_pretrained(<the {family} export of the base, e.g. to_hf_{family}(model)>, "
-                    f"'{PEFT_FOLDER}')"}
+                    f"'{PEFT_FOLDER}'); queries at positions from query_position on"}
 
 
 # ----------------------------------------------------------------------------- generate
 
 
 def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
-    """The adapted model in `folder`, after checking it was absorbed into `model` (the one named `spec`)."""
+    """The adapted model in `folder`, after checking it was absorbed into `model` (the one named `spec`): the whole
+    adapted model (adapted.safetensors + adapted.json) where it was saved, else the PEFT adapter on `model`."""
     if not folder.is_dir():
         raise FileNotFoundError(f"--adapted {folder}: no such folder")
-    description_file = folder / "adapted.json"
-    if not description_file.is_file():
-        raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing)")
-    try:
-        description = json.loads(description_file.read_text())
-        base_config = description["base_config"]
-    except (ValueError, KeyError, TypeError):
-        raise ValueError(f"--adapted {folder}: adapted.json is corrupt") from None
     record_file = folder / ABSORB_RECORD
     try:
         record = json.loads(record_file.read_text()) if record_file.is_file() else {}
-    except ValueError:
+        peft_note = record.get("peft_adapter") or {}
+    except (ValueError, AttributeError):
         raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
     absorbed_into = record.get("model", "another model")
     fingerprint = model_fingerprint(model)  # a folder saved without absorb.json is checked by its config alone
-    if base_config != model.config.to_dict() or record.get("model_fingerprint", fingerprint) != fingerprint:
+    if record.get("model_fingerprint", fingerprint) != fingerprint:
+        raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
+    if not (folder / ADAPTED_FILES[0]).is_file() and peft_note.get("written"):
+        # folders written before query_position was recorded: distill-lora's queries start after the prompt
+        return _load_peft(folder, {"query_position": record.get("prompt_tokens"), **peft_note}, model)
+    description_file = folder / "adapted.json"
+    if not description_file.is_file():
+        raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and "
+                                f"{ABSORB_RECORD} records no PEFT adapter)")
+    try:
+        base_config = json.loads(description_file.read_text())["base_config"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--adapted {folder}: adapted.json is corrupt") from None
+    if base_config != model.config.to_dict():
         raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
     try:
         return AdaptedModel.load(folder)
-    except (RuntimeError, KeyError, TypeError) as error:  # safetensors / load_state_dict complaints
+    except (RuntimeError, KeyError, TypeError, FileNotFoundError) as error:  # safetensors / load_state_dict complaints
         raise ValueError(f"--adapted {folder} is corrupt ({str(error).splitlines()[0]})") from None
+
+
+def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
+    """The distilled LoRA of `folder`'s PEFT adapter merged into a copy of `model` (checked against absorb.json)."""
+    from .interop.lora_export import load_peft_adapter
+
+    weights = folder / PEFT_FOLDER / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is missing")
+    if "sha256" in note and sha256_file(weights) != note["sha256"]:
+        raise ValueError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is corrupt (its sha256 differs "
+                         f"from the one in {ABSORB_RECORD})")
+    offset = note.get("query_position")
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} records no query_position for the PEFT adapter")
+    try:
+        return load_peft_adapter(folder / PEFT_FOLDER, model, offset)
+    except ValueError as error:
+        raise ValueError(f"--adapted {error}") from None
 
 
 def generate(args) -> int:

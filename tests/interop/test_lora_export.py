@@ -11,7 +11,7 @@ from peft import PeftModel  # noqa: E402
 
 from conftest import rel_error  # noqa: E402
 from incontext.absorb import get_absorb_method  # noqa: E402
-from incontext.interop import save_peft_adapter, to_hf_gpt2, to_hf_llama  # noqa: E402
+from incontext.interop import load_peft_adapter, save_peft_adapter, to_hf_gpt2, to_hf_llama  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 
 ALL = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
@@ -80,3 +80,56 @@ def test_gpt2_adapter_loads_in_peft_with_the_same_logits(tmp_path):
         assert rel_error(theirs, merged(query)) < 1e-12
         merged_hf = with_adapter.merge_and_unload()
         assert rel_error(merged_hf(query, position_ids=torch.arange(20, 29).expand(2, 9)).logits, merged(query)) < 1e-12
+
+
+# ----------------------------------------------------------------------------- and back: load_peft_adapter
+
+
+@pytest.mark.parametrize("family, targets", [("llama", ("attn.qkv", "attn.out")), ("llama", ALL), ("gpt2", ALL)])
+def test_a_saved_adapter_loads_back_as_the_merged_model(tmp_path, family, targets):
+    options = {} if family == "llama" else dict(positions="learned", norm="layernorm", mlp="gelu_tanh", bias=True,
+                                                 n_kv_head=None)
+    model = tiny(torch.float32, **options)
+    unmerged, merged = absorbed(model, targets)
+    export = to_hf_llama if family == "llama" else to_hf_gpt2
+    folder = save_peft_adapter(unmerged, export(model), tmp_path / "adapter")
+    loaded = load_peft_adapter(folder, model, offset=20)
+    assert loaded.spec == merged.spec and loaded.offset == 20 and loaded.merged
+    query = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ours, reference = loaded(query), merged(query)
+        assert (ours - reference).abs().max() < 1e-5 * reference.abs().max()
+        # and transformers + peft reading the same folder
+        theirs = PeftModel.from_pretrained(export(model), folder).eval()(
+            query, position_ids=torch.arange(20, 29).expand(2, 9)).logits
+        assert (ours - theirs).abs().max() < 1e-5 * theirs.abs().max()
+        assert rel_error(ours, model(query, position_offset=20)) > 1e-2  # the adapter is not a no-op
+    for name, (a, b) in merged.lora_factors().items():  # the factors come back too (a reload can be exported again)
+        assert torch.equal(loaded.lora_factors()[name][0], a) and torch.equal(loaded.lora_factors()[name][1], b)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), tiny(torch.float32, **options).parameters()))
+
+
+def test_a_bad_or_foreign_adapter_is_refused_with_its_reason(tmp_path):
+    model = tiny(torch.float32)
+    unmerged, _ = absorbed(model, ("attn.qkv", "attn.out"))
+    folder = save_peft_adapter(unmerged, to_hf_llama(model), tmp_path / "adapter")
+    wider = tiny(torch.float32, d_model=48)  # same layout, other sizes: another base model
+    with pytest.raises(ValueError, match="made for another base model"):
+        load_peft_adapter(folder, wider, offset=20)
+    deeper_adapter = save_peft_adapter(absorbed(tiny(torch.float32, n_layer=3), ("attn.qkv",))[0],
+                                       to_hf_llama(tiny(torch.float32, n_layer=3)), tmp_path / "deeper")
+    with pytest.raises(ValueError, match="made for another base model"):
+        load_peft_adapter(deeper_adapter, model, offset=20)
+    gpt2 = tiny(torch.float32, positions="learned", norm="layernorm", mlp="gelu_tanh", bias=True, n_kv_head=None)
+    with pytest.raises(ValueError, match="is not a LoRA factor of a gpt2 model"):
+        load_peft_adapter(folder, gpt2, offset=20)
+    weights = folder / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match="adapter_model.safetensors is corrupt"):
+        load_peft_adapter(folder, model, offset=20)
+    weights.unlink()
+    with pytest.raises(ValueError, match="adapter_model.safetensors is missing"):
+        load_peft_adapter(folder, model, offset=20)
+    (folder / "adapter_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="adapter_config.json is corrupt"):
+        load_peft_adapter(folder, model, offset=20)

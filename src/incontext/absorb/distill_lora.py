@@ -228,7 +228,9 @@ class DistillLoRA(AbsorbMethod):
         for key, value in counts.items():
             if not value >= 0:
                 raise ValueError(f"distill-lora: {key} must be >= 0, got {value}")
-        target_modules = (target_modules,) if isinstance(target_modules, str) else tuple(target_modules)
+        if isinstance(target_modules, str):  # --set target_modules=attn.qkv,mlp.fc_in
+            target_modules = tuple(t.strip() for t in target_modules.split(","))
+        target_modules = tuple(target_modules)
         unknown = sorted(set(target_modules) - set(LORA_TARGETS))
         if not target_modules or unknown:
             raise ValueError(f"distill-lora: target_modules must be a non-empty subset of {LORA_TARGETS}, "

@@ -99,3 +99,92 @@ def save_peft_adapter(adapted: DistilledLoRA, hf_base, folder: str | Path, famil
     folder = save_adapter(peft_model, folder)
     peft_model.unload()  # take the LoRA layers out of hf_base again
     return folder
+
+
+# ----------------------------------------------------------------------------- and back
+
+_LLAMA_PARTS = {"self_attn.q_proj": ("attn.qkv", 0), "self_attn.k_proj": ("attn.qkv", 1), "self_attn.v_proj": ("attn.qkv", 2),
+                "self_attn.o_proj": ("attn.out", 0), "mlp.gate_proj": ("mlp.fc_in", 0), "mlp.up_proj": ("mlp.fc_in", 1),
+                "mlp.down_proj": ("mlp.fc_out", 0)}
+_GPT2_PARTS = {"attn.c_attn": ("attn.qkv", 0), "attn.c_proj": ("attn.out", 0), "mlp.c_fc": ("mlp.fc_in", 0),
+               "mlp.c_proj": ("mlp.fc_out", 0)}
+_PARTS_PER_MODULE = {"llama": {"attn.qkv": 3, "attn.out": 1, "mlp.fc_in": 2, "mlp.fc_out": 1},
+                     "gpt2": {"attn.qkv": 1, "attn.out": 1, "mlp.fc_in": 1, "mlp.fc_out": 1}}
+
+
+def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
+    """The inverse of `save_peft_adapter`: the PEFT folder of a distilled adapter, put back on (a copy of) `model`, the
+    base it was distilled on, as a merged DistilledLoRA whose queries start at position `offset` (the absorbed
+    prompt's length). Same logits as `PeftModel.from_pretrained(<the export of model>, folder)` without transformers
+    or a second copy of the base. A ValueError naming the problem for an adapter that is not a plain LoRA, does not
+    parse, or does not fit `model` (another base model)."""
+    import copy
+    import json
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ..absorb.distill_lora import LoRASpec
+
+    folder = Path(folder)
+    try:
+        config = json.loads((folder / "adapter_config.json").read_text())
+        rank, alpha = int(config["r"]), float(config["lora_alpha"])
+    except FileNotFoundError:
+        raise ValueError(f"{folder}: adapter_config.json is missing") from None
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{folder}: adapter_config.json is corrupt") from None
+    if config.get("peft_type") != "LORA" or any(config.get(k) for k in ("use_dora", "use_rslora", "lora_bias")):
+        raise ValueError(f"{folder}: not a plain LoRA adapter (peft_type {config.get('peft_type')!r}, DoRA, rsLoRA or "
+                         "bias shifts are not supported)")
+    try:
+        tensors = load_file(str(folder / "adapter_model.safetensors"))
+    except FileNotFoundError:
+        raise ValueError(f"{folder}: adapter_model.safetensors is missing") from None
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"{folder}: adapter_model.safetensors is corrupt ({str(error).splitlines()[0]})") from None
+
+    family = "llama" if model.config.mlp == "swiglu" else "gpt2"
+    prefix, parts = ("base_model.model.model.layers.", _LLAMA_PARTS) if family == "llama" else \
+        ("base_model.model.transformer.h.", _GPT2_PARTS)
+    pieces: dict[str, dict[int, dict[str, torch.Tensor]]] = {}  # our module -> part -> {"A", "B"}
+    for key, value in tensors.items():
+        name, dot, factor = key.rpartition(".lora_")
+        index, _, hf_module = name.removeprefix(prefix).partition(".")
+        if not (dot and key.startswith(prefix) and index.isdigit() and hf_module in parts and factor in ("A.weight", "B.weight")):
+            raise ValueError(f"{folder}: tensor {key!r} is not a LoRA factor of a {family} model like this one")
+        module, part = parts[hf_module]
+        pieces.setdefault(f"blocks.{index}.{module}", {}).setdefault(part, {})[factor[0]] = value
+    if not pieces:
+        raise ValueError(f"{folder}: the adapter holds no LoRA factors")
+
+    factors = {}
+    for name, found in pieces.items():
+        try:
+            linear = model.get_submodule(name)
+        except AttributeError:
+            raise ValueError(f"{folder} was made for another base model (this one has no {name})") from None
+        n_parts = _PARTS_PER_MODULE[family][name.split(".", 2)[2]]
+        if sorted(found) != list(range(n_parts)) or any(sorted(f) != ["A", "B"] for f in found.values()):
+            raise ValueError(f"{folder}: the adapter does not cover all parts of {name} with both factors")
+        a = found[0]["A"]
+        if any(not torch.equal(found[i]["A"], a) for i in found):  # incontext exports one A per fused projection
+            raise ValueError(f"{folder}: the parts of {name} have different A factors (not an adapter incontext wrote)")
+        b = torch.cat([found[i]["B"] for i in range(n_parts)])
+        if a.shape != (rank, linear.in_features) or b.shape != (linear.out_features, rank):
+            raise ValueError(f"{folder} was made for another base model ({name}: factors {tuple(a.shape)} and "
+                             f"{tuple(b.shape)} do not fit a {linear.out_features} x {linear.in_features} weight at rank {rank})")
+        factors[name] = (a, b)
+
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    spec = LoRASpec(rank, alpha, tuple(sorted(factors, key=order.__getitem__)))
+    dtype = next(model.parameters()).dtype
+    adapted = DistilledLoRA(copy.deepcopy(model), spec, offset, merged=True)
+    stored = adapted.lora_factors()
+    with torch.no_grad():
+        for name, (a, b) in factors.items():
+            stored[name][0].copy_(a)
+            stored[name][1].copy_(b)
+            weight = adapted.base.get_submodule(name).weight
+            weight += spec.scaling * (b.to(dtype) @ a.to(dtype))  # as peft's merge: W + (alpha / r) B A
+    return adapted.eval()

@@ -1,0 +1,103 @@
+"""distill-lora as `incontext absorb` runs it (the model's tokenizer given: questions written about the passage, chat
+turns), scored the way `incontext generate --chat` is used: on VALIDATION episodes of the `facts` task only.
+
+An episode's passage is the `facts` prompt (people=2, seeds 10000 + i as `incontext compare --tune` uses; the test
+episodes are seeds 0, 1, ...). The method reads the passage alone: the questions asked below never reach it. Each
+question the task would ask is put in the chat template and answered greedily (up to 24 tokens); per answer:
+
+- right: the true answer appears in it;
+- wrong person: not right, and the same fact of another person of the passage appears (a binding error).
+
+    python benchmarks/distill_lora_facts.py [--episodes 3] [--threads 2] [--config NAME key=value ...]
+    e.g. --config base --config mlp target_modules=attn.qkv,attn.out,mlp.fc_in,mlp.fc_out
+
+Writes benchmarks/results/distill_lora_facts.json (one row per config, appended to what is there) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from incontext.absorb import get_absorb_method
+from incontext.absorb.generation import stream_tokens
+from incontext.config import parse_overrides
+from incontext.interop.models import load_model
+from incontext.tasks.facts import facts_prompt, make_people
+
+RESULTS = Path(__file__).resolve().parent / "results" / "distill_lora_facts.json"
+VALIDATION_SEED = 10_000  # as absorb_compare.VALIDATION_SEED_OFFSET with --seed 0
+
+
+def episodes(n: int, people: int):
+    """(passage, [(question, answer, other people's answers to the same question)]) as the facts task draws them."""
+    out = []
+    for i in range(n):
+        rng = random.Random(f"facts-{VALIDATION_SEED + i}")
+        persons = make_people(people, rng)
+        text, pairs, _ = facts_prompt(persons, rng)
+        asked = []
+        for person, attribute in pairs:
+            question, answer = person.question(attribute)
+            others = [p.question(attribute)[1].strip() for p in persons if p is not person]
+            asked.append((question.removeprefix("Q: ").removesuffix("\nA:"), answer.strip(), others))
+        out.append((text, asked))
+    return out
+
+
+@torch.no_grad()
+def chat_answer(runner, codec, question: str, stop: set[int]) -> str:
+    ids = codec.encode(codec.chat([{"role": "user", "content": question}], add_generation_prompt=True))
+    return codec.decode(list(stream_tokens(runner, ids, 24, stop_ids=stop))).strip()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--episodes", type=int, default=3)
+    p.add_argument("--people", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--config", nargs="+", action="append", required=True, metavar="NAME [key=value ...]")
+    p.add_argument("--show", action="store_true", help="print every question and answer")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model("smollm2")
+    model, codec = loaded.model, loaded.tokenizer
+    vocab = codec.tokenizer.get_vocab()
+    stop = {codec.eos_token_id} | {vocab[t] for t in ("<|im_end|>",) if t in vocab}
+    data = episodes(args.episodes, args.people)
+    rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    for name, *settings in args.config:
+        options = {"progress": False, **parse_overrides(settings, flat=True)}
+        right = wrong_person = asked = 0
+        seconds, transcript = [], []
+        for text, questions in data:
+            method = get_absorb_method("distill-lora", **options).use_codec(codec)
+            start = time.perf_counter()
+            adapted = method.absorb(model, torch.tensor(codec.encode(text)))
+            seconds.append(time.perf_counter() - start)
+            for question, answer, others in questions:
+                said = chat_answer(adapted, codec, question, stop)
+                ok = answer in said
+                right += ok
+                wrong_person += (not ok) and any(o in said for o in others)
+                asked += 1
+                transcript.append({"question": question, "answer": answer, "said": said, "right": ok})
+                if args.show:
+                    print(f"{'OK ' if ok else '-- '}{question} [{answer}] -> {said}")
+        row = {"config": name, "options": options, "episodes": args.episodes, "validation_seed": VALIDATION_SEED,
+               "questions": asked, "right": right, "wrong_person": wrong_person,
+               "absorb_seconds_mean": sum(seconds) / len(seconds), "threads": args.threads, "transcript": transcript}
+        rows.append(row)
+        print(f"{name:>12}: right {right}/{asked} ({100 * right / asked:.0f}%), wrong person {wrong_person}, "
+              f"absorb {row['absorb_seconds_mean']:.1f} s  {options}", flush=True)
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
