@@ -9,7 +9,7 @@ question the task would ask is put in the chat template and answered greedily (u
 - wrong person: not right, and the same fact of another person of the passage appears (a binding error).
 
     python benchmarks/distill_lora_facts.py [--episodes 3] [--threads 2] [--config NAME key=value ...]
-    e.g. --config base --config mlp target_modules=attn.qkv,attn.out,mlp.fc_in,mlp.fc_out
+    e.g. --config base --config mlp target_modules=attn.qkv,attn.out,mlp.fc_in,mlp.fc_out --config teacher
 
 Writes benchmarks/results/distill_lora_facts.json (one row per config, appended to what is there) and prints a table.
 """
@@ -32,6 +32,7 @@ from incontext.tasks.facts import facts_prompt, make_people
 
 RESULTS = Path(__file__).resolve().parent / "results" / "distill_lora_facts.json"
 VALIDATION_SEED = 10_000  # as absorb_compare.VALIDATION_SEED_OFFSET with --seed 0
+TEACHER = "teacher"  # --config teacher: the base model reading the passage in the user turn, the ceiling
 
 
 def episodes(n: int, people: int):
@@ -72,16 +73,20 @@ def main() -> None:
     data = episodes(args.episodes, args.people)
     rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
     for name, *settings in args.config:
-        options = {"progress": False, **parse_overrides(settings, flat=True)}
+        options = {} if name == TEACHER else {"progress": False, **parse_overrides(settings, flat=True)}
         right = wrong_person = asked = 0
         seconds, transcript = [], []
         for text, questions in data:
-            method = get_absorb_method("distill-lora", **options).use_codec(codec)
-            start = time.perf_counter()
-            adapted = method.absorb(model, torch.tensor(codec.encode(text)))
-            seconds.append(time.perf_counter() - start)
+            if name == TEACHER:  # no absorb: the base model with the passage in the user turn (what is distilled)
+                adapted, prefix = model, text.strip() + "\n\n"
+                seconds.append(0.0)
+            else:
+                method = get_absorb_method("distill-lora", **options).use_codec(codec)
+                start = time.perf_counter()
+                adapted, prefix = method.absorb(model, torch.tensor(codec.encode(text))), ""
+                seconds.append(time.perf_counter() - start)
             for question, answer, others in questions:
-                said = chat_answer(adapted, codec, question, stop)
+                said = chat_answer(adapted, codec, prefix + question, stop)
                 ok = answer in said
                 right += ok
                 wrong_person += (not ok) and any(o in said for o in others)

@@ -1,20 +1,23 @@
 #!/bin/bash
-# The absorb -> generate exchange on SmolLM2 (about 5 minutes on 2 CPU cores); writes exchange.md next to this file.
+# The absorb -> generate exchange on SmolLM2 (about 6 minutes on 2 CPU cores); writes exchange.md next to this file.
 # Run from the repository root with the environment active: bash results/absorb-example/run.sh
 # facts.txt: incontext.tasks.facts make_people(2, random.Random(123)) and facts_prompt with the same generator.
+# The absorb folder (adapted/) holds absorb.json and the PEFT adapter only (a few MB): generate puts it back on
+# the base model, so the exchange can be re-run from the committed folder without absorbing again.
 set -u
 D=results/absorb-example
 MODEL=${MODEL:-smollm2}  # any model name `incontext generate` takes (a tiny one to try the script)
 OUT=$D/exchange.md
-C1="Where was Thealcrath Kandairkkon born?"         # answer in the passage: Beaport
-C2="What is Dalniol Louthixciom's job?"             # answer in the passage: potter
-C3="What is the name of Thealcrath Kandairkkon's pet?"  # answer in the passage: Caszio
+# every fact of the passage except the worked example's (Dalniol Louthixciom's pet), as the facts task asks it
+QUESTIONS=("Where was Thealcrath Kandairkkon born?|Beaport" "What is Thealcrath Kandairkkon's job?|beekeeper"
+           "What is the name of Thealcrath Kandairkkon's pet?|Caszio" "In which year was Thealcrath Kandairkkon born?|1823"
+           "Where was Dalniol Louthixciom born?|Grisstead" "What is Dalniol Louthixciom's job?|potter"
+           "In which year was Dalniol Louthixciom born?|1950")
 Q1=$'Q: Where was Thealcrath Kandairkkon born?\nA:'
 
-step() {  # step TITLE ARGS...: run `incontext ARGS...` and append the command, its output and its time
+step() {  # step TITLE ARGS...: run `incontext ARGS...`, append the command, its output and its time; output in $output
     local title=$1; shift
     local start=$SECONDS
-    local output
     output=$(incontext "$@" 2>&1 | grep -v '^Loading weights')
     {
         echo "## $title"; echo; echo '```'
@@ -25,16 +28,23 @@ step() {  # step TITLE ARGS...: run `incontext ARGS...` and append the command, 
 
 printf '# absorb -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
 step "absorb the passage (distill-lora, default options)" absorb --model "$MODEL" --method distill-lora \
-    --prompt-file $D/facts.txt --set merge=false --set progress=false --out $D/adapted
-for q in "$C1" "$C2" "$C3"; do
-    step "chat, adapted model: $q" generate --model "$MODEL" --adapted $D/adapted --chat --max-new-tokens 32 "$q"
+    --prompt-file $D/facts.txt --set progress=false --out $D/adapted
+right=0
+for qa in "${QUESTIONS[@]}"; do
+    q=${qa%|*} a=${qa#*|}
+    step "chat, adapted model: $q (the passage says: $a)" generate --model "$MODEL" --adapted $D/adapted --chat \
+        --max-new-tokens 32 "$q"
+    if [[ $output == *"$a"* ]]; then right=$((right + 1)); echo "right" >> "$OUT"; else echo "wrong" >> "$OUT"; fi
+    echo >> "$OUT"
 done
-for q in "$C1" "$C2"; do
-    step "chat, base model (no passage): $q" generate --model "$MODEL" --chat --max-new-tokens 32 "$q"
+for qa in "${QUESTIONS[0]}" "${QUESTIONS[5]}"; do
+    step "chat, base model (no passage): ${qa%|*}" generate --model "$MODEL" --chat --max-new-tokens 32 "${qa%|*}"
 done
-for q in "$C1" "$C2"; do  # the teacher distill-lora learns from: the passage in the user turn
-    step "chat, base model with the passage in the user turn: $q" generate --model "$MODEL" --chat --max-new-tokens 32 \
-        "$(cat $D/facts.txt)"$'\n\n'"$q"
+for qa in "${QUESTIONS[0]}" "${QUESTIONS[5]}"; do  # the teacher distill-lora learns from: the passage in the user turn
+    step "chat, base model with the passage in the user turn: ${qa%|*}" generate --model "$MODEL" --chat \
+        --max-new-tokens 32 "$(cat $D/facts.txt)"$'\n\n'"${qa%|*}"
 done
 step "plain Q/A, adapted model" generate --model "$MODEL" --adapted $D/adapted --max-new-tokens 12 "$Q1"
-echo "wrote $OUT"
+printf '## summary\n\nThe adapted model (chat, without the passage) names the passage'"'"'s answer in %d of %d answers.\n' \
+    "$right" "${#QUESTIONS[@]}" >> "$OUT"
+echo "wrote $OUT: $right of ${#QUESTIONS[@]} answers right"

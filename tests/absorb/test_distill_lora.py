@@ -282,3 +282,35 @@ def test_a_codec_adds_questions_and_chat_turns():
         distill_lora.DistillLoRA._questions = original
     assert asked["questions"] == asked["chat_turns"] == 2 and asked["recall_windows"] == plain["recall_windows"] > 0
     assert method(steps=2).absorb(model, prompt).history["pool"]["chat_turns"] == 0  # no codec: no chat turns
+
+
+def test_contrastive_questions_ask_each_question_about_every_subject():
+    from incontext.absorb.distill_lora import contrastive_questions, subjects
+
+    passage = ("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss has a cat named Tom Tim.\nBea Voss is a potter. "
+               "The Cat Inn is old. Anna sings. Anna dances.\n\nQ: Where was Bea Voss born?\nA: Oslo")
+    # two-word names that open two or more sentences; not a one-off capitalised run, not a single word
+    assert subjects(passage) == ["Abe Lonn", "Bea Voss"]
+    questions = ["Where was Abe Lonn born?", "What is Bea Voss's job?", "What is the cat called?", "Where was Bea Voss born?"]
+    assert contrastive_questions(questions, ["Abe Lonn", "Bea Voss"], limit=10) == ["What is Abe Lonn's job?"]
+    names = ["Abe Lonn", "Bea Voss", "Cid Ramm"]
+    assert contrastive_questions(questions[:2], names, limit=10) == [
+        "Where was Bea Voss born?", "Where was Cid Ramm born?", "What is Abe Lonn's job?", "What is Cid Ramm's job?"]
+    assert contrastive_questions(questions[:2], names, limit=3) == contrastive_questions(questions[:2], names, 10)[:3]
+
+
+def test_contrast_adds_the_swapped_questions_to_the_pool():
+    model, codec = llama_like(seed=4, max_seq_len=400), CharCodec()
+    prompt = torch.tensor(codec.encode("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss is a potter.\n"
+                                       "Bea Voss has a cat."))
+    from incontext.absorb import distill_lora
+
+    original = distill_lora.DistillLoRA._questions
+    distill_lora.DistillLoRA._questions = lambda self, model, prompt: ["Where was Abe Lonn born?"]
+    try:
+        pools = [method(steps=1, contrast=contrast).use_codec(codec).absorb(model, prompt).history["pool"]
+                 for contrast in (False, True)]
+    finally:
+        distill_lora.DistillLoRA._questions = original
+    assert pools[0]["questions"] == pools[0]["chat_turns"] == 1
+    assert pools[1]["questions"] == pools[1]["chat_turns"] == 2  # and "Where was Bea Voss born?"
