@@ -305,8 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="absorb one prompt into a model with one method and save the adapted model",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Tokenize the prompt with the model's tokenizer, absorb it with METHOD and write the adapted "
-        "model to --out (adapted.safetensors + adapted.json; for distill-lora also a PEFT adapter in "
-        "peft_adapter/ when the base exports to Llama or GPT-2) and absorb.json (method, options, model, prompt "
+        "model to --out (adapted.safetensors + adapted.json; for distill-lora only its PEFT adapter in "
+        "peft_adapter/, a few MB, when the base exports to Llama or GPT-2) and absorb.json (method, options, model, prompt "
         "sha256 and tokens, absorb seconds, files). Then: incontext generate --model MODEL --adapted DIR TEXT.\n\n"
         "methods (`incontext absorb --list`):\n" +
         "\n".join(f"  {name:14s} needs {needs}" for name, needs, _ in _METHODS_HELP),
