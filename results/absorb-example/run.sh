@@ -5,6 +5,7 @@
 # The absorb folder (adapted/) holds absorb.json and the PEFT adapter only (a few MB): generate puts it back on
 # the base model, so the exchange can be re-run from the committed folder without absorbing again.
 set -u
+export PYTHONWARNINGS="ignore::FutureWarning"  # a transformers deprecation notice would name a local path
 D=results/absorb-example
 MODEL=${MODEL:-smollm2}  # any model name `incontext generate` takes (a tiny one to try the script)
 OUT=$D/exchange.md
