@@ -17,6 +17,11 @@ fixed linear maps between slots). The weights are fixed selections built from th
 H_sim-split projections (Definitions D.4, D.5) are applied as the index maps they are (gathers, sums over
 heads) rather than as stored tensors, and their parameters are counted by the paper's formula
 (`q_split`). Token-wise layers act on token positions only: prefix positions pass through unchanged.
+The Linear Forward / Backward / Descent layers are linear attention with one-hot position values (or queries),
+so their output is a matmul with the weight rows stored in the prefixes; `TintConfig.fast` (the default)
+evaluates them that way (the rows read from the prefix embeddings, then one matmul), `fast=False` runs the
+attention as written, head by head (a simulated step 3.5-4.5x slower in `benchmarks/tint_step.py`; the two are
+tested equal in float64).
 """
 
 from __future__ import annotations
