@@ -17,6 +17,11 @@ fixed linear maps between slots). The weights are fixed selections built from th
 H_sim-split projections (Definitions D.4, D.5) are applied as the index maps they are (gathers, sums over
 heads) rather than as stored tensors, and their parameters are counted by the paper's formula
 (`q_split`). Token-wise layers act on token positions only: prefix positions pass through unchanged.
+The Linear Forward / Backward / Descent layers are linear attention with one-hot position values (or queries),
+so their output is a matmul with the weight rows stored in the prefixes; `TintConfig.fast` (the default)
+evaluates them that way (the rows read from the prefix embeddings, then one matmul), `fast=False` runs the
+attention as written, head by head (a simulated step 3.5-4.5x slower in `benchmarks/tint_step.py`; the two are
+tested equal in float64).
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ class TintConfig:
     # width D_aux that each carry b_out / n_chunks and each take the full bias step, so b_out moves n_chunks
     # times (4x for GPT-2); False stores b_out once and steps it once (faithful SGD)
     released_mlp_out_bias: bool = False
+    # how the Linear Forward / Backward / Descent attention layers are evaluated: True contracts their one-hot
+    # values (or queries) and the sum over shards into one matmul with the rows read from the prefixes (the
+    # same layer output, a fraction of the ops); False runs the attention as written, head by head (the
+    # reference path the fast one is tested against)
+    fast: bool = True
 
     def __post_init__(self):
         if self.rows_per_prefix < 1 or self.shards < 1 or self.n_steps < 1:
@@ -63,6 +73,7 @@ class Layout:
         if d_aux % shards:
             raise ValueError(f"D_aux={d_aux} is not divisible by shards={shards}")
         self.d_aux, self.S, self.shards, self.bias_slot = d_aux, S, shards, config.bias_slot
+        self.fast = config.fast
         self.n_slots = S + int(config.bias_slot)
         if self.n_slots < 4:
             raise ValueError(f"the simulator needs >= 4 slots of D_aux per token (rows_per_prefix + bias_slot), got {self.n_slots}")
@@ -102,6 +113,14 @@ class Layout:
         weight = view[:, :S].transpose(0, 1).reshape(S * K, D)[:D]
         bias = view[0, S].clone() if self.bias_slot else None
         return weight.clone(), bias
+
+    def rows(self, prefix: torch.Tensor) -> torch.Tensor:
+        """The weight rows stored in the prefixes (D_aux, D_aux), a view-like read (no copy of the bias)."""
+        D, S, K = self.d_aux, self.S, self.K
+        return prefix.view(K, self.n_slots, D)[:, :S].transpose(0, 1).reshape(S * K, D)[:D]
+
+    def bias(self, prefix: torch.Tensor) -> torch.Tensor:
+        return prefix[0, self.S * self.d_aux : (self.S + 1) * self.d_aux]
 
     # ------------------------------------------------------------------ slot helpers (token-wise)
     def slot(self, tokens: torch.Tensor, index: int) -> torch.Tensor:
@@ -206,9 +225,15 @@ class LinearForward:
         self.layout = layout
 
     def __call__(self, prefix, tokens, src: int, dst: int, use_bias: bool = True, accumulate: bool = False):
+        L = self.layout
+        if L.fast:  # scores x rows, one-hot values and the shard sum contracted: x W^T (+ the bias heads' b)
+            y = L.slot(tokens, src) @ L.rows(prefix).T
+            if L.bias_slot and use_bias:
+                y = y + L.bias(prefix)
+            return L.write(tokens, dst, y, accumulate)
         K = prefix.shape[0]
         y = self.output_map(self.attention(prefix, tokens, src, use_bias), K)
-        return self.layout.write(tokens, dst, y[K:], accumulate)
+        return L.write(tokens, dst, y[K:], accumulate)
 
     def attention(self, prefix, tokens, src: int, use_bias: bool = True) -> torch.Tensor:
         """The attention output before the output projection: (H_sim, T_sim, d_sim)."""
@@ -257,6 +282,8 @@ class LinearBackward:
 
     def __call__(self, prefix, tokens, src: int, dst: int, accumulate: bool = False):
         L = self.layout
+        if L.fast:  # one-hot keys and the sum over row slots contracted: dy W
+            return L.write(tokens, dst, L.slot(tokens, src) @ L.rows(prefix), accumulate)
         K, T = prefix.shape[0], tokens.shape[0]
         e = torch.cat([prefix, tokens])
         heads = L.heads(e)
@@ -284,6 +311,8 @@ class LinearDescent:
     def __call__(self, prefix, tokens, x_slot: int, grad_slot: int, train: torch.Tensor, learning_rate: float,
                  update_weight: bool = True, update_bias: bool = True):
         L = self.layout
+        if L.fast:  # one-hot queries contracted: sum_t dy_t x_t^T over the training tokens, in the prefix layout
+            return prefix - learning_rate * self.update(tokens, x_slot, grad_slot, train, update_weight, update_bias)
         K, T = prefix.shape[0], tokens.shape[0]
         e = torch.cat([prefix, tokens])
         heads = L.heads(e)
@@ -301,6 +330,15 @@ class LinearDescent:
         out = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), allowed, "linear")
         update = out.permute(1, 0, 2).reshape(K + T, L.d_sim)[:K]  # identity layout: head (s, s') = slot s shard s'
         return prefix - learning_rate * update
+
+    def update(self, tokens, x_slot: int, grad_slot: int, train: torch.Tensor, update_weight: bool, update_bias: bool):
+        """The fast path's attention output on the prefixes (K, D_sim): G = sum_t dy_t x_t^T packed as W is
+        (row s*K + j in slot s of prefix j), sum_t dy_t in prefix 0's bias slot."""
+        L = self.layout
+        dy, x = L.slot(tokens, grad_slot)[train], L.slot(tokens, x_slot)[train]
+        grad = dy.T @ x if update_weight else dy.new_zeros(L.d_aux, L.d_aux)
+        bias = dy.sum(0) if update_bias and L.bias_slot else None
+        return L.pack(grad, bias)
 
     def num_parameters(self, t_sim: int) -> int:
         return self.layout.q_attention(t_sim)
