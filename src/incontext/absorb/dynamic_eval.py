@@ -6,6 +6,7 @@ context (query positions continue after the prompt, as in dynamic evaluation).
     adapted = get_absorb_method("dynamic-eval", learning_rate=1e-3).absorb(model, prompt)
     adapted = get_absorb_method("dynamic-eval", learning_rate=1e-3).absorb(model, prompt, loss_mask=labels)
     adapted = get_absorb_method("tint", learning_rate=1e-3, n_simulation_layers=2).absorb(model, prompt)
+    adapted = get_absorb_method("dynamic-eval", learning_rate=1e-3, params="tint").absorb(model, prompt)  # R-exact
 
 Two options of both methods change what the update trains on and what the query sees:
 - `keep_prompt=True`: the prompt stays in the context after the update (Krause et al.'s dynamic evaluation and
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from ..models import Cache, Transformer
 from .base import AbsorbMethod, AdaptedModel, PromptInContext
 from .distill_lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
+from .param_groups import select_groups, selected_parameters, untie
 
 
 class UpdatedWeights(AdaptedModel):
@@ -138,10 +140,14 @@ def trainable_parameters(model: Transformer, n_top_layers: int | None) -> list[t
     embeddings in most models here)."""
     if n_top_layers is None:
         return list(model.parameters())
-    if not 1 <= n_top_layers <= model.config.n_layer:
-        raise ValueError(f"n_top_layers must lie in [1, {model.config.n_layer}], got {n_top_layers}")
+    check_top_layers(model, n_top_layers)
     blocks = model.blocks[model.config.n_layer - n_top_layers:]
     return [p for block in blocks for p in block.parameters()] + list(model.norm_f.parameters())
+
+
+def check_top_layers(model: Transformer, n_top_layers: int | None) -> None:
+    if n_top_layers is not None and not (isinstance(n_top_layers, int) and 1 <= n_top_layers <= model.config.n_layer):
+        raise ValueError(f"n_top_layers must lie in [1, {model.config.n_layer}], got {n_top_layers!r}")
 
 
 def check_sgd_options(learning_rate, n_steps, reduction, optimizer) -> None:
@@ -158,43 +164,61 @@ def check_sgd_options(learning_rate, n_steps, reduction, optimizer) -> None:
 def prompt_sgd(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor] | None = None, *,
                learning_rate: float, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
                n_top_layers: int | None = None, lora_rank: int | None = None, lora_alpha: float | None = None,
-               lora_targets: tuple[str, ...] = ("attn.qkv", "attn.out"), seed: int = 0) -> tuple[Transformer, list[float]]:
+               lora_targets: tuple[str, ...] = ("attn.qkv", "attn.out"), seed: int = 0,
+               params: str | list[str] | None = None) -> tuple[Transformer, list[float]]:
     """Dynamic evaluation: `n_steps` optimizer steps on a copy of `model`, each on the loss of all `sequences`
     (summed over sequences; within one, summed or averaged over its target tokens), exact gradients.
     Plain SGD reproduces Krause et al. / TinT's R-dyn; AdamW is offered for pretrained LMs. With `lora_rank`,
     the steps train a LoRA (W + (alpha / r) B A on `lora_targets` of the trained blocks; A drawn from `seed`,
-    B = 0, as peft does) instead of the weights, merged into the copy at the end. Returns the updated copy
-    (eval mode, no gradients) and the loss before each step."""
+    B = 0, as peft does) instead of the weights, merged into the copy at the end. With `params` (a preset such as
+    "tint", groups such as "attention,mlp": see `param_groups`) only those parameters descend (of the top
+    n_top_layers blocks for the block groups), the rest keep their values bit for bit; a tied embedding with
+    one of its uses selected is untied in the copy. Returns the updated copy (eval mode, no gradients) and the
+    loss before each step."""
     check_sgd_options(learning_rate, n_steps, reduction, optimizer)
+    groups = None if params is None else select_groups(params)
+    if groups is not None and lora_rank is not None:
+        raise ValueError("params= and lora_rank cannot be combined (the LoRA chooses its own targets)")
     targets = [full_mask(ids) for ids in sequences] if targets is None else targets
     if not any(bool(t[1:].any()) for t in targets):
         raise ValueError("no target token to learn from: the loss mask selects nothing after the first token")
     updated = copy.deepcopy(model)
     updated.train(False)
     updated.requires_grad_(False)
-    params = trainable_parameters(updated, n_top_layers)
+    check_top_layers(model, n_top_layers)
+    masked = []  # (parameter, rows that descend)
+    if groups is None:
+        trainable = trainable_parameters(updated, n_top_layers)
+    else:
+        if len(groups & {"input_embedding", "head"}) == 1:
+            untie(updated)
+        chosen = selected_parameters(updated, groups, n_top_layers)
+        trainable = [p for _, p, _ in chosen]
+        masked = [(p, rows) for _, p, rows in chosen if rows is not None]
     spec = None
     if lora_rank is not None:
         check_lora_options(lora_rank, lora_alpha, lora_targets)
         first = 0 if n_top_layers is None else model.config.n_layer - n_top_layers
         spec = lora_spec(updated, lora_rank, 2.0 * lora_rank if lora_alpha is None else lora_alpha, tuple(lora_targets),
                          range(first, model.config.n_layer))
-        params = inject_lora(updated, spec, torch.Generator().manual_seed(seed))
-    for p in params:
+        trainable = inject_lora(updated, spec, torch.Generator().manual_seed(seed))
+    for p in trainable:
         p.requires_grad_(True)
-    opt = torch.optim.SGD(params, lr=learning_rate) if optimizer == "sgd" else torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
+    opt = torch.optim.SGD(trainable, lr=learning_rate) if optimizer == "sgd" else torch.optim.AdamW(trainable, lr=learning_rate, weight_decay=0.0)
     losses = []
     for _ in range(n_steps):
         opt.zero_grad(set_to_none=True)
         loss = sum(masked_lm_loss(updated, ids, keep, reduction) for ids, keep in zip(sequences, targets) if keep[1:].any())
         loss.backward()
+        for p, rows in masked:
+            p.grad[~rows] = 0.0  # rows outside the selection (e.g. W_Q, W_K of attn.qkv) do not move
         losses.append(float(loss.detach()))
         if not math.isfinite(losses[-1]):
             raise FloatingPointError("dynamic evaluation diverged (non-finite loss); lower the learning rate")
         opt.step()
     opt.zero_grad(set_to_none=True)
     updated.requires_grad_(False)
-    if not all(bool(torch.isfinite(p).all()) for p in params):
+    if not all(bool(torch.isfinite(p).all()) for p in trainable):
         raise FloatingPointError("dynamic evaluation produced non-finite weights; lower the learning rate")
     if spec is not None:
         merge_lora(updated, spec)
@@ -213,8 +237,8 @@ def check_lora_options(rank, alpha, targets) -> None:
 
 class DynamicEval(AbsorbMethod):
     """Gradient steps on the prompt's LM loss (or its masked tokens): plain SGD on all parameters by default,
-    as Krause et al. and TinT's R-dyn; AdamW, the top-n layers only, and a LoRA (`lora_rank`, merged into the
-    weights) are options."""
+    as Krause et al. and TinT's R-dyn; AdamW, the top-n layers only, some parameter groups only (`params`, e.g.
+    "tint": TinT's subset) and a LoRA (`lora_rank`, merged into the weights) are options."""
 
     name = "dynamic-eval"
     needs = "a token-input causal LM"
@@ -223,11 +247,17 @@ class DynamicEval(AbsorbMethod):
     def __init__(self, learning_rate: float = 1e-3, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
                  n_top_layers: int | None = None, keep_prompt: bool = False, separator: list[int] | None = None,
                  lora_rank: int | None = None, lora_alpha: float | None = None,
-                 lora_targets: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"), seed: int = 0):
+                 lora_targets: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"), seed: int = 0,
+                 params: str | list[str] | None = None):
         check_sgd_options(learning_rate, n_steps, reduction, optimizer)
         check_separator(separator)
         if lora_rank is not None:
             check_lora_options(lora_rank, lora_alpha, lora_targets)
+        if params is not None:
+            select_groups(params)  # a bad name fails here, before any work
+            if lora_rank is not None:
+                raise ValueError("params= and lora_rank cannot be combined (the LoRA chooses its own targets)")
+        self.params = params
         self.learning_rate, self.n_steps, self.reduction = learning_rate, n_steps, reduction
         self.optimizer, self.n_top_layers = optimizer, n_top_layers
         self.keep_prompt, self.separator = keep_prompt, separator
@@ -244,7 +274,7 @@ class DynamicEval(AbsorbMethod):
         targets = None if loss_mask is None else masks
         updated, _ = prompt_sgd(model, sequences, targets, learning_rate=self.learning_rate, n_steps=self.n_steps,
                                 reduction=self.reduction, optimizer=self.optimizer, n_top_layers=self.n_top_layers,
-                                **self.lora)
+                                params=self.params, **self.lora)
         return _adapted(updated, prompt, self.keep_prompt, self.separator)
 
 
