@@ -24,3 +24,29 @@ def test_tint_perplexity_runs_at_toy_size(tmp_path, monkeypatch):
     assert set(results["perplexity"]) == {"vanilla", "dynamic eval", "TinT"}
     assert all(len(v) == 1 and v[0] > 1 for v in results["perplexity"].values())
     assert results["vs_r_exact"]["0.5"]["update_cosine"] > 0.9
+    from incontext.experiments.tint_perplexity import SUBSETS
+
+    assert set(results["gain_share"]) == {"TinT", *SUBSETS} and set(results["subset_perplexity"]) == set(SUBSETS)
+    assert "| + LM head (untied copy) (`tint,head`; lr 0.001) |" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_gain_shares_are_paired_ratios_with_bootstrap_intervals():
+    """A row whose per-document loss sits a fixed share s of the way from vanilla to dynamic eval has share s
+    in every resample; one that is vanilla plus noise has share 0 inside a wide interval."""
+    import torch
+
+    from incontext.experiments.tint_perplexity import PerplexityConfig, gain_shares
+
+    g = torch.Generator().manual_seed(0)
+    vanilla = 300 + 10 * torch.rand(2, 40, generator=g, dtype=torch.float64)
+    dynamic = vanilla - torch.rand(2, 40, generator=g, dtype=torch.float64)
+    noisy = vanilla + 0.5 * torch.randn(2, 40, generator=g, dtype=torch.float64)
+    noisy -= (noisy - vanilla).sum(-1, keepdim=True) / 40  # summed gain exactly 0
+    losses = {"vanilla": vanilla.tolist(), "dynamic eval": dynamic.tolist(),
+              "fixed": (vanilla - 0.3 * (vanilla - dynamic)).tolist(), "noise": noisy.tolist()}
+    shares = gain_shares(losses, PerplexityConfig(fractions=[0.3, 0.7], bootstrap=500))
+    assert set(shares) == {"fixed", "noise"}
+    for s in [*shares["fixed"]["per_fraction"], shares["fixed"]["pooled"]]:
+        assert abs(s["share"] - 0.3) < 1e-12 and abs(s["low"] - 0.3) < 1e-12 and abs(s["high"] - 0.3) < 1e-12
+    for s in [*shares["noise"]["per_fraction"], shares["noise"]["pooled"]]:
+        assert abs(s["share"]) < 1e-9 and s["low"] < -0.05 and s["high"] > 0.05

@@ -211,10 +211,12 @@ class MethodRecord:
     peak_bytes: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
-    def summary(self, metric: str) -> dict[str, Any]:
+    def summary(self, metric: str, per_episode: bool = False) -> dict[str, Any]:
         row: dict[str, Any] = {"method": self.name, "options": self.options, "status": self.status, "reason": self.reason}
         if self.status != "ok":
             return row
+        if per_episode:  # for paired statistics across methods (episodes that failed are left out)
+            row["episode_scores"], row["episode_positions"] = list(self.episode_scores), list(self.episode_positions)
         for key in self.episode_scores[0]:
             row[key] = interval95([s[key] for s in self.episode_scores])
         if metric in ("accuracy", "ce", "mse"):
@@ -261,9 +263,11 @@ def _on_model(query: Query, model: nn.Module) -> Query:
 
 
 def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], methods: dict[str, dict[str, Any]], *,
-            progress: bool = True, max_failures: int = 3, references: bool = True) -> list[dict[str, Any]]:
+            progress: bool = True, max_failures: int = 3, references: bool = True,
+            per_episode: bool = False) -> list[dict[str, Any]]:
     """Runs every method on every episode; returns one summary row per method, in the order given, after
     keep-prompt and drop-prompt (always included unless `references=False`, which also skips agreement).
+    `per_episode` adds each episode's scores and scored positions to the rows.
     `methods` maps a row label (a method name, or "name:variant" for several settings of one method) to the
     method's options. See the module docstring for the fields."""
     if not episodes:
@@ -335,4 +339,4 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             raise ValueError(f"the reference method {REFERENCE} failed on {records[REFERENCE].errors[-1]}")
         for name, outs in outputs.items():
             records[name].agreements += [agreement(o, r, q, tokens) for o, r, q in zip(outs, reference, queries)]
-    return [records[name].summary(source.metric) for name in methods]
+    return [records[name].summary(source.metric, per_episode) for name in methods]
