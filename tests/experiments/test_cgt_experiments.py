@@ -58,6 +58,37 @@ def test_cgt_regression_runs_at_toy_size(tmp_path):
     assert set(probe) == {"2", "5"} and all(r2 <= 1 for r2 in probe.values())
 
 
+def test_cgt_regression_readouts_and_aux_horizon(tmp_path):
+    import torch
+
+    from incontext.experiments.cgt_regression import frozen_context
+
+    contexts = torch.arange(2 * 6 * 2, dtype=torch.float64).view(2, 6, 2)  # (B, 2N, d_y): 3 examples
+    assert torch.equal(frozen_context(contexts, 2, "y_token"), contexts[:, 3])
+    assert torch.equal(frozen_context(contexts, 2, "x_token"), contexts[:, 2])
+    assert torch.equal(frozen_context(contexts, 3, "mean"), (contexts[:, 1] + contexts[:, 3] + contexts[:, 5]) / 3)
+    args = ["run", "cgt-regression", *TINY_MODEL, "--set", "steps=2", "--set", "batch_size=4", "--set", "d_in=2",
+            "--set", "n_points=6", "--set", "freeze_after=[2]", "--set", "eval_sequences=8", "--set", "readout=mean",
+            "--set", "aux_horizon=1", "--out", str(tmp_path)]
+    assert main(args) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["config"]["readout"] == "mean" and len(results["mse_by_examples"]["cgt frozen after 2"]) == 6
+    assert main(["run", "cgt-regression", "--set", "readout=last", "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_pilot_worth_interpolates_the_dynamic_curve():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "cgt_regression_pilots.py"
+    spec = importlib.util.spec_from_file_location("cgt_regression_pilots", path)
+    pilots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pilots)
+    dynamic = [4.0, 2.0, 1.0, 0.5]
+    assert pilots.worth(dynamic, 5.0) == 0.0 and pilots.worth(dynamic, 2.0) == 1.0
+    assert pilots.worth(dynamic, 1.5) == 1.5 and pilots.worth(dynamic, 0.1) == 3.0
+
+
 def test_probe_r2_finds_a_linear_code_and_no_code():
     import torch
 

@@ -8,6 +8,11 @@ linear map recovers from y at each freezing point (ridge fit on half of the sequ
 low R^2 means y does not hold the task; high R^2 with a poor frozen MSE means the x-only model does not read it. Reduced scale by default (deviations from the paper: d_in 8 not 16, 40 points not
 64, 4 layers with l = 3 not 8 with l = 7, d_x 64 / d_y 32 not 128 / 64).
 
+Where the frozen y is read (`readout`): "y_token" (default) y^l at the k-th y token, which has read all k
+examples; "x_token" y^l at the k-th x token (one label fewer); "mean" the mean of y^l over the k y tokens.
+`aux_horizon` (Delta) limits the auxiliary loss to the first Delta + 1 tokens after each cut.
+scripts/cgt_regression_pilots.py runs a grid of these settings through `train_models` and `evaluate`.
+
     incontext run cgt-regression [--set steps=4000]
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -42,6 +48,8 @@ class RegressionConfig:
     aux_cuts: int = 4
     w_c: float = 0.0
     w_d: float = 0.0
+    aux_horizon: int | None = None  # score only the first aux_horizon + 1 tokens of each auxiliary chunk
+    readout: Literal["y_token", "x_token", "mean"] = "y_token"  # where the frozen y is read (module docstring)
     freeze_after: list[int] = field(default_factory=lambda: [5, 10, 20])
     steps: int = 2000
     batch_size: int = 32
@@ -53,6 +61,20 @@ class RegressionConfig:
         bad = [k for k in self.freeze_after if not 1 <= k < self.n_points]
         if bad:
             raise ValueError(f"freeze_after values {bad} must lie in [1, n_points={self.n_points})")
+        if self.readout not in READOUTS:
+            raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
+
+
+READOUTS = ("y_token", "x_token", "mean")
+
+
+def frozen_context(contexts: torch.Tensor, k: int, readout: str) -> torch.Tensor:
+    """The context (B, d_y) frozen after k examples from the per-position contexts (B, 2N, d_y)."""
+    if readout == "y_token":
+        return contexts[:, 2 * k - 1]
+    if readout == "x_token":
+        return contexts[:, 2 * k - 2]
+    return contexts[:, 1 : 2 * k : 2].mean(1)
 
 
 def settings(config: RegressionConfig, cgt: bool) -> dict:
@@ -61,6 +83,8 @@ def settings(config: RegressionConfig, cgt: bool) -> dict:
                  "n_head_x": config.n_head_x, "d_y": config.d_y, "n_head_y": config.n_head_y, "rank": config.rank,
                  "n_templates": config.n_templates}
         loss = {"eta": config.eta, "aux_cuts": config.aux_cuts, "w_c": config.w_c, "w_d": config.w_d}
+        if config.aux_horizon is not None:
+            loss["aux_horizon"] = config.aux_horizon
     else:
         model, loss = {"n_layer": config.n_layer, "d_model": config.d_x, "n_head": config.n_head_x}, {}
     return {"model": model, "loss": loss,
@@ -90,28 +114,41 @@ def error_by_examples(predictions: torch.Tensor, clean: torch.Tensor) -> list[fl
     return (predictions.double() - clean.double()).square().mean(-1)[:, 0::2].mean(0).tolist()
 
 
-@register_experiment("cgt-regression", "CGT Fig. 4: linear regression error by examples, dynamic vs frozen y vs ridge", RegressionConfig)
-def run(config: RegressionConfig, out_dir: Path) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    baseline, _, _ = train_fresh(out_dir / "baseline", settings(config, cgt=False))
+def train_models(config: RegressionConfig, out_dir: Path, baseline: bool = True):
+    """Trains the baseline (unless `baseline=False`) and the CGT into out_dir; returns (baseline or None, cgt,
+    the task)."""
+    base = train_fresh(out_dir / "baseline", settings(config, cgt=False))[0] if baseline else None
     cgt, train_config, _ = train_fresh(out_dir / "cgt", settings(config, cgt=True))
-    task = train_config.build_task()
+    return base, cgt, train_config.build_task()
+
+
+def evaluate(baseline, cgt, task, config: RegressionConfig) -> dict:
+    """Error curves by examples seen (baseline when given, CGT dynamic, frozen after each k, ridge) on
+    `eval_sequences` fresh sequences, and the probe R^2 of the task from each frozen y."""
     batch = task.sample(config.eval_sequences, torch.Generator().manual_seed(config.seed + 777))
-    clean, n = batch.info["clean"], config.n_points
+    clean = batch.info["clean"]
     curves: dict[str, list[float | None]] = {}
     with torch.no_grad():
-        curves["baseline"] = error_by_examples(baseline(batch.inputs), clean)
+        if baseline is not None:
+            curves["baseline"] = error_by_examples(baseline(batch.inputs), clean)
         curves["cgt dynamic"] = error_by_examples(cgt(batch.inputs), clean)
         contexts = cgt.context(batch.inputs)
         for k in config.freeze_after:
-            # y at the k-th y token (position 2k - 1); the model then reads examples k+1.. alone
-            rest = cgt(batch.inputs[:, 2 * k :], y=contexts[:, 2 * k - 1])
+            # y read after k examples; the model then reads examples k+1.. alone
+            rest = cgt(batch.inputs[:, 2 * k :], y=frozen_context(contexts, k, config.readout))
             curves[f"cgt frozen after {k}"] = [None] * k + error_by_examples(rest, clean[:, 2 * k :])
         curves["ridge"] = error_by_examples(Ridge(lam=config.noise**2)(batch.inputs), clean)
         task_vectors = torch.cat([batch.info["U"].flatten(1), batch.info["b"]], dim=1)
-        probe = {str(k): probe_r2(contexts[:, 2 * k - 1], task_vectors) for k in config.freeze_after}
-    results = {"experiment": "cgt-regression", "config": dataclasses.asdict(config), "mse_by_examples": curves,
-               "y_probe_r2": probe}
+        probe = {str(k): probe_r2(frozen_context(contexts, k, config.readout), task_vectors) for k in config.freeze_after}
+    return {"experiment": "cgt-regression", "config": dataclasses.asdict(config), "mse_by_examples": curves,
+            "y_probe_r2": probe}
+
+
+@register_experiment("cgt-regression", "CGT Fig. 4: linear regression error by examples, dynamic vs frozen y vs ridge", RegressionConfig)
+def run(config: RegressionConfig, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = evaluate(*train_models(config, out_dir), config)
+    curves, probe, n = results["mse_by_examples"], results["y_probe_r2"], config.n_points
     (out_dir / "results.json").write_text(strict_json(results))
     marks = sorted({*config.freeze_after, min(n - 1, 2 * max(config.freeze_after)), n - 1})
     lines = [(f"MSE against U x + b after k examples (d_in {config.d_in}, noise {config.noise}, {config.eval_sequences} "
@@ -137,7 +174,7 @@ def plot(curves: dict, config: RegressionConfig, path: Path) -> None:
     for name, curve in curves.items():
         xs = [k for k, v in enumerate(curve) if v is not None]
         ax.plot(xs, [curve[k] for k in xs], label=name, ls="--" if name == "ridge" else "-")
-    for k in config.freeze_after:  # the baseline's error after k examples (the paper's horizontal lines)
+    for k in config.freeze_after if "baseline" in curves else []:  # the baseline's error after k examples (the paper's lines)
         ax.axhline(curves["baseline"][k], color="gray", lw=0.6, ls=":")
     ax.set(yscale="log", xlabel="examples seen k", ylabel="MSE vs U x + b", title=f"linear regression, d_in = {config.d_in}")
     ax.legend(fontsize=8)
