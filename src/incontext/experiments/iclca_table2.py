@@ -37,16 +37,21 @@ LABELS = {"with prompt": "keep-prompt", "without prompt": "drop-prompt", "conver
 
 @dataclass
 class Table2Config:
-    n_layer: int = 4
+    n_layer: int = 2
     d_model: int = 128
-    n_head: int = 4
-    feature_map: str = "elu"
+    n_head: int = 2
+    head_dim: int = 16  # 0: d_model // n_head
+    feature_map: str = "taylor"  # Based-style 2nd-order Taylor of exp: sharper attention than elu + 1
     linear_norm: str = "kernel"  # "none": unnormalised linear attention
+    positions: str = "learned"  # or "rope"
     seq_len: int = 64
     trigger_prob: float = 0.3  # denser triggers than Bietti's setting: learnable within minutes on CPU
+    train_loss: str = "committed"  # the training loss at the committed triggers only; "all": every position
     steps: int = 8000
     batch_size: int = 32
     lr: float = 1e-3
+    warmup_steps: int = 100
+    eval_every: int = 250  # the learning curve's resolution (validation sequences, not the test episodes)
     eval_sequences: int = 1000  # held-out sequences with at least one scored position (one episode each)
     seed: int = 0
     retrain: bool = True  # false: evaluate the finished training in <out>/train if its settings match
@@ -55,12 +60,14 @@ class Table2Config:
 def train_settings(config: Table2Config) -> dict:
     return {
         "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "attention": "linear",
-                  "feature_map": config.feature_map, "positions": "rope",
+                  "feature_map": config.feature_map, "positions": config.positions,
+                  **({"head_dim": config.head_dim} if config.head_dim else {}),
                   **({} if config.linear_norm == "kernel" else {"linear_norm": config.linear_norm})},
-        "task": {"name": "induction", "seq_len": config.seq_len, "trigger_prob": config.trigger_prob},
+        "task": {"name": "induction", "seq_len": config.seq_len, "trigger_prob": config.trigger_prob,
+                 **({} if config.train_loss == "all" else {"train_loss": config.train_loss})},
         "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.01},
-        "schedule": {"total_steps": config.steps, "warmup_steps": 100},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 500,
+        "schedule": {"total_steps": config.steps, "warmup_steps": config.warmup_steps},
+        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": config.eval_every,
                 "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
     }
 
