@@ -1,6 +1,11 @@
 """ICLCA Table 2 analogue: an induction-head task learned by a linear-attention transformer, evaluated with the
 prompt in context, without it, and with the prompt converted exactly into bias terms.
 
+Default recipe (CPU, minutes): 2 layers, width 128, 2 heads of dim 16 with Taylor features (the second-order
+Taylor expansion of exp, as in Based) and the kernel normaliser, learned positions, and the training loss at
+the committed triggers only (`train_loss=committed`: the positions whose successor an earlier occurrence
+determines; evaluation unchanged); AdamW at lr 3e-3, warmup then cosine, 8000 steps.
+
 A sequence is cut in two: the first half is the prompt, the second the input. Scored are input positions
 holding a trigger whose successor was committed in the prompt and that has not recurred in the input (only
 the prompt can tell what comes next there). The evaluation is the absorb harness on the `induction` episodes:
@@ -49,7 +54,7 @@ class Table2Config:
     train_loss: str = "committed"  # the training loss at the committed triggers only; "all": every position
     steps: int = 8000
     batch_size: int = 32
-    lr: float = 1e-3
+    lr: float = 3e-3  # chosen on validation pilots (pilots.jsonl): 1e-3 left seed 0 on the counting plateau
     warmup_steps: int = 100
     eval_every: int = 250  # the learning curve's resolution (validation sequences, not the test episodes)
     eval_sequences: int = 1000  # held-out sequences with at least one scored position (one episode each)
@@ -155,8 +160,11 @@ def run(config: Table2Config, out_dir: Path) -> dict:
     (out_dir / "results.json").write_text(strict_json(results))
     a, p = results["accuracy"], results["paper"]
     norm = "" if config.linear_norm == "kernel" else f", {config.linear_norm} normalisation"
-    lines = [f"{config.n_layer}-layer linear-attention transformer ({config.feature_map} features{norm}, RoPE, width {config.d_model}), "
-             f"{config.steps} steps; {results['scored_positions']} scored positions in {config.eval_sequences} sequences "
+    positions = {"rope": "RoPE", "learned": "learned positions", "none": "no positions"}.get(config.positions, config.positions)
+    loss = "loss at the committed triggers only" if config.train_loss == "committed" else "loss at every position"
+    lines = [f"{config.n_layer}-layer linear-attention transformer ({config.feature_map} features{norm}, {positions}, width "
+             f"{config.d_model}, {config.n_head} heads of dim {model.config.dim_head}), {config.steps} steps at lr {config.lr:g} "
+             f"({loss}), seed {config.seed}; {results['scored_positions']} scored positions in {config.eval_sequences} sequences "
              f"of {config.seq_len} tokens (prompt = first half).", "",
              "| | with prompt | without prompt | converted (ICLCA) |", "|---|---|---|---|",
              f"| ours | {100 * a['with prompt']:.2f}% | {100 * a['without prompt']:.2f}% | {100 * a['converted']:.2f}% |",
