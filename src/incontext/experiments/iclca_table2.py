@@ -33,7 +33,8 @@ from ..absorb.harness import compare
 from ..tasks.episodes import Episode, get_episode_source
 from ..train import latest_checkpoint, load_for_eval
 from ..train.metrics import read_metrics
-from .common import train_fresh
+from ..tasks.induction import TRAIN_LOSSES
+from .common import check_settings, train_fresh
 from .registry import register_experiment
 
 
@@ -60,6 +61,14 @@ class Table2Config:
     eval_sequences: int = 1000  # held-out sequences with at least one scored position (one episode each)
     seed: int = 0
     retrain: bool = True  # false: evaluate the finished training in <out>/train if its settings match
+
+    def __post_init__(self):  # refused before training starts, not minutes later
+        check_settings(self, counts=("n_layer", "d_model", "n_head", "seq_len", "steps", "batch_size", "eval_every",
+                                     "eval_sequences"), rates=("lr",))
+        if self.train_loss not in TRAIN_LOSSES:
+            raise ValueError(f"train_loss must be one of {TRAIN_LOSSES}, got {self.train_loss!r}")
+        if self.head_dim < 0 or self.warmup_steps < 0:
+            raise ValueError(f"head_dim and warmup_steps must be >= 0, got {self.head_dim}, {self.warmup_steps}")
 
 
 def train_settings(config: Table2Config) -> dict:
