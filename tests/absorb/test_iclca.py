@@ -154,3 +154,26 @@ def test_softmax_models_are_refused_with_a_pointer_to_the_approximate_method():
     dropout_model = linear_model(8, dropout=0.1).train()
     with pytest.raises(ValueError, match="eval"):
         ICLCA().absorb(dropout_model, tokens(0, 1, 4))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_iclca_table2_default_recipe_conversion_is_exact_float64(seed):
+    """The model of `incontext run iclca-table2` as configured by default (Taylor features with the kernel
+    normaliser, learned positions, 2 heads of dim 16), with random float64 weights: converting a prompt of an
+    induction sequence into biases gives the prompted model's logits."""
+    from incontext.experiments.iclca_table2 import Table2Config, train_settings
+    from incontext.tasks import get_task
+
+    settings = train_settings(Table2Config())
+    options = {k: v for k, v in settings["model"].items() if k not in ("vocab_size", "max_seq_len")}
+    assert options["feature_map"] == "taylor" and options["positions"] == "learned" and options.get("linear_norm", "kernel") == "kernel"
+    model = linear_model(seed, max_seq_len=settings["task"]["seq_len"], **options)
+    assert model.config.dim_head == 16 and model.config.feature_dim == 2 + 16 + 16**2
+    task = get_task(**settings["task"])
+    batch = task.sample(3, torch.Generator().manual_seed(seed))
+    for m in (1, 17, 32, 63):
+        prompt, query = batch.inputs[:, :m], batch.inputs[:, m:]
+        assert rel_error(ICLCA().absorb(model, prompt)(query), prompted_logits(model, prompt, query)) < 1e-10
+    # a second prompt converted on top of the first (Theorem 4.5)
+    adapted = ICLCA().absorb(model, batch.inputs[:, :20]).absorb_more(batch.inputs[:, 20:40])
+    assert rel_error(adapted(batch.inputs[:, 40:]), prompted_logits(model, batch.inputs[:, :40], batch.inputs[:, 40:])) < 1e-10

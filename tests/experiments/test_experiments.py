@@ -92,3 +92,12 @@ def test_iclca_approx_trained_runs_at_toy_size(tmp_path, monkeypatch):
                  "--out", str(tmp_path / "out")]) == 0
     summary = json.loads((tmp_path / "out" / "results.json").read_text())["relative_logits_error"]
     assert set(summary) == {"without prompt", "m=16, exact sinks=0"}
+
+
+def test_iclca_table2_refuses_bad_options_before_training():
+    from incontext.experiments.iclca_table2 import Table2Config
+
+    for bad in ({"train_loss": "masked"}, {"steps": 0}, {"lr": 0.0}, {"head_dim": -1}, {"eval_every": 0}):
+        with pytest.raises(ValueError):
+            Table2Config(**bad)
+    assert Table2Config().train_loss == "committed" and Table2Config(train_loss="all").train_loss == "all"

@@ -205,6 +205,48 @@ def test_loss_is_cross_entropy_over_all_positions_not_just_the_mask():
     assert task.loss(logits.bfloat16(), batch).dtype == torch.float32
 
 
+@pytest.mark.parametrize("seed", [0, 11, 12])
+def test_committed_train_loss_is_cross_entropy_at_the_committed_triggers_only(seed):
+    task, batch = sample(seed=seed, batch_size=6, seq_len=40, trigger_prob=0.3, train_loss="committed")
+    assert task.config.train_loss == "committed" and batch.mask.any()
+    logits = torch.randn(6, 40, 52, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    triggers = trigger_letters(task)
+    by_hand = []  # positions from the plain-Python rule (a trigger seen before, not the last position)
+    for b, text in enumerate(to_strings(batch.inputs)):
+        for t, scored in enumerate(committed_positions(text, triggers)):
+            if scored:
+                by_hand.append(-torch.log_softmax(logits[b, t], dim=0)[batch.inputs[b, t + 1]])
+    assert len(by_hand) == int(batch.mask.sum())
+    assert torch.allclose(task.loss(logits, batch), torch.stack(by_hand).mean(), rtol=1e-12)
+    # the other positions do not enter: changing their logits leaves the loss unchanged
+    changed = torch.where(batch.mask[..., None], logits, logits + 5 * torch.randn_like(logits))
+    assert torch.equal(task.loss(changed, batch), task.loss(logits, batch))
+    # perfect at the committed positions: loss ~0 (while the default loss over all positions stays large)
+    perfect = logits.clone()
+    perfect[batch.mask] = rule_logits(batch, triggers, 52)[batch.mask].double()
+    assert task.loss(perfect, batch) < 1e-6
+    assert get_task("induction", seq_len=40, trigger_prob=0.3).loss(perfect, batch) > 1.0
+    # the same batches are drawn and evaluated either way: the option only changes the training loss
+    _, default_batch = sample(seed=seed, batch_size=6, seq_len=40, trigger_prob=0.3)
+    assert torch.equal(default_batch.inputs, batch.inputs) and torch.equal(default_batch.mask, batch.mask)
+    assert task.evaluate(logits, batch) == get_task("induction", seq_len=40, trigger_prob=0.3).evaluate(logits, batch)
+
+
+def test_committed_train_loss_without_committed_triggers_is_zero_with_a_gradient():
+    task = get_task("induction", seq_len=4, train_loss="committed")
+    batch = Batch(inputs=torch.tensor([[0, 10, 1, 11]]), targets=torch.tensor([[10, 1, 11, IGNORE_INDEX]]),
+                  mask=torch.zeros(1, 4, dtype=torch.bool))
+    logits = torch.randn(1, 4, 52, requires_grad=True)
+    loss = task.loss(logits, batch)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+def test_bad_train_loss_is_refused():
+    with pytest.raises(ValueError, match="train_loss"):
+        get_task("induction", train_loss="masked")
+
+
 def test_bayes_optimal_baseline():
     task, batch = sample(seed=10, batch_size=32, seq_len=64, trigger_prob=0.2)
     logits = task.baselines()["bayes_optimal"](batch.inputs)

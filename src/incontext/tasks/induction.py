@@ -17,9 +17,11 @@ about trigger_prob / (1 + trigger_prob) of all positions are triggers.
     cdaXqbrTcdxa... -> after the second 'c' the model must predict 'd' (copied from "cd" earlier)
 
 The positions scored by `evaluate` (the batch mask) are the later occurrences of triggers, the "committed"
-triggers whose next token is determined by the context. The training loss, however, is the ordinary
-language-model cross-entropy over all positions: the model has to learn the induction mechanism from the
-full sequences, as in Bietti et al. For the ICLCA experiment, `split_prompt` cuts sequences into a prompt and
+triggers whose next token is determined by the context. The training loss is, by default
+(train_loss="all"), the ordinary language-model cross-entropy over all positions: the model has to learn the
+induction mechanism from the full sequences, as in Bietti et al. With train_loss="committed" it is the
+cross-entropy at the committed triggers only (the scored positions): the loss then carries only the induction
+signal, not the noise of predicting the i.i.d. filler tokens. Evaluation is the same either way. For the ICLCA experiment, `split_prompt` cuts sequences into a prompt and
 a query and marks the query positions that only the prompt makes predictable.
 """
 
@@ -38,6 +40,7 @@ from .registry import register_task
 VOCAB = string.ascii_lowercase + string.ascii_uppercase  # id i <-> VOCAB[i]
 CHAR_TO_ID = {char: i for i, char in enumerate(VOCAB)}
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
+TRAIN_LOSSES = ("all", "committed")
 IMPOSSIBLE_LOGIT = -1e9  # what the Bayes-optimal baseline gives tokens of probability 0 (finite: no NaN in CE)
 
 
@@ -67,6 +70,7 @@ class InductionConfig:
     seq_len: int = 256
     trigger_prob: float = 0.1  # P(a position not forced to be an output holds a trigger)
     triggers: tuple[int, ...] | None = None  # the trigger ids; None: the first n_triggers ids (a, b, c, d, e)
+    train_loss: str = "all"  # "all": next-token loss at every position; "committed": at committed triggers only
 
     def __post_init__(self):
         for name in ("vocab_size", "n_triggers", "seq_len"):
@@ -78,6 +82,8 @@ class InductionConfig:
                 f"InductionConfig.n_triggers must be < vocab_size (outputs are non-trigger tokens), "
                 f"got n_triggers={self.n_triggers}, vocab_size={self.vocab_size}"
             )
+        if self.train_loss not in TRAIN_LOSSES:
+            raise ValueError(f"InductionConfig.train_loss must be one of {TRAIN_LOSSES}, got {self.train_loss!r}")
         p = self.trigger_prob
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 1:  # `not <` also rejects NaN
             raise ValueError(f"InductionConfig.trigger_prob must be a number in (0, 1), got {p!r}")
@@ -169,14 +175,21 @@ class Induction(Task):
         return Batch(inputs=inputs, targets=targets, mask=committed.clone(), info=info)
 
     def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Next-token cross-entropy of the (B, T, V) logits over ALL positions (all but the ignored last one).
+        """Next-token cross-entropy of the (B, T, V) logits.
 
-        Unlike the base protocol (a mean over the mask), this is language-model training on the full
-        sequences, as in Bietti et al.: the model must learn the induction mechanism from the whole
-        sequence; the mask (committed triggers) only selects what `evaluate` scores.
+        train_loss="all": over ALL positions (all but the ignored last one). Unlike the base protocol (a mean
+        over the mask), this is language-model training on the full sequences, as in Bietti et al.: the model
+        must learn the induction mechanism from the whole sequence; the mask only selects what `evaluate`
+        scores. train_loss="committed": the mean over the committed triggers (the mask) only; 0 (with a
+        gradient) for a batch without any.
         """
         logits = outputs.to(torch.promote_types(outputs.dtype, torch.float32))  # half-precision logits: float32 loss
-        return F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_INDEX)
+        targets = batch.targets
+        if self.config.train_loss == "committed":
+            if not batch.mask.any():
+                return logits.sum() * 0.0
+            targets = torch.where(batch.mask, targets, IGNORE_INDEX)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
     def evaluate(self, outputs: torch.Tensor, batch: Batch) -> dict[str, float | list[float]]:
         """At the committed-trigger positions (the mask): argmax accuracy, their count, and their mean
