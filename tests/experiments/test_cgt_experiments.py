@@ -1,5 +1,6 @@
 """Smoke runs of the CGT experiments at toy sizes (they must run end to end and write their files)."""
 
+import dataclasses
 import json
 import shutil
 
@@ -141,3 +142,16 @@ def test_y_spread_tells_collapsed_from_spread_contexts():
     assert y_spread(Stub(True), uneven, 20, 4)["cos_within"] > 0.99
     with pytest.raises(ValueError, match="shortest document"):
         y_spread(Stub(True), uneven, 20, 15)
+
+
+def test_cgt_options_give_the_trainers_cgt_sections():
+    """The shared CGT options become a model section the trainer builds a CGT from, and the loss section."""
+    from incontext.experiments.common import CGTOptions
+    from incontext.models import CGTConfig
+
+    options = CGTOptions(rank=2, w_c=0.04, w_d=0.02)
+    model, loss = options.cgt_sections()
+    assert model.pop("kind") == "cgt"
+    assert set(model) <= {field.name for field in dataclasses.fields(CGTConfig)}
+    assert model["rank"] == 2 and loss == {"eta": 0.5, "aux_cuts": 4, "w_c": 0.04, "w_d": 0.02}
+    assert options.cgt_sections(regularised=False)[1] == {"eta": 0.5, "aux_cuts": 4, "w_c": 0.0, "w_d": 0.0}

@@ -9,15 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from incontext.cli import main
-from incontext.experiments.residual_lm import (
-    continuation_logprobs,
-    first_step,
-    first_step_below,
-    in_context_score,
-    induction_accuracy,
-    ioi_scores,
-    rewrite_outputs,
-)
+from incontext.experiments.residual_lm import first_step, first_step_below, rewrite_outputs
+from incontext.train.lm_probes import continuation_logprobs, in_context_score, induction_accuracy, ioi_scores
 from incontext.models import Transformer, TransformerConfig
 from incontext.tasks.stories import IOIPrompt
 from incontext.tasks.stories import paper_ioi_prompts as paper_prompts

@@ -29,27 +29,17 @@ import torch.nn.functional as F
 
 from ..fileio import strict_json
 from .cgt_metrics import plot_dot_map, plot_tsne
-from .common import train_fresh
+from .common import CGTOptions, train_fresh
 from .registry import register_experiment
 
 
 @dataclass
-class TextConfig:
-    n_layer: int = 4
-    split_layer: int = 3
-    d_x: int = 64
-    n_head_x: int = 4
-    d_y: int = 32
-    n_head_y: int = 2
-    rank: int = 4
-    n_templates: int = 8
+class TextConfig(CGTOptions):
     vocab_size: int = 2048
     seq_len: int = 256
     cut_lo: int = 128
     cut_hi: int = 192
     corpus_docs: int = 0  # documents per topic; 0 = all
-    eta: float = 0.5
-    aux_cuts: int = 4
     w_c: float = 0.04  # the regularised model; the other has w_c = w_d = 0
     w_d: float = 0.02
     steps: int = 1500
@@ -67,11 +57,7 @@ def settings(config: TextConfig, regularised: bool | None) -> dict:
         model = {"n_layer": config.n_layer, "d_model": config.d_x, "n_head": config.n_head_x, "positions": "learned"}
         loss = {}
     else:
-        model = {"kind": "cgt", "n_layer": config.n_layer, "split_layer": config.split_layer, "d_x": config.d_x,
-                 "n_head_x": config.n_head_x, "d_y": config.d_y, "n_head_y": config.n_head_y, "rank": config.rank,
-                 "n_templates": config.n_templates}
-        loss = {"eta": config.eta, "aux_cuts": config.aux_cuts, "w_c": config.w_c if regularised else 0.0,
-                "w_d": config.w_d if regularised else 0.0}
+        model, loss = config.cgt_sections(regularised)
     return {
         "model": model,
         "loss": loss,

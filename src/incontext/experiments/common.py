@@ -63,6 +63,33 @@ class TrainedModelOptions:
         )
 
 
+@dataclass
+class CGTOptions:
+    """The options of an experiment that trains a CGT (model and loss; flat keys for --set); an experiment's
+    config inherits them and may change the defaults."""
+
+    n_layer: int = 4
+    split_layer: int = 3
+    d_x: int = 64
+    n_head_x: int = 4
+    d_y: int = 32
+    n_head_y: int = 2
+    rank: int = 4
+    n_templates: int = 8
+    eta: float = 0.5
+    aux_cuts: int = 4
+    w_c: float = 0.0
+    w_d: float = 0.0
+
+    def cgt_sections(self, regularised: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The trainer's model and loss sections of this CGT; regularised=False sets w_c = w_d = 0."""
+        model = {"kind": "cgt", **{name: getattr(self, name) for name in (
+            "n_layer", "split_layer", "d_x", "n_head_x", "d_y", "n_head_y", "rank", "n_templates")}}
+        loss = {"eta": self.eta, "aux_cuts": self.aux_cuts, "w_c": self.w_c if regularised else 0.0,
+                "w_d": self.w_d if regularised else 0.0}
+        return model, loss
+
+
 # An experiment's output folder carries this file (naming the experiment): a later run of the same experiment
 # may replace what is in it; any other non-empty folder is refused, so no command writes over a user's files.
 EXPERIMENT_MARKER = ".incontext-experiment"

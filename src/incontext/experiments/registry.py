@@ -9,7 +9,6 @@ import inspect
 import io
 import json
 import pkgutil
-import pprint
 import textwrap
 import tokenize
 from dataclasses import dataclass
@@ -52,7 +51,8 @@ def _load_all() -> None:
     """Import every module of this package: the experiments register themselves (imported only when asked
     for, so that `incontext --help` stays fast)."""
     for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        importlib.import_module(f"{__package__}.{module.name}")
+        if module.name != "catalog":  # the catalog is data written from the registry, not an experiment
+            importlib.import_module(f"{__package__}.{module.name}")
 
 
 def list_experiments() -> list[Experiment]:
@@ -102,14 +102,9 @@ def build_catalog() -> dict[str, tuple[str, list[tuple[str, str, str, str]]]]:
 
 
 def write_catalog(path: Path | None = None) -> Path:
-    path = path or Path(__file__).with_name("catalog.py")
-    path.write_text(
-        '"""The registered experiments: name -> (description, [(config key, type, default, comment), ...]).\n\n'
-        "Generated from the registry by `python -m incontext.experiments.registry` (run it after changing an\n"
-        "experiment or its config); `incontext run --help` reads it so that help needs no torch import, and a test\n"
-        'checks that it matches the registry.\n"""\n\n'
-        f"EXPERIMENTS = {pprint.pformat(build_catalog(), width=118, sort_dicts=False)}\n"
-    )
+    """Write the catalog as data (catalog.json, read by catalog.py); run after changing an experiment or its config."""
+    path = path or Path(__file__).with_name("catalog.json")
+    path.write_text(json.dumps(build_catalog(), indent=1) + "\n")
     return path
 
 
