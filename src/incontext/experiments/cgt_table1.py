@@ -61,7 +61,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 @dataclass
 class Table1Config:
     preset: str = "cpu"
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4, 5])
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     workers: int = 2  # runs trained at the same time (processes)
     threads: int = 1  # torch threads per run
