@@ -27,27 +27,15 @@ import torch
 
 from ..fileio import strict_json
 from ..tasks.regression import Ridge
-from .common import train_fresh
+from .common import CGTOptions, train_fresh
 from .registry import register_experiment
 
 
 @dataclass
-class RegressionConfig:
+class RegressionConfig(CGTOptions):
     d_in: int = 8
     n_points: int = 40
     noise: float = 0.1
-    n_layer: int = 4
-    split_layer: int = 3
-    d_x: int = 64
-    n_head_x: int = 4
-    d_y: int = 32
-    n_head_y: int = 2
-    rank: int = 4
-    n_templates: int = 8
-    eta: float = 0.5
-    aux_cuts: int = 4
-    w_c: float = 0.0
-    w_d: float = 0.0
     aux_horizon: int | None = None  # score only the first aux_horizon + 1 tokens of each auxiliary chunk
     readout: Literal["y_token", "x_token", "mean"] = "y_token"  # where the frozen y is read (module docstring)
     freeze_after: list[int] = field(default_factory=lambda: [5, 10, 20])
@@ -79,10 +67,7 @@ def frozen_context(contexts: torch.Tensor, k: int, readout: str) -> torch.Tensor
 
 def settings(config: RegressionConfig, cgt: bool) -> dict:
     if cgt:
-        model = {"kind": "cgt", "n_layer": config.n_layer, "split_layer": config.split_layer, "d_x": config.d_x,
-                 "n_head_x": config.n_head_x, "d_y": config.d_y, "n_head_y": config.n_head_y, "rank": config.rank,
-                 "n_templates": config.n_templates}
-        loss = {"eta": config.eta, "aux_cuts": config.aux_cuts, "w_c": config.w_c, "w_d": config.w_d}
+        model, loss = config.cgt_sections()
         if config.aux_horizon is not None:
             loss["aux_horizon"] = config.aux_horizon
     else:
