@@ -26,12 +26,8 @@ import torch
 
 from ..fileio import strict_json
 from ..train import latest_checkpoint, load_for_eval
-from .cgt_metrics import (
-    TaskSpans,
-    cgt_arithmetic_metrics,
-    dot_product_map,
-    plot_dot_map,
-)
+from ..train.cgt_metrics import TaskSpans, cgt_arithmetic_metrics, dot_product_map
+from .cgt_plots import plot_dot_map
 from .common import train_fresh
 from .registry import register_experiment
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..fileio import strict_json
-from .cgt_metrics import plot_dot_map, plot_tsne
+from .cgt_plots import plot_dot_map, plot_tsne
 from .common import CGTOptions, train_fresh
 from .registry import register_experiment
 

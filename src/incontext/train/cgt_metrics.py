@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..models import CGT
@@ -134,45 +133,3 @@ def cgt_arithmetic_metrics(model: torch.nn.Module, batch: Batch, config: Arithme
         fit = linear_fit(y, {"a": batch.info["a"], "b": batch.info["b"]}, spans)
         metrics.update({f"linear_fit_{k}": v for k, v in fit.items()})
     return metrics
-
-
-# ----------------------------------------------------------------------------- plots
-
-
-def plot_dot_map(matrix: torch.Tensor, path, title: str, boundaries: list[int] | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 4.3))
-    image = ax.imshow(matrix.numpy(), cmap="viridis", vmin=min(0.0, float(matrix.min())), vmax=1.0)
-    for b in boundaries or []:
-        ax.axhline(b - 0.5, color="w", lw=0.5)
-        ax.axvline(b - 0.5, color="w", lw=0.5)
-    ax.set(title=title, xlabel="position t", ylabel="position s")
-    fig.colorbar(image, ax=ax, label="<n_s . n_t>")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_tsne(vectors: np.ndarray, labels: list[str], path, title: str, seed: int = 0) -> None:
-    """t-SNE of one vector per document, coloured by its label (topic)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from sklearn.manifold import TSNE
-
-    perplexity = max(2.0, min(30.0, (len(vectors) - 1) / 3))
-    points = TSNE(n_components=2, perplexity=perplexity, random_state=seed, init="pca").fit_transform(vectors)
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    for label in sorted(set(labels)):
-        chosen = np.array([lab == label for lab in labels])
-        ax.scatter(points[chosen, 0], points[chosen, 1], s=8, label=label)
-    ax.set(title=title, xticks=[], yticks=[])
-    ax.legend(fontsize=7, markerscale=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
