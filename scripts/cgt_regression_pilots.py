@@ -69,7 +69,7 @@ def run_pilots(names: list[str], out: Path) -> list[dict]:
         train_cpu, train_wall = time.process_time() - start, time.perf_counter() - wall
         for readout in READOUTS:
             results = evaluate(None, cgt, task, dataclasses.replace(config, readout=readout))
-            records.append({"pilot": name, "changes": PILOTS[name], "readout": readout, "config": results["config"],
+            records.append({"pilot": name, "changes": PILOTS[name], "readout": readout, "config": dataclasses.asdict(dataclasses.replace(config, readout=readout)),
                             "train_cpu_seconds": round(train_cpu, 1), "train_wall_seconds": round(train_wall, 1), "mse_by_examples": results["mse_by_examples"],
                             "y_probe_r2": results["y_probe_r2"],
                             "summary": summarise(results["mse_by_examples"], results["y_probe_r2"], config.freeze_after)})

@@ -18,16 +18,14 @@ scripts/cgt_regression_pilots.py runs a grid of these settings through `train_mo
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from ..fileio import strict_json
 from ..tasks.regression import Ridge
-from .common import CGTOptions, train_fresh
+from .common import CGTOptions, Result, pyplot, train_fresh
 from .registry import register_experiment
 
 
@@ -125,16 +123,19 @@ def evaluate(baseline, cgt, task, config: RegressionConfig) -> dict:
         curves["ridge"] = error_by_examples(Ridge(lam=config.noise**2)(batch.inputs), clean)
         task_vectors = torch.cat([batch.info["U"].flatten(1), batch.info["b"]], dim=1)
         probe = {str(k): probe_r2(frozen_context(contexts, k, config.readout), task_vectors) for k in config.freeze_after}
-    return {"experiment": "cgt-regression", "config": dataclasses.asdict(config), "mse_by_examples": curves,
-            "y_probe_r2": probe}
+    return {"mse_by_examples": curves, "y_probe_r2": probe}
 
 
 @register_experiment("cgt-regression", "CGT Fig. 4: linear regression error by examples, dynamic vs frozen y vs ridge", RegressionConfig)
-def run(config: RegressionConfig, out_dir: Path) -> dict:
+def run(config: RegressionConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = evaluate(*train_models(config, out_dir), config)
+    return Result(results, tables={"table.md": lambda r: table(r, config)},
+                  figures={"cgt_regression.png": lambda r: plot(r["mse_by_examples"], config)})
+
+
+def table(results: dict, config: RegressionConfig) -> str:
     curves, probe, n = results["mse_by_examples"], results["y_probe_r2"], config.n_points
-    (out_dir / "results.json").write_text(strict_json(results))
     marks = sorted({*config.freeze_after, min(n - 1, 2 * max(config.freeze_after)), n - 1})
     lines = [(f"MSE against U x + b after k examples (d_in {config.d_in}, noise {config.noise}, {config.eval_sequences} "
              f"sequences; CGT {config.n_layer} layers, l = {config.split_layer}, d_x {config.d_x}, d_y {config.d_y}, "
@@ -142,20 +143,12 @@ def run(config: RegressionConfig, out_dir: Path) -> dict:
              "|---" * (len(marks) + 1) + "|"]
     for name, curve in curves.items():
         lines.append(f"| {name} | " + " | ".join("–" if curve[k] is None else f"{curve[k]:.3f}" for k in marks) + " |")
-    lines += ["", "Linear probe of the task (U, b) from the frozen y (held-out R^2): "
-              + ", ".join(f"after {k} examples {r2:.2f}" for k, r2 in probe.items()) + "."]
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
-    plot(curves, config, out_dir / "cgt_regression.png")
-    return results
+    return "\n".join(lines + ["", "Linear probe of the task (U, b) from the frozen y (held-out R^2): "
+                              + ", ".join(f"after {k} examples {r2:.2f}" for k, r2 in probe.items()) + "."])
 
 
-def plot(curves: dict, config: RegressionConfig, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+def plot(curves: dict, config: RegressionConfig):
+    fig, ax = pyplot().subplots(figsize=(6.5, 4.2))
     for name, curve in curves.items():
         xs = [k for k, v in enumerate(curve) if v is not None]
         ax.plot(xs, [curve[k] for k in xs], label=name, ls="--" if name == "ridge" else "-")
@@ -164,5 +157,4 @@ def plot(curves: dict, config: RegressionConfig, path: Path) -> None:
     ax.set(yscale="log", xlabel="examples seen k", ylabel="MSE vs U x + b", title=f"linear regression, d_in = {config.d_in}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

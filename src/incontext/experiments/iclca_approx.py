@@ -13,18 +13,18 @@ converted.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from ..fileio import strict_json
+
 from ..absorb import ICLCAApprox
 from ..absorb.harness import compare
 from ..interop import from_hf_llama, load_smollm2
 from ..interop.models import HFCodec
 from ..tasks.episodes import get_episode_source
+from .common import Result
 from .registry import register_experiment
 
 FACTS = [
@@ -80,7 +80,7 @@ def error_table(summary: dict[str, dict[str, float]]) -> list[str]:
 
 
 @register_experiment("iclca-approx", "ICLCA approximate conversion (softmax, FAVOR+ or learned features) on pretrained SmolLM2-135M with real text", ApproxConfig)
-def run(config: ApproxConfig, out_dir: Path) -> dict:
+def run(config: ApproxConfig, out_dir: Path) -> Result:
     for folder in config.learned:  # before the model loads: a missing folder fails at once
         if not (Path(folder) / "feature_maps.json").is_file():
             raise FileNotFoundError(f"no learned feature maps in {folder!r}: train them with `incontext run "
@@ -111,17 +111,19 @@ def run(config: ApproxConfig, out_dir: Path) -> dict:
             for name, method in converters.items():
                 row[name] = tokenizer.decode(method.absorb(model, p).generate(q, config.new_tokens)[0, q.shape[1]:])
             generations.append(row)
-    results = {"experiment": "iclca-approx", "config": dataclasses.asdict(config), "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
+    results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
                "seconds": round(time.perf_counter() - start, 1), "relative_logits_error": summary,
                "generations": generations, "paper_gpt2": {"without prompt": 0.1656, "converted": 0.0917}}
-    (out_dir / "results.json").write_text(strict_json(results))
-    lines = error_table(summary)
+    return Result(results, tables={"table.md": lambda r: table(r, config)})
+
+
+def table(results: dict, config: ApproxConfig) -> str:
+    generations = results["generations"]
+    lines = error_table(results["relative_logits_error"])
     columns = list(generations[0])
     lines += ["", f"Greedy continuations (converted: m={max(config.features)} FAVOR+ features or the learned maps, "
               f"exact sinks={max(config.exact_sinks)}):", "",
               "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for g in generations:
-        cells = [g[c] for c in columns]
-        lines.append("| " + " | ".join(c.replace("\n", " ").replace("|", "/") for c in cells) + " |")
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
-    return results
+        lines.append("| " + " | ".join(g[c].replace("\n", " ").replace("|", "/") for c in columns) + " |")
+    return "\n".join(lines)
