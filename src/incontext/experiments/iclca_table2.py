@@ -28,13 +28,12 @@ from pathlib import Path
 
 import torch
 
-from ..fileio import strict_json
 from ..absorb.harness import compare
 from ..tasks.episodes import Episode, get_episode_source
+from ..tasks.induction import TRAIN_LOSSES
 from ..train import latest_checkpoint, load_for_eval
 from ..train.metrics import read_metrics
-from ..tasks.induction import TRAIN_LOSSES
-from .common import check_settings, train_fresh
+from .common import Result, check_settings, pyplot, train_fresh
 from .registry import register_experiment
 
 
@@ -137,7 +136,7 @@ def all_committed_counting(task, sequences: int, seed: int) -> float:
 
 
 @register_experiment("iclca-table2", "ICLCA Table 2: induction heads in a linear-attention model, prompt vs none vs converted", Table2Config)
-def run(config: Table2Config, out_dir: Path) -> dict:
+def run(config: Table2Config, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = train_settings(config)
     reused = None if config.retrain else finished_training(out_dir / "train", settings)
@@ -152,7 +151,7 @@ def run(config: Table2Config, out_dir: Path) -> dict:
     converted = rows["iclca"]["agreement"]
     curve = learning_curve(out_dir / "train")
     results = {
-        "experiment": "iclca-table2", "config": dataclasses.asdict(config), "parameters": model.num_parameters(),
+        "parameters": model.num_parameters(),
         "reused_training": reused is not None,
         "scored_positions": sum(int(q.mask.sum()) for e in episodes for q in e.queries),
         "chance": 1.0 / len(task.config.non_trigger_ids),
@@ -166,13 +165,17 @@ def run(config: Table2Config, out_dir: Path) -> dict:
         "paper": {"with prompt": 0.9995, "without prompt": 0.0223, "converted": 0.9995},
         "harness_rows": list(rows.values()),
     }
-    (out_dir / "results.json").write_text(strict_json(results))
-    a, p = results["accuracy"], results["paper"]
+    return Result(results, tables={"table.md": lambda r: table(r, config, model.config.dim_head)},
+                  figures={"learning_curve.png": plot_curve} if curve else {})
+
+
+def table(results: dict, config: Table2Config, head_dim: int) -> str:
+    a, p, curve = results["accuracy"], results["paper"], results["learning_curve"]
     norm = "" if config.linear_norm == "kernel" else f", {config.linear_norm} normalisation"
     positions = {"rope": "RoPE", "learned": "learned positions", "none": "no positions"}.get(config.positions, config.positions)
     loss = "loss at the committed triggers only" if config.train_loss == "committed" else "loss at every position"
     lines = [f"{config.n_layer}-layer linear-attention transformer ({config.feature_map} features{norm}, {positions}, width "
-             f"{config.d_model}, {config.n_head} heads of dim {model.config.dim_head}), {config.steps} steps at lr {config.lr:g} "
+             f"{config.d_model}, {config.n_head} heads of dim {head_dim}), {config.steps} steps at lr {config.lr:g} "
              f"({loss}), seed {config.seed}; {results['scored_positions']} scored positions in {config.eval_sequences} sequences "
              f"of {config.seq_len} tokens (prompt = first half).", "",
              "| | with prompt | without prompt | converted (ICLCA) |", "|---|---|---|---|",
@@ -185,21 +188,14 @@ def run(config: Table2Config, out_dir: Path) -> dict:
              f"induction): {100 * results['counting']:.2f}% at the scored positions, "
              f"{100 * results['counting_all_committed']:.1f}% at all committed triggers."]
     if curve:
-        lines.append(f"Learning curve (accuracy at all committed triggers): " + ", ".join(
+        lines.append("Learning curve (accuracy at all committed triggers): " + ", ".join(
             f"{r['step']}: {100 * r['accuracy']:.1f}%" for r in curve[:: max(1, len(curve) // 8)]) + f" (last {100 * curve[-1]['accuracy']:.1f}%).")
-        plot_curve(results, out_dir / "learning_curve.png")
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
-    return results
+    return "\n".join(lines)
 
 
-def plot_curve(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_curve(results: dict):
     curve = results["learning_curve"]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = pyplot().subplots(figsize=(6.5, 4))
     ax.plot([r["step"] for r in curve], [100 * r["accuracy"] for r in curve], marker="o", ms=3, label="model, all committed triggers")
     ax.axhline(100 * results["counting_all_committed"], color="tab:orange", ls="--", label="counting (no induction)")
     ax.axhline(100 * results["chance"], color="gray", ls=":", label="chance")
@@ -208,5 +204,4 @@ def plot_curve(results: dict, path: Path) -> None:
            title=f"induction, {results['config']['n_layer']}-layer linear attention")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
