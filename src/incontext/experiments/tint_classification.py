@@ -35,7 +35,6 @@ Paper (OPT-125M, average of 7 tasks): TinT beats the base model by 3.4-3.5 point
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
@@ -45,13 +44,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..fileio import strict_json
 from ..absorb.dynamic_eval import prompt_sgd, tint_simulate, tint_update
 from ..absorb.harness import compare
 from ..models import Transformer
 from ..tasks.episodes import get_episode_source
 from ..tint import TintConfig
-from .common import train_fresh
+from .common import GPT2_ADAMW, GPT2_BLOCK, Result, pyplot, train_fresh
 from .registry import register_experiment
 
 # Table 1 averages over the 7 tasks (accuracy %), without / with calibration.
@@ -151,17 +149,16 @@ def loss_targets(ids: torch.Tensor, label_positions: list[int] | None) -> torch.
 
 # ---------------------------------------------------------------------------------------------- the study
 @register_experiment("tint-classification", "TinT Table 1 analogue: few-shot BBC News topics, vanilla / in-context / dynamic eval / TinT", ClassificationConfig)
-def run(config: ClassificationConfig, out_dir: Path) -> dict:
+def run(config: ClassificationConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     model, train_config, trained = train_fresh(out_dir, {
-        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "positions": "learned",
-                  "norm": "layernorm", "mlp": "gelu_tanh", "attention": "softmax"},
+        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, **GPT2_BLOCK},
         "task": {"name": "bbc-news", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
                  "excerpt_words": config.excerpt_words, "labelled_fraction": config.labelled_fraction,
                  "heldout_per_topic": config.heldout_per_topic, "split_seed": config.seed,
                  "max_train_per_topic": config.max_train_per_topic},
-        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+        "optimizer": {**GPT2_ADAMW, "lr": config.lr},
         "schedule": {"total_steps": config.steps, "warmup_steps": min(100, config.steps)},
         "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0,
                 "eval_sequences": 64, "checkpoint_every": 0, "log_every": 20},
@@ -169,15 +166,10 @@ def run(config: ClassificationConfig, out_dir: Path) -> dict:
     train_seconds = time.perf_counter() - start
     model = model.double().eval()  # float64: TinT's finite-difference backward is exact to rounding
     study = Study(model, train_config.build_task(), config)
-    results = {"experiment": "tint-classification", "config": dataclasses.asdict(config),
-               "parameters": model.num_parameters(), "train_eval": trained.get("eval"),
-               "train_seconds": round(train_seconds, 1), **study.run(),
-               "paper_opt125m_average": PAPER_OPT125M}
+    results = {"parameters": model.num_parameters(), "train_eval": trained.get("eval"),
+               "train_seconds": round(train_seconds, 1), **study.run(), "paper_opt125m_average": PAPER_OPT125M}
     results["total_seconds"] = round(time.perf_counter() - start, 1)
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(render_table(results))
-    plot(results, out_dir / "accuracy.png")
-    return results
+    return Result(results, tables={"table.md": render_table}, figures={"accuracy.png": plot})
 
 
 class Study:
@@ -402,17 +394,12 @@ def render_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: dict):
     k = results["config"]["shots"]
     zero, shots = results["zero_shot"], results[f"{k}_shot"]
     names = ["vanilla", "dynamic eval 0-shot", "TinT 0-shot", "in-context"] + \
         [f"{m} {s}" for m in ("dynamic eval", "TinT") for s in (*SETTINGS, "chosen on validation")]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, mode in zip(axes, ("plain", "calibrated")):
         means = [zero["vanilla"][mode], zero["dynamic eval"][mode], zero["TinT"][mode]] + \
                 [shots[n][mode]["mean"] for n in names[3:]]
@@ -425,5 +412,4 @@ def plot(results: dict, path: Path) -> None:
         ax.set_title(f"{'no calibration' if mode == 'plain' else 'calibrated'} (0-shot | {k}-shot)")
     axes[0].set_ylabel("test accuracy (%), 95% intervals")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
