@@ -29,12 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..fileio import strict_json
 from ..tasks.stories import PAPER_IOI_PROMPTS, Stories, ioi_prompts
 from ..train import load_for_eval
 from ..train.lm_probes import in_context_curve, in_context_score, induction_accuracy, ioi_scores, validation_loss
 from ..train.metrics import read_metrics
-from .common import train_fresh
+from .common import Result, pyplot, save_result, train_fresh
 from .registry import register_experiment
 
 PAPER = {  # Burns et al., Table 2 and sec. 4 (percent; classic, residual V)
@@ -316,26 +315,23 @@ def earlier_runs(config: ResidualLMConfig, out_dir: Path) -> tuple[dict[str, lis
 
 def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: dict, parameters: int) -> dict:
     summary = summarize(runs)
-    results = {"experiment": "residual-lm", "config": dataclasses.asdict(config), "parameters": parameters,
-               "seeds_done": [r["seed"] for r in runs[config.variants[-1]]], "summary": summary, "runs": runs,
-               "train_loss_curves": curves, "paper": PAPER}
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(table(config, runs, summary, parameters, curves))
-    plot(results, out_dir)
-    return results
+    results = {"parameters": parameters, "seeds_done": [r["seed"] for r in runs[config.variants[-1]]], "summary": summary,
+               "runs": runs, "train_loss_curves": curves, "paper": PAPER}
+    result = Result(results, tables={"table.md": lambda r: table(config, runs, summary, parameters, curves)},
+                    figures={"loss_curves.png": plot_losses, "icl_during_training.png": plot_icl_during_training,
+                             "ioi.png": plot_ioi})
+    return save_result(result, out_dir, "residual-lm", config)
 
 
-def plot(results: dict, out_dir: Path) -> None:
-    import matplotlib
+def _colors(variants: list[str]) -> dict[str, str]:
+    return dict(zip(variants, pyplot().rcParams["axes.prop_cycle"].by_key()["color"]))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def plot_losses(results: dict):
+    """Training loss curves (each seed thin, the mean over seeds thick) and the loss by position."""
     variants = list(results["runs"])
-    colors = dict(zip(variants, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-
-    # Training loss curves: each seed thin, the mean over seeds thick.
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    colors = _colors(variants)
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4))
     for v in variants:
         seed_curves = results["train_loss_curves"][v]
         for curve in seed_curves:
@@ -351,11 +347,14 @@ def plot(results: dict, out_dir: Path) -> None:
     for ax in axes:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out_dir / "loss_curves.png", dpi=120)
-    plt.close(fig)
+    return fig
 
-    # ICL during training: IOI with training / held-out names and induction, mean over seeds.
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+
+def plot_icl_during_training(results: dict):
+    """IOI with training / held-out names and induction at the probed checkpoints, mean over seeds."""
+    variants = list(results["runs"])
+    colors = _colors(variants)
+    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4))
     for v in variants:
         probes = [r["during_training"] for r in results["runs"][v]]
         n = min(len(p) for p in probes)
@@ -373,12 +372,15 @@ def plot(results: dict, out_dir: Path) -> None:
     for ax in axes:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "icl_during_training.png", dpi=120)
-    plt.close(fig)
+    return fig
 
-    # IOI probabilities: correct (solid) and incorrect (hatched) per prompt group, mean +- std over seeds.
+
+def plot_ioi(results: dict):
+    """IOI probabilities: correct (solid) and incorrect (hatched) per prompt group, mean +- std over seeds."""
+    variants = list(results["runs"])
+    colors = _colors(variants)
     groups = [f"paper {i}" for i in range(1, len(PAPER_IOI_PROMPTS) + 1)] + ["paper", "train names", "held-out names"]
-    fig, ax = plt.subplots(figsize=(12, 4))
+    fig, ax = pyplot().subplots(figsize=(12, 4))
     width = 0.8 / (2 * len(variants))
     x = np.arange(len(groups))
     for j, v in enumerate(variants):
@@ -391,5 +393,4 @@ def plot(results: dict, out_dir: Path) -> None:
     ax.set(ylabel="next-name probability (%)", title="IOI: indirect object (correct) vs subject (incorrect)")
     ax.legend(ncol=2, fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "ioi.png", dpi=120)
-    plt.close(fig)
+    return fig
