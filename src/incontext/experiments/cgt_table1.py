@@ -27,8 +27,8 @@ import torch
 from ..fileio import strict_json
 from ..train import latest_checkpoint, load_for_eval
 from ..train.cgt_metrics import TaskSpans, cgt_arithmetic_metrics, dot_product_map
-from .cgt_plots import plot_dot_map
-from .common import train_fresh
+from .cgt_plots import dot_map_figure
+from .common import Result, pyplot, save_result, train_fresh
 from .registry import register_experiment
 
 VARIANTS = ("baseline", "cgt", "cgt_aux", "cgt_aux_reg")
@@ -175,7 +175,7 @@ def mean_3se(values: list[float]) -> tuple[float, float]:
 
 
 @register_experiment("cgt-table1", "CGT Table 1: baseline / CGT / +aux / +aux+reg, base and specialised accuracy", Table1Config)
-def run(config: Table1Config, out_dir: Path) -> dict:
+def run(config: Table1Config, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(variant, seed) for variant in config.variants for seed in config.seeds]
     settings = {job: variant_settings(config, *job) for job in jobs}
@@ -207,15 +207,12 @@ def run(config: Table1Config, out_dir: Path) -> dict:
         if job[0] != "baseline" and job[1] == config.seeds[0]:
             maps[job[0]] = dot_product_map(model.context(batch.inputs))
     spans = TaskSpans.of(task.config)
+    boundaries = [spans.task(k)[0] for k in range(1, spans.n_tasks)]
     results = {"experiment": "cgt-table1", "config": dataclasses.asdict(config), "resolved": config.resolved(),
                "runs": runs, "summary": summarize_runs(runs, config.variants), "paper": PAPER}
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(table(results))
-    for variant, matrix in maps.items():
-        boundaries = [spans.task(k)[0] for k in range(1, spans.n_tasks)]
-        plot_dot_map(matrix, out_dir / f"dot_map_{variant}.png", f"{variant} (seed {config.seeds[0]})", boundaries)
-    plot_summary(results, out_dir / "table1.png")
-    return results
+    maps = {f"dot_map_{variant}.png": lambda r, m=matrix, v=variant: dot_map_figure(m, f"{v} (seed {config.seeds[0]})", boundaries)
+            for variant, matrix in maps.items()}
+    return Result(results, tables={"table.md": table}, figures={**maps, "table1.png": plot_summary})
 
 
 RECORD = "record.json"  # one run's record, next to its (uncommitted) train folder
@@ -246,10 +243,7 @@ def recompute(out_dir: Path) -> dict[str, Any]:
     results["runs"] = sorted(runs, key=lambda r: (results["config"]["variants"].index(r["variant"])
                                                   if r["variant"] in results["config"]["variants"] else len(VARIANTS), r["seed"]))
     results["summary"] = summarize_runs(results["runs"], results["config"]["variants"])
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(table(results))
-    plot_summary(results, out_dir / "table1.png")
-    return results
+    return save_result(Result(results, tables={"table.md": table}, figures={"table1.png": plot_summary}), out_dir)
 
 
 ROWS = [("base accuracy (dynamic y)", "base_char_accuracy", 100), ("specialised accuracy (frozen y, examples 1-2 dropped)", "specialized_char_accuracy", 100),
@@ -285,14 +279,9 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_summary(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_summary(results: dict):
     variants = list(results["summary"])
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = pyplot().subplots(1, 3, figsize=(13, 3.8))
     for ax, keys, title in ((axes[0], ["base_char_accuracy", "specialized_char_accuracy", "no_prompt_char_accuracy"], "accuracy"),
                             (axes[1], ["variation"], "representation variation"), (axes[2], ["linear_fit_mean_abs_error"], "linear-fit error")):
         width = 0.8 / len(keys)
@@ -305,5 +294,4 @@ def plot_summary(results: dict, path: Path) -> None:
         if len(keys) > 1:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

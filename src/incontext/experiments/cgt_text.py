@@ -19,7 +19,6 @@ Reduced scale (4 layers, l = 3, d_x 64, d_y 32, 2048-token BPE, 256-token sequen
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..fileio import strict_json
-from .cgt_plots import plot_dot_map, plot_tsne
-from .common import CGTOptions, train_fresh
+from .cgt_plots import dot_map_figure, tsne_figure
+from .common import CGTOptions, Result, pyplot, train_fresh
 from .registry import register_experiment
 
 
@@ -153,7 +151,7 @@ def per_position_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -
 
 
 @register_experiment("cgt-text", "CGT text mixtures (BBC News topics + Shakespeare): y at the join, t-SNE, specialised CE", TextConfig)
-def run(config: TextConfig, out_dir: Path) -> dict:
+def run(config: TextConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     models, task = {}, None
     for name, regularised in (("regularised", True), ("unregularised", False)):
@@ -169,7 +167,7 @@ def run(config: TextConfig, out_dir: Path) -> dict:
     length = config.seq_len - config.prefix
     long_docs = [tokens for _, tokens in docs if len(tokens) > config.prefix + length][: config.eval_sequences]
 
-    results = {"experiment": "cgt-text", "config": dataclasses.asdict(config), "topics": list(task.topics), "models": {}}
+    results, figures = {"topics": list(task.topics), "models": {}}, {}
     with torch.no_grad():
         results["baseline"] = {"parameters": baseline.num_parameters(),
                                "validation_ce": F.cross_entropy(baseline(mixtures.inputs).transpose(1, 2), mixtures.targets).item(),
@@ -186,17 +184,15 @@ def run(config: TextConfig, out_dir: Path) -> dict:
                  "per_position_ce": per_position_ce(model, long_docs, config.prefix, length),
                  "y_spread": y_spread(model, chosen, config.seq_len, config.prefix), "parameters": model.num_parameters()}
         results["models"][name] = entry
-        plot_tsne(vectors, [task.topics[t] for t in labels], out_dir / f"tsne_{name}.png",
-                  f"t-SNE of y per document ({name}); 5-NN topic accuracy "
-                  + ("–" if entry["knn_topic_accuracy"] is None else f"{entry['knn_topic_accuracy']:.2f}"), config.seed)
+        title = (f"t-SNE of y per document ({name}); 5-NN topic accuracy "
+                 + ("–" if entry["knn_topic_accuracy"] is None else f"{entry['knn_topic_accuracy']:.2f}"))
+        topics = [task.topics[t] for t in labels]
+        figures[f"tsne_{name}.png"] = lambda r, v=vectors, topics=topics, t=title: tsne_figure(v, topics, t, config.seed)
         join = int(mixtures.info["join"][0])
         n = _unit(y[:1])
-        plot_dot_map(torch.einsum("bsd,btd->st", n, n), out_dir / f"dot_map_{name}.png",
-                     f"<n_s . n_t>, one mixture joined at {join} ({name})", [join])
-    (out_dir / "results.json").write_text(strict_json(results))
-    (out_dir / "table.md").write_text(table(results))
-    plot(results, out_dir / "cgt_text.png")
-    return results
+        figures[f"dot_map_{name}.png"] = lambda r, m=torch.einsum("bsd,btd->st", n, n), j=join, name=name: dot_map_figure(
+            m, f"<n_s . n_t>, one mixture joined at {j} ({name})", [j])
+    return Result(results, tables={"table.md": table}, figures={**figures, "cgt_text.png": plot})
 
 
 def table(results: dict) -> str:
@@ -232,13 +228,8 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+def plot(results: dict):
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4))
     for name, m in results["models"].items():
         t = m["transition"]
         axes[0].plot(t["offsets"], t["cos_with_before_join"], label=f"{name}: with n before join")
@@ -257,5 +248,4 @@ def plot(results: dict, path: Path) -> None:
                 title="specialised vs dynamic (smoothed over 8)")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
