@@ -48,7 +48,7 @@ from ..train import OptimizerConfig, ScheduleConfig, latest_checkpoint, lr_at, s
 from ..train.checkpoint import load_training_state, read_state
 from ..train.trainer import build_optimizer
 from .cgt_text import knn_topic_accuracy
-from .common import Result, check_settings, save_result
+from .common import Result, check_settings, pyplot, save_result
 from .registry import register_experiment
 
 
@@ -376,9 +376,7 @@ def run_on(base: Transformer, encode: Callable[[str], list[int]], config: Pretra
     }
     key = f"{special} - {reference}"
     results["acceptance"] = {"specialised_below_no_prefix": bool(comparisons[key]["high"] < 0), "difference": comparisons[key]}
-    save_result(Result(results, tables={"table.md": table}), out_dir)  # the one writer of results.json and tables
-    plot(results, out_dir / "cgt_pretrained.png")
-    return results
+    return save_result(Result(results, tables={"table.md": table}, figures={"cgt_pretrained.png": plot}), out_dir)
 
 
 def table(results: dict) -> str:
@@ -423,13 +421,8 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+def plot(results: dict):
+    fig, axes = pyplot().subplots(1, 2, figsize=(13, 4.5))
     base = np.array(results["ce"]["base, no prefix"]["per_position"])
     smooth = np.ones(4) / 4
     for name, entry in results["ce"].items():
@@ -448,5 +441,4 @@ def plot(results: dict, path: Path) -> None:
     axes[1].set_xlim(min(means) - 0.3, max(means) + 0.3)
     axes[1].set(xlabel="CE per document (nats), 95% interval", title="held-out documents")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

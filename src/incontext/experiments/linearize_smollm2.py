@@ -187,7 +187,11 @@ def run(config: LinearizeConfig, out_dir: Path) -> dict:
                "perplexity": ppl, "perplexity_ratio_after": ppl["linearized, after recovery"] / ppl["SmolLM2 (softmax)"],
                "feature_map_losses": map_losses, "recovery_kl": recovery_losses, "exact_conversion": exactness,
                "seconds": {**seconds, "total": round(time.perf_counter() - start, 1)}}
-    save_result(Result(results), out_dir)  # the one writer of results.json
+    return save_result(Result(results, tables={"table.md": lambda r: table(r, config)}), out_dir)
+
+
+def table(results: dict, config: LinearizeConfig) -> str:
+    ppl, map_losses, exactness = results["perplexity"], results["feature_map_losses"], results["exact_conversion"]
     lines = [f"Held-out perplexity ({config.eval_windows} windows of {config.window_tokens} tokens from the held-out plays):", "",
              "| model | perplexity | vs SmolLM2 |", "|---|---|---|"]
     base = ppl["SmolLM2 (softmax)"]
@@ -201,5 +205,4 @@ def run(config: LinearizeConfig, out_dir: Path) -> dict:
               f"{config.conversion_query}-token query; relative logits error vs the prompted linearized model):", "",
               "| dtype | converted | without prompt |", "|---|---|---|"]
     lines += [f"| {dtype} | {row['converted']:.2e} | {row['without prompt']:.2e} |" for dtype, row in exactness.items()]
-    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
-    return results
+    return "\n".join(lines)
