@@ -165,17 +165,17 @@ def run(config: Table2Config, out_dir: Path) -> Result:
         "paper": {"with prompt": 0.9995, "without prompt": 0.0223, "converted": 0.9995},
         "harness_rows": list(rows.values()),
     }
-    return Result(results, tables={"table.md": lambda r: table(r, config, model.config.dim_head)},
+    return Result(results, tables={"table.md": lambda r: table(r, config)},
                   figures={"learning_curve.png": plot_curve} if curve else {})
 
 
-def table(results: dict, config: Table2Config, head_dim: int) -> str:
+def table(results: dict, config: Table2Config) -> str:
     a, p, curve = results["accuracy"], results["paper"], results["learning_curve"]
     norm = "" if config.linear_norm == "kernel" else f", {config.linear_norm} normalisation"
     positions = {"rope": "RoPE", "learned": "learned positions", "none": "no positions"}.get(config.positions, config.positions)
     loss = "loss at the committed triggers only" if config.train_loss == "committed" else "loss at every position"
     lines = [f"{config.n_layer}-layer linear-attention transformer ({config.feature_map} features{norm}, {positions}, width "
-             f"{config.d_model}, {config.n_head} heads of dim {head_dim}), {config.steps} steps at lr {config.lr:g} "
+             f"{config.d_model}, {config.n_head} heads of dim {config.head_dim or config.d_model // config.n_head}), {config.steps} steps at lr {config.lr:g} "
              f"({loss}), seed {config.seed}; {results['scored_positions']} scored positions in {config.eval_sequences} sequences "
              f"of {config.seq_len} tokens (prompt = first half).", "",
              "| | with prompt | without prompt | converted (ICLCA) |", "|---|---|---|---|",
