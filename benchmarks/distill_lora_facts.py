@@ -31,7 +31,7 @@ from incontext.interop.models import load_model
 from incontext.tasks.facts import facts_prompt, make_people
 
 RESULTS = Path(__file__).resolve().parent / "results" / "distill_lora_facts.json"
-VALIDATION_SEED = 10_000  # as absorb_compare.VALIDATION_SEED_OFFSET with --seed 0
+VALIDATION_SEED = 10_000  # as cli_compare.VALIDATION_SEED_OFFSET with --seed 0
 TEACHER = "teacher"  # --config teacher: the base model reading the passage in the user turn, the ceiling
 
 

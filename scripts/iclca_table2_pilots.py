@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from incontext.config import apply_overrides
-from incontext.experiments.common import train_fresh
+from incontext.train.fresh import train_fresh
 from incontext.experiments.iclca_table2 import Table2Config, learning_curve, train_settings
 
 

@@ -187,7 +187,7 @@ def test_experiment_refuses_a_file_as_output_and_another_experiments_folder(caps
 
 
 def test_experiment_train_folder_it_did_not_write_is_kept(tmp_path):
-    from incontext.experiments.common import train_fresh
+    from incontext.train.fresh import train_fresh
 
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "data.csv").write_text("1,2\n")

@@ -46,7 +46,7 @@ _METHODS_HELP = (  # (name, what it needs (the method's `needs`), what it does)
 def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
     from .config import apply_overrides
     from .experiments import get_experiment
-    from .experiments.common import claim_output_folder
+    from .outputs import claim_output_folder
 
     experiment = get_experiment(name)
     config = apply_overrides(experiment.config_class(), overrides)
@@ -72,8 +72,8 @@ DEMO = {"model": "smollm2", "task": "facts", "episodes": 10, "task_options": {"p
 
 
 def _compare(spec, out: Path) -> dict:
-    from .experiments.absorb_compare import run_compare
-    from .experiments.common import claim_output_folder
+    from .cli_compare import run_compare
+    from .outputs import claim_output_folder
 
     claim_output_folder(out, "compare", create=False)  # a foreign folder is refused before the model loads
     results = run_compare(spec, out)
@@ -83,7 +83,7 @@ def _compare(spec, out: Path) -> dict:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .experiments.absorb_compare import CompareSpec
+    from .cli_compare import CompareSpec
 
     spec = CompareSpec(**{k: v for k, v in DEMO.items()})
     print("demo: absorbing a prompt of invented facts into SmolLM2-135M with every method that applies to a softmax "
@@ -94,7 +94,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .config import parse_overrides
-    from .experiments.absorb_compare import CompareSpec, parse_tune, split_settings
+    from .cli_compare import CompareSpec, parse_tune, split_settings
 
     task_options, method_options = split_settings(parse_overrides(args.set))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else []

@@ -72,17 +72,19 @@ def test_iclca_table2_evaluates_a_finished_training_again(tmp_path):
     assert not other["reused_training"] and other["accuracy"]["converted"] == other["accuracy"]["with prompt"]
 
 
-def test_counting_predictor():
-    """The counting predictor takes the most frequent non-trigger token of prompt + query so far."""
+def test_counting_accuracy_reads_prompt_and_query():
+    """The counting baseline scores the most frequent non-trigger token of prompt + query so far."""
     from incontext.experiments.iclca_table2 import counting_accuracy
+    from incontext.tasks import get_task
     from incontext.tasks.episodes import Episode, Query
 
-    prompt = torch.tensor([0, 7, 9, 9, 0, 7])  # token 0 a trigger; 9 most frequent so far
+    counting = get_task("induction", vocab_size=12, n_triggers=1).baselines()["counting"]  # token 0 the trigger
+    prompt = torch.tensor([0, 7, 9, 9, 0, 7])
     query = Query(inputs=torch.tensor([7, 0, 7, 0]), targets=torch.tensor([0, 7, 0, 5]),
                   mask=torch.tensor([False, True, False, True]))
     episode = Episode(prompt=prompt, queries=[query])
     # position 1: counts 7 -> 3, 9 -> 2: predicts 7 (right); position 3: 7 -> 4: predicts 7, target 5 (wrong)
-    assert counting_accuracy([episode], {5, 7, 9}) == 0.5
+    assert counting_accuracy([episode], counting) == 0.5
 
 
 def test_iclca_approx_trained_runs_at_toy_size(tmp_path, monkeypatch):

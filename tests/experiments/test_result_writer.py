@@ -10,7 +10,7 @@ import pytest
 import incontext.experiments as experiments_package
 from incontext.config import ConfigError, parse_overrides
 from incontext.experiments import list_experiments
-from incontext.experiments.common import Result, claim_output_folder, pyplot, save_result
+from incontext.outputs import Result, claim_output_folder, pyplot, save_result
 
 
 @dataclass

@@ -247,6 +247,22 @@ def test_bad_train_loss_is_refused():
         get_task("induction", train_loss="masked")
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_counting_baseline_matches_a_loop(seed):
+    """At every position, the most frequent non-trigger token so far (ties: the one seen first; none seen yet: the
+    first trigger), against a Counter loop."""
+    from collections import Counter
+
+    task, batch = sample(seed=seed, batch_size=6, seq_len=48, trigger_prob=0.3)
+    logits = task.baselines()["counting"](batch.inputs)
+    triggers = set(task.config.trigger_ids)
+    for b, row in enumerate(batch.inputs.tolist()):
+        for t in range(len(row)):
+            counts = Counter(x for x in row[: t + 1] if x not in triggers)  # insertion order: ties go to the first seen
+            expected = counts.most_common(1)[0][0] if counts else task.config.trigger_ids[0]
+            assert int(logits[b, t].argmax()) == expected and int((logits[b, t] == 0).sum()) == 1
+
+
 def test_bayes_optimal_baseline():
     task, batch = sample(seed=10, batch_size=32, seq_len=64, trigger_prob=0.2)
     logits = task.baselines()["bayes_optimal"](batch.inputs)

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from conftest import rel_error
 
 from incontext.cli import main
-from incontext.absorb.dynamic_eval import prompt_sgd, tint_simulate, tint_update
-from incontext.experiments.tint_classification import SETTINGS, Study, accuracy, interval95, loss_targets
+from incontext.absorb.dynamic_eval import full_mask, prompt_sgd, tint_simulate, tint_update
+from incontext.experiments.tint_classification import SETTINGS, Study, accuracy, interval95
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TinT, TintConfig
 from incontext.tint.reference import (
@@ -70,7 +70,7 @@ def test_full_context_tint_simulation_is_the_plain_simulator():
     model = tiny_model(3)
     ids = torch.randint(0, 40, (12,), generator=torch.Generator().manual_seed(3))
     config = TintConfig(learning_rate=0.05)
-    _, logits, _ = tint_simulate(model, ids, loss_targets(ids, None), config)
+    _, logits, _ = tint_simulate(model, ids, full_mask(ids), config)
     with torch.no_grad():
         plain = TinT(model, config)(ids, 12)
     assert rel_error(logits, plain) < 1e-12
@@ -82,7 +82,9 @@ def test_label_loss_sgd_step_matches_plain_sgd():
     model = tiny_model(4)
     g = torch.Generator().manual_seed(4)
     sequences = [torch.randint(0, 40, (n,), generator=g) for n in (15, 9)]
-    targets = [loss_targets(sequences[0], None), loss_targets(sequences[1], [3, 7])]
+    labels = torch.zeros(9, dtype=torch.bool)
+    labels[[3, 7]] = True
+    targets = [full_mask(sequences[0]), labels]
     ours, _ = prompt_sgd(model, sequences, targets, learning_rate=0.03)
     reference = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
     loss = 0.0
@@ -96,10 +98,8 @@ def test_label_loss_sgd_step_matches_plain_sgd():
     assert rel_error(state["blocks.0.attn.qkv.weight"], model.state_dict()["blocks.0.attn.qkv.weight"]) > 1e-4
 
 
-def test_label_targets_and_calibrated_accuracy():
-    ids = torch.arange(6)
-    assert loss_targets(ids, None).tolist() == [False] + [True] * 5
-    assert loss_targets(ids, [2, 5]).tolist() == [False, False, True, False, False, True]
+def test_full_mask_and_calibrated_accuracy():
+    assert full_mask(torch.arange(6)).tolist() == [False] + [True] * 5
     scores = torch.log(torch.tensor([[0.6, 0.4], [0.7, 0.3], [0.2, 0.8]]))
     baseline = torch.log(torch.tensor([0.8, 0.2]))  # a prior for label 0: calibration removes it
     labels = torch.tensor([0, 1, 1])

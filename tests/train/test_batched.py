@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from incontext.models.toy_transformer import ToyTransformer, ToyTransformerConfig
-from incontext.train.batched import first_crossing, train_runs
+from incontext.train.batched import evaluate_runs, first_crossing, train_runs
 from incontext.train.trainer import NonFiniteLossError
 
 CONFIG = ToyTransformerConfig(d_model=10, n_labels=4, init_dim=5)
@@ -55,3 +55,25 @@ def test_first_crossing():
     assert first_crossing([0, 10, 20], [0.1, 0.6, 0.96], 0.5) == 10
     assert first_crossing([0, 10, 20], [0.1, 0.5, 0.6], 0.5) == 20  # strictly above
     assert math.isnan(first_crossing([0, 10], [0.1, 0.2], 0.9))
+
+
+@pytest.mark.parametrize("chunk", [3, 500])
+def test_evaluate_runs_equals_a_loop_over_runs_and_sequences(chunk):
+    """Accuracy and mean cross-entropy of each run on each set, whatever the chunking; to_runs maps seeds to runs."""
+    streams, seeds = ["none", "v", "q", "k"], [0, 1]
+    model = ToyTransformer(CONFIG, streams, [torch.Generator().manual_seed(s) for s in range(4)]).double()
+    g = torch.Generator().manual_seed(7)
+    sets = {name: (torch.randn(2, 11, 5, 10, generator=g, dtype=torch.float64), torch.randint(4, (2, 11), generator=g))
+            for name in ("a", "b")}
+
+    def to_runs(per_seed):  # run r = variant r // 2 on seed r % 2
+        return per_seed[None].expand(2, *per_seed.shape).reshape(4, *per_seed.shape[1:])
+
+    record = evaluate_runs(model, sets, to_runs, chunk=chunk)
+    for name, (inputs, answers) in sets.items():
+        logits = model(to_runs(inputs))
+        for r in range(4):
+            y = to_runs(answers)[r]
+            accuracy = float((logits[r].argmax(-1) == y).double().mean())
+            loss = float(torch.nn.functional.cross_entropy(logits[r], y))
+            assert abs(record["accuracy"][name][r] - accuracy) < 1e-6 and abs(record["loss"][name][r] - loss) < 1e-12

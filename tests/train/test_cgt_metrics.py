@@ -15,9 +15,12 @@ from incontext.train.cgt_metrics import (
     base_accuracy,
     cgt_arithmetic_metrics,
     dot_product_map,
+    join_transition,
     linear_fit,
+    probe_r2,
     representation_variation,
     specialized_accuracy,
+    y_spread,
 )
 
 
@@ -175,3 +178,58 @@ def test_cgt_only_metrics_are_skipped_for_a_transformer():
     cgt = random_cgt(0, vocab_size=16, max_seq_len=batch.inputs.shape[1]).float()
     metrics = cgt_arithmetic_metrics(cgt, batch, task.config)
     assert {"specialized_char_accuracy", "variation", "linear_fit_r2_a", "linear_fit_mean_abs_error"} <= set(metrics)
+
+
+def test_probe_r2_finds_a_linear_code_and_no_code():
+    g = torch.Generator().manual_seed(0)
+    targets = torch.randn(400, 5, generator=g, dtype=torch.float64)
+    mixing = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    encoded = targets @ mixing + 3.0 + 1e-3 * torch.randn(400, 12, generator=g, dtype=torch.float64)
+    assert probe_r2(encoded, targets, lam=1e-8) > 0.999
+    assert probe_r2(torch.randn(400, 12, generator=g, dtype=torch.float64), targets) < 0.1
+
+
+def test_join_transition_against_a_loop():
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(4, 20, 6, generator=g, dtype=torch.float64)
+    joins = torch.tensor([5, 9, 12, 3])
+    out = join_transition(y, joins, window=4)
+    assert out["offsets"] == list(range(-4, 5))
+
+    def cos(a, b):
+        return float(a @ b / (a.norm() * b.norm()))
+
+    for i, d in enumerate(out["offsets"]):
+        rows = [(b, int(j) + d) for b, j in enumerate(joins) if 0 <= int(j) + d < 20]
+        before = sum(cos(y[b, s], y[b, int(joins[b]) - 1]) for b, s in rows) / len(rows)
+        end = sum(cos(y[b, s], y[b, -1]) for b, s in rows) / len(rows)
+        assert abs(out["cos_with_before_join"][i] - before) < 1e-12 and abs(out["cos_with_end"][i] - end) < 1e-12
+
+
+class _FixedContext:
+    """A stand-in CGT whose context is a given tensor per document (looked up by its first token)."""
+
+    def __init__(self, ys):
+        self.ys = ys
+
+    def context(self, tokens):
+        return self.ys[int(tokens[0, 0])][None, : tokens.shape[1]]
+
+
+def test_y_spread_tells_a_collapsed_y_from_a_spread_one():
+    g = torch.Generator().manual_seed(4)
+    docs = [(0, torch.full((12,), i)) for i in range(5)]
+    direction = torch.randn(8, generator=g, dtype=torch.float64)
+    collapsed = {i: direction * (1 + torch.rand(12, 1, generator=g, dtype=torch.float64)) for i in range(5)}
+    spread = {i: torch.randn(8, generator=g, dtype=torch.float64) + 0.05 * torch.randn(12, 8, generator=g, dtype=torch.float64)
+              for i in range(5)}
+    same = y_spread(_FixedContext(collapsed), docs, seq_len=12, skip=2)
+    assert same["cos_across"] > 1 - 1e-12 and same["cos_within"] > 1 - 1e-12
+    apart = y_spread(_FixedContext(spread), docs, seq_len=12, skip=2)
+    assert apart["cos_within"] > 0.99 and apart["cos_across"] < 0.7 and apart["between_share"] > 0.9
+    # reference for the shares: variance between document means over the total, computed directly
+    ys = torch.stack([spread[i][2:] for i in range(5)])
+    flat = ys.reshape(-1, 8)
+    total = ((flat - flat.mean(0)) ** 2).sum(-1).mean()
+    between = ((ys.mean(1) - flat.mean(0)) ** 2).sum(-1).mean()
+    assert abs(apart["between_share"] - float(between / total)) < 1e-12

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from ..models.amicl import AMICL, SEPARATIONS, SIMILARITIES, AMICLModelConfig
+from ..outputs import Result, pyplot
 from ..tasks import get_task
-from .common import Result, pyplot
 from .registry import register_experiment
 
 TARGETS = {"a=1": 0.33, "a=1.25": 0.91, "a=1.5": 0.99, "a=1.75": 1.0, "a=2": 1.0, "pearson, a=2": 0.85,

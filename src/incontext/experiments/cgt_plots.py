@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .common import pyplot
+from ..outputs import pyplot
 
 
 def dot_map_figure(matrix: torch.Tensor, title: str, boundaries: list[int] | None = None):

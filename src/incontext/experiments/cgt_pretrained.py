@@ -43,12 +43,13 @@ from torch import nn
 from ..absorb.distill_lora import DistilledLoRA, LoRASpec, init_lora_factors
 from ..absorb.harness import interval95
 from ..models import CGTAdapter, CGTAdapterConfig, Transformer
+from ..outputs import Result, pyplot, save_result
 from ..tasks.topic_mixture import topic_documents
 from ..train import OptimizerConfig, ScheduleConfig, latest_checkpoint, lr_at, save_checkpoint
 from ..train.checkpoint import load_training_state, read_state
 from ..train.trainer import build_optimizer
 from .cgt_text import knn_topic_accuracy
-from .common import Result, check_settings, pyplot, save_result
+from .common import check_settings
 from .registry import register_experiment
 
 

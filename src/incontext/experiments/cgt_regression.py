@@ -24,8 +24,11 @@ from typing import Literal
 
 import torch
 
-from ..tasks.regression import Ridge
-from .common import CGTOptions, Result, pyplot, train_fresh
+from ..outputs import Result, pyplot
+from ..tasks.regression import Ridge, error_by_examples
+from ..train.cgt_metrics import probe_r2
+from ..train.fresh import train_fresh
+from .common import CGTOptions
 from .registry import register_experiment
 
 
@@ -78,25 +81,6 @@ def settings(config: RegressionConfig, cgt: bool) -> dict:
                     "checkpoint_every": 0, "log_every": 50, "tensorboard": False}}
 
 
-def probe_r2(features: torch.Tensor, targets: torch.Tensor, lam: float = 1e-3) -> float:
-    """Held-out R^2 (mean over target columns) of a ridge map features -> targets fitted on the first half of the
-    rows (standardised features, an intercept) and scored on the second half."""
-    features, targets = features.double(), targets.double()
-    half = features.shape[0] // 2
-    mean, std = features[:half].mean(0), features[:half].std(0).clamp_min(1e-12)
-    design = torch.cat([(features - mean) / std, torch.ones(features.shape[0], 1, dtype=torch.float64)], dim=1)
-    fit, test = design[:half], design[half:]
-    weights = torch.linalg.solve(fit.T @ fit + lam * half * torch.eye(fit.shape[1], dtype=torch.float64), fit.T @ targets[:half])
-    residual = ((test @ weights - targets[half:]) ** 2).sum(0)
-    total = ((targets[half:] - targets[half:].mean(0)) ** 2).sum(0)
-    return float((1 - residual / total).mean())
-
-
-def error_by_examples(predictions: torch.Tensor, clean: torch.Tensor) -> list[float]:
-    """Mean squared error at each x token (B, T, d_out predictions against the clean targets)."""
-    return (predictions.double() - clean.double()).square().mean(-1)[:, 0::2].mean(0).tolist()
-
-
 def train_models(config: RegressionConfig, out_dir: Path, baseline: bool = True):
     """Trains the baseline (unless `baseline=False`) and the CGT into out_dir; returns (baseline or None, cgt,
     the task)."""
@@ -113,14 +97,14 @@ def evaluate(baseline, cgt, task, config: RegressionConfig) -> dict:
     curves: dict[str, list[float | None]] = {}
     with torch.no_grad():
         if baseline is not None:
-            curves["baseline"] = error_by_examples(baseline(batch.inputs), clean)
-        curves["cgt dynamic"] = error_by_examples(cgt(batch.inputs), clean)
+            curves["baseline"] = error_by_examples(baseline(batch.inputs), clean).tolist()
+        curves["cgt dynamic"] = error_by_examples(cgt(batch.inputs), clean).tolist()
         contexts = cgt.context(batch.inputs)
         for k in config.freeze_after:
             # y read after k examples; the model then reads examples k+1.. alone
             rest = cgt(batch.inputs[:, 2 * k :], y=frozen_context(contexts, k, config.readout))
-            curves[f"cgt frozen after {k}"] = [None] * k + error_by_examples(rest, clean[:, 2 * k :])
-        curves["ridge"] = error_by_examples(Ridge(lam=config.noise**2)(batch.inputs), clean)
+            curves[f"cgt frozen after {k}"] = [None] * k + error_by_examples(rest, clean[:, 2 * k :]).tolist()
+        curves["ridge"] = error_by_examples(Ridge(lam=config.noise**2)(batch.inputs), clean).tolist()
         task_vectors = torch.cat([batch.info["U"].flatten(1), batch.info["b"]], dim=1)
         probe = {str(k): probe_r2(frozen_context(contexts, k, config.readout), task_vectors) for k in config.freeze_after}
     return {"mse_by_examples": curves, "y_probe_r2": probe}

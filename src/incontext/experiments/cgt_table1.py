@@ -25,10 +25,12 @@ from typing import Any
 import torch
 
 from ..fileio import strict_json
+from ..outputs import Result, pyplot, save_result
 from ..train import latest_checkpoint, load_for_eval
 from ..train.cgt_metrics import TaskSpans, cgt_arithmetic_metrics, dot_product_map
+from ..train.config import config_from_dict
+from ..train.fresh import finished_training, train_fresh
 from .cgt_plots import dot_map_figure
-from .common import Result, pyplot, save_result, train_fresh
 from .registry import register_experiment
 
 VARIANTS = ("baseline", "cgt", "cgt_aux", "cgt_aux_reg")
@@ -139,29 +141,9 @@ def _train_one(run_dir: str, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finished_run(run_dir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The record of a run trained to its last step earlier, or None. Runs from before run.json existed get their
-    time per step from the logged training throughput."""
-    steps = settings["schedule"]["total_steps"]
-    trained = run_dir / "train" / "results.json"
-    if not trained.is_file() or json.loads(trained.read_text()).get("steps") != steps:
-        return None
-    if (run_dir / "run.json").is_file():
-        return json.loads((run_dir / "run.json").read_text())
-    results = json.loads(trained.read_text())
-    rates = [r["tokens_per_s"] for r in map(json.loads, (run_dir / "train" / "metrics.jsonl").read_text().splitlines())
-             if r.get("split") == "train" and r.get("tokens_per_s")]
-    config = json.loads(json.dumps(settings))
-    tokens = config["run"]["batch_size"] * _sequence_length(config)
-    per_step = tokens * len(rates) / sum(rates) if rates else math.nan
-    return {"train_eval": results["eval"], "seconds": per_step * steps, "seconds_per_step": per_step,
-            "parameters": results["parameters"]}
-
-
-def _sequence_length(settings: dict[str, Any]) -> int:
-    from ..tasks import get_task
-
-    task = settings["task"]
-    return get_task(task["name"], **{k: v for k, v in task.items() if k != "name"}).sequence_length
+    """The record of a run trained to its last step earlier with these settings, or None."""
+    done = finished_training(run_dir / "train", config_from_dict(settings)) and (run_dir / "run.json").is_file()
+    return json.loads((run_dir / "run.json").read_text()) if done else None
 
 
 def mean_3se(values: list[float]) -> tuple[float, float]:

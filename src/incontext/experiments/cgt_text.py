@@ -26,8 +26,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..outputs import Result, pyplot
+from ..train.cgt_metrics import (baseline_ce, document_embeddings, dot_product_map, join_transition, knn_topic_accuracy,
+                                 per_position_ce, y_spread)
+from ..train.fresh import train_fresh
 from .cgt_plots import dot_map_figure, tsne_figure
-from .common import CGTOptions, Result, pyplot, train_fresh
+from .common import CGTOptions
 from .registry import register_experiment
 
 
@@ -66,88 +70,6 @@ def settings(config: TextConfig, regularised: bool | None) -> dict:
         "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0, "eval_sequences": 64,
                 "eval_batch_size": 32, "checkpoint_every": 0, "log_every": 50, "tensorboard": False},
     }
-
-
-def _unit(y: torch.Tensor) -> torch.Tensor:
-    return y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-
-
-def join_transition(y: torch.Tensor, joins: torch.Tensor, window: int) -> dict[str, list[float]]:
-    """Mean cosine of n_{j+d} with n_{j-1} (before the join) and with n_{T-1} (end), d = -window..window."""
-    n = _unit(y)
-    before, after = [], []
-    for d in range(-window, window + 1):
-        rows = [(b, int(j) + d) for b, j in enumerate(joins) if 0 <= int(j) + d < y.shape[1]]
-        before.append(float(np.mean([float(n[b, s] @ n[b, int(joins[b]) - 1]) for b, s in rows])))
-        after.append(float(np.mean([float(n[b, s] @ n[b, -1]) for b, s in rows])))
-    return {"offsets": list(range(-window, window + 1)), "cos_with_before_join": before, "cos_with_end": after}
-
-
-def document_embeddings(model, docs: list[tuple[int, torch.Tensor]], seq_len: int) -> np.ndarray:
-    """Mean y over the last 16 tokens of each document's first seq_len tokens."""
-    return np.stack([model.context(tokens[None, :seq_len])[0, -16:].mean(0).numpy() for _, tokens in docs])
-
-
-def knn_topic_accuracy(vectors: np.ndarray, labels: list[int]) -> float | None:
-    """Cross-validated 5-nearest-neighbour topic accuracy of the (normalised) vectors; None with too few per topic."""
-    from sklearn.model_selection import cross_val_score
-    from sklearn.neighbors import KNeighborsClassifier
-
-    folds = min(5, min(labels.count(t) for t in set(labels)))
-    if folds < 2:
-        return None
-    normalised = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(1e-12)
-    return float(cross_val_score(KNeighborsClassifier(min(5, len(labels) - len(labels) // folds)), normalised, labels, cv=folds).mean())
-
-
-@torch.no_grad()
-def y_spread(model, docs: list[tuple[int, torch.Tensor]], seq_len: int, skip: int) -> dict[str, float]:
-    """Has y collapsed? For each document, the unit directions n_s of y over its positions skip..seq_len-1:
-    `cos_within` = mean cosine of n_s with the document's mean direction; `cos_across` = mean cosine between two
-    documents' mean directions (distinct pairs); `between_share` = share of y's total variance (over all those
-    positions) that lies between the documents' means. A collapsed y has cos_across ~ cos_within ~ 1."""
-    length = min(seq_len, *(len(tokens) for _, tokens in docs))  # documents differ in length: compare equal spans
-    if length <= skip:
-        raise ValueError(f"y_spread: the shortest document has {length} tokens, not more than skip={skip}")
-    ys = torch.stack([model.context(tokens[None, :length])[0, skip:] for _, tokens in docs]).double()  # (D, S, d_y)
-    n = _unit(ys)
-    means = _unit(n.mean(1))
-    within = float((n * means[:, None]).sum(-1).mean())
-    gram = means @ means.T
-    d = len(docs)
-    across = float((gram.sum() - gram.diagonal().sum()) / (d * (d - 1))) if d > 1 else float("nan")
-    flat = ys.reshape(-1, ys.shape[-1])
-    total = float(((flat - flat.mean(0)) ** 2).sum(-1).mean())
-    between = float(((ys.mean(1) - flat.mean(0)) ** 2).sum(-1).mean())
-    return {"cos_within": within, "cos_across": across, "between_share": between / total if total > 0 else float("nan"),
-            "mean_norm": float(ys.norm(dim=-1).mean())}
-
-
-@torch.no_grad()
-def baseline_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -> dict[str, list[float]]:
-    """The plain transformer's CE at each position after the prefix, without and with the prefix in context."""
-    tokens = torch.stack([d[: prefix + length + 1] for d in docs])
-    targets = tokens[:, prefix + 1 :]
-
-    def ce(logits):
-        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
-
-    return {"no prefix": ce(model(tokens[:, prefix:-1])), "with prefix": ce(model(tokens[:, :-1])[:, prefix:])}
-
-
-@torch.no_grad()
-def per_position_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -> dict[str, list[float]]:
-    """CE at each position of the part after the prefix: frozen y (prefix dropped), dynamic without the prefix,
-    dynamic with it."""
-    tokens = torch.stack([d[: prefix + length + 1] for d in docs])
-    part, targets = tokens[:, prefix:-1], tokens[:, prefix + 1 :]
-
-    def ce(logits):
-        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
-
-    y = model.context(tokens[:, :prefix])[:, -1]
-    return {"specialised (frozen y, no prefix)": ce(model(part, y=y)), "dynamic, no prefix": ce(model(part)),
-            "dynamic, with prefix": ce(model(tokens[:, :-1])[:, prefix:])}
 
 
 @register_experiment("cgt-text", "CGT text mixtures (BBC News topics + Shakespeare): y at the join, t-SNE, specialised CE", TextConfig)
@@ -189,8 +111,7 @@ def run(config: TextConfig, out_dir: Path) -> Result:
         topics = [task.topics[t] for t in labels]
         figures[f"tsne_{name}.png"] = lambda r, v=vectors, topics=topics, t=title: tsne_figure(v, topics, t, config.seed)
         join = int(mixtures.info["join"][0])
-        n = _unit(y[:1])
-        figures[f"dot_map_{name}.png"] = lambda r, m=torch.einsum("bsd,btd->st", n, n), j=join, name=name: dot_map_figure(
+        figures[f"dot_map_{name}.png"] = lambda r, m=dot_product_map(y[:1]), j=join, name=name: dot_map_figure(
             m, f"<n_s . n_t>, one mixture joined at {j} ({name})", [j])
     return Result(results, tables={"table.md": table}, figures={**figures, "cgt_text.png": plot})
 

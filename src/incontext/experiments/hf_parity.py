@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .common import Result
+from ..outputs import Result
 from .registry import register_experiment
 
 # A few sentences of ordinary English prose (public-domain style), enough for ~100 tokens.

@@ -23,8 +23,8 @@ from ..absorb import ICLCAApprox
 from ..absorb.harness import compare
 from ..interop import from_hf_llama, load_smollm2
 from ..interop.models import HFCodec
+from ..outputs import Result
 from ..tasks.episodes import get_episode_source
-from .common import Result
 from .registry import register_experiment
 
 FACTS = [

@@ -15,8 +15,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..outputs import Result
 from ..tasks.episodes import get_episode_source
-from .common import GPT2_ADAMW, GPT2_BLOCK, Result, TrainedModelOptions, train_fresh
+from ..train.fresh import train_fresh
+from .common import GPT2_ADAMW, GPT2_BLOCK, TrainedModelOptions
 from .iclca_approx import approximation_errors, error_table
 from .registry import register_experiment
 

@@ -15,7 +15,7 @@ import torch
 
 from ..absorb import ICLCA
 from ..models import Transformer, TransformerConfig
-from .common import Result
+from ..outputs import Result
 from .registry import register_experiment
 
 # Paper Table 1 (float32, linear attention + RoPE): parameters -> mean relative logits error

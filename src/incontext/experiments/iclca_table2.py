@@ -20,20 +20,18 @@ committed trigger (a broader set than the scored positions) during training, wit
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..absorb.harness import compare
+from ..outputs import Result, pyplot
 from ..tasks.episodes import Episode, get_episode_source
 from ..tasks.induction import TRAIN_LOSSES
-from ..train import latest_checkpoint, load_for_eval
+from ..train.fresh import train_fresh
 from ..train.metrics import read_metrics
-from .common import Result, check_settings, pyplot, train_fresh
+from .common import check_settings
 from .registry import register_experiment
 
 
@@ -85,35 +83,14 @@ def train_settings(config: Table2Config) -> dict:
     }
 
 
-def finished_training(train_dir: Path, settings: dict):
-    """(model, config) of a training in train_dir run to its last step with these model / task / optimizer /
-    schedule settings, else None."""
-    checkpoint = latest_checkpoint(train_dir) if train_dir.is_dir() else None
-    if checkpoint is None:
-        return None
-    model, config = load_for_eval(checkpoint)
-    saved = dataclasses.asdict(config)
-    for section in ("model", "task"):
-        if any(saved[section].get(k) != v for k, v in settings[section].items()):
-            return None
-    if saved["schedule"]["total_steps"] != settings["schedule"]["total_steps"] or saved["optimizer"]["lr"] != settings["optimizer"]["lr"] \
-            or json.loads((train_dir / "results.json").read_text()).get("steps") != settings["schedule"]["total_steps"]:
-        return None
-    return model, config
-
-
-def counting_accuracy(episodes: list[Episode], non_triggers: set[int]) -> float:
-    """Accuracy at the scored positions of predicting the most frequent non-trigger token of prompt + query so
-    far (ties: the one seen first): what a model reaches that counts tokens and never looks at positions."""
+def counting_accuracy(episodes: list[Episode], counting) -> float:
+    """The counting baseline's accuracy at the scored positions of the episodes' queries (it reads prompt + query)."""
     hits = total = 0
     for episode in episodes:
-        prompt = episode.prompt.tolist()
         for query in episode.queries:
-            tokens = query.inputs.tolist()
-            for i in query.mask.nonzero().flatten().tolist():
-                counts = Counter(t for t in prompt + tokens[: i + 1] if t in non_triggers)
-                hits += bool(counts) and counts.most_common(1)[0][0] == int(query.targets[i])
-                total += 1
+            guess = counting(torch.cat([episode.prompt, query.inputs])[None])[0, len(episode.prompt):].argmax(-1)
+            hits += int((guess == query.targets)[query.mask].sum())
+            total += int(query.mask.sum())
     return hits / total
 
 
@@ -123,45 +100,30 @@ def learning_curve(train_dir: Path) -> list[dict]:
             for r in read_metrics(train_dir) if r.get("split") == "eval" and "accuracy" in r]
 
 
-def all_committed_counting(task, sequences: int, seed: int) -> float:
-    """The counting predictor's accuracy at every committed trigger (the trainer's evaluation set)."""
-    batch = task.sample(sequences, torch.Generator().manual_seed(seed))
-    non_triggers = set(task.config.non_trigger_ids)
-    hits = total = 0
-    for b, t in batch.mask.nonzero().tolist():
-        counts = Counter(x for x in batch.inputs[b, : t + 1].tolist() if x in non_triggers)
-        hits += counts.most_common(1)[0][0] == int(batch.targets[b, t])
-        total += 1
-    return hits / total
-
-
 @register_experiment("iclca-table2", "ICLCA Table 2: induction heads in a linear-attention model, prompt vs none vs converted", Table2Config)
 def run(config: Table2Config, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
-    settings = train_settings(config)
-    reused = None if config.retrain else finished_training(out_dir / "train", settings)
-    if reused is None:
-        model, train_config, _ = train_fresh(out_dir, settings)
-    else:
-        model, train_config = reused
+    model, train_config, trained = train_fresh(out_dir, train_settings(config), reuse=not config.retrain)
     task = train_config.build_task()
     source = get_episode_source("induction", prompt_fraction=0.5)  # prompt = first half of each sequence
     episodes = source.episodes(config.eval_sequences, config.seed + 10_000, task=task)
     rows = {row["method"]: row for row in compare(model, source, episodes, {"iclca": {}})}
     converted = rows["iclca"]["agreement"]
+    counting = task.baselines()["counting"]
+    committed = task.sample(256, torch.Generator().manual_seed(config.seed + 20_000))  # the trainer's evaluation set
     curve = learning_curve(out_dir / "train")
     results = {
         "parameters": model.num_parameters(),
-        "reused_training": reused is not None,
+        "reused_training": trained.get("reused", False),
         "scored_positions": sum(int(q.mask.sum()) for e in episodes for q in e.queries),
         "chance": 1.0 / len(task.config.non_trigger_ids),
         "accuracy": {name: rows[label]["score_pooled"] for name, label in LABELS.items()},  # over all scored positions
         "accuracy_per_sequence": {name: rows[label]["score"] for name, label in LABELS.items()},  # mean, 95% interval
-        "counting": counting_accuracy(episodes, set(task.config.non_trigger_ids)),
+        "counting": counting_accuracy(episodes, counting),
         "argmax_agreement_converted_vs_prompted": converted["top1"],
         "relative_logits_error_converted": converted["relative_logits_error"],
         "learning_curve": curve,
-        "counting_all_committed": all_committed_counting(task, 256, config.seed + 20_000),
+        "counting_all_committed": float((counting(committed.inputs).argmax(-1) == committed.targets)[committed.mask].double().mean()),
         "paper": {"with prompt": 0.9995, "without prompt": 0.0223, "converted": 0.9995},
         "harness_rows": list(rows.values()),
     }

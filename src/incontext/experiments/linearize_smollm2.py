@@ -35,7 +35,8 @@ from ..tasks.text import ShakespeareConfig, split_plays
 from ..train.attention_transfer import (
     TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
 )
-from .common import Result, check_settings, save_result
+from ..outputs import Result, save_result
+from .common import check_settings
 from .registry import register_experiment
 
 @dataclass
@@ -49,6 +50,7 @@ class LinearizeConfig:
     recovery_steps: int = 30  # LoRA recovery steps (KL to the softmax model)
     recovery_tokens: int = 128  # tokens per recovery window
     recovery_batch: int = 4
+    recovery_windows: int = 64  # training-play windows the recovery draws its batches from
     lora_rank: int = 8
     lora_lr: float = 2e-3
     eval_windows: int = 16  # held-out-play windows for perplexity
@@ -58,7 +60,7 @@ class LinearizeConfig:
 
     def __post_init__(self):
         check_settings(self, counts=("map_windows", "window_tokens", "n_features", "map_steps", "map_batch",
-                                     "recovery_tokens", "recovery_batch", "lora_rank", "eval_windows",
+                                     "recovery_tokens", "recovery_batch", "recovery_windows", "lora_rank", "eval_windows",
                                      "conversion_prompt", "conversion_query"), rates=("map_lr", "lora_lr"))
 
 
@@ -165,7 +167,7 @@ def run(config: LinearizeConfig, out_dir: Path) -> dict:
     seconds["perplexity"] = round(time.perf_counter() - tick, 1)
 
     tick = time.perf_counter()
-    recovery_windows = play_windows(codec, train_plays, 64, config.recovery_tokens, f"recovery-{config.seed}")
+    recovery_windows = play_windows(codec, train_plays, config.recovery_windows, config.recovery_tokens, f"recovery-{config.seed}")
     recovery_losses = recover(model, linear, recovery_windows, config)
     save_file({name: p.detach().contiguous() for name, p in linear.named_parameters() if p.requires_grad},
               str(out_dir / RECOVERY_FILE))

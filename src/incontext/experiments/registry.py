@@ -34,7 +34,7 @@ def register_experiment(name: str, description: str, config_class: type):
             raise ValueError(f"experiment {name!r} is registered twice")
 
         def run_and_save(config, out_dir: Path) -> dict:
-            from .common import Result, save_result
+            from ..outputs import Result, save_result
 
             out_dir = Path(out_dir)
             out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import torch
 
+from ..outputs import Result, pyplot
 from ..tasks.regression import error_by_examples
+from ..train.fresh import train_fresh
 from ..train.metrics import read_metrics
-from .common import Result, TrainedModelOptions, pyplot, train_fresh
+from .common import TrainedModelOptions
 from .registry import register_experiment
 
 

@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import save_file
 
 from ..models.toy_transformer import STREAMS, ToyTransformer, ToyTransformerConfig, parameter_count
+from ..outputs import Result, pyplot
 from ..tasks.bursty import KINDS, BurstyConfig, BurstyTask
-from ..train.batched import first_crossing, per_run_cross_entropy, train_runs
-from .common import Result, pyplot
+from ..train.batched import evaluate_runs, first_crossing, train_runs
 from .registry import register_experiment
 
 VARIANT_NAMES = {"none": "classic", "q": "Q-stream", "k": "K-stream", "v": "V-stream"}
@@ -103,20 +103,8 @@ def run(config: ResidualBurstyConfig, out_dir: Path) -> Result:
         eval_sets[kind] = (torch.stack([b.inputs for b in batches]).to(device),
                            torch.stack([b.targets[:, -1] for b in batches]).to(device))
 
-    @torch.no_grad()
     def evaluate(step: int) -> dict:
-        model.eval()
-        record = {"step": step, "accuracy": {}, "loss": {}}
-        for kind, (inputs, answers) in eval_sets.items():
-            correct, losses = [], []
-            for chunk in range(0, config.eval_size, 500):  # bounded memory
-                x, y = per_seed_to_runs(inputs[:, chunk:chunk + 500]), per_seed_to_runs(answers[:, chunk:chunk + 500])
-                logits = model(x)
-                correct.append((logits.argmax(-1) == y).float().sum(1))
-                losses.append(per_run_cross_entropy(logits, y) * y.shape[1])
-            record["accuracy"][kind] = (sum(correct) / config.eval_size).tolist()
-            record["loss"][kind] = (sum(losses) / config.eval_size).tolist()
-        return record
+        return {"step": step, **evaluate_runs(model, eval_sets, per_seed_to_runs)}
 
     start = time.perf_counter()
     records = train_runs(model, sample, config.steps, config.lr, config.decay, evaluate, config.eval_every, config.progress)

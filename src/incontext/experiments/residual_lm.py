@@ -29,11 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..outputs import Result, markdown_table, pyplot, save_result
 from ..tasks.stories import PAPER_IOI_PROMPTS, Stories, ioi_prompts
 from ..train import load_for_eval
+from ..train.fresh import train_fresh
 from ..train.lm_probes import in_context_curve, in_context_score, induction_accuracy, ioi_scores, validation_loss
 from ..train.metrics import read_metrics
-from .common import Result, pyplot, save_result, train_fresh
 from .registry import register_experiment
 
 PAPER = {  # Burns et al., Table 2 and sec. 4 (percent; classic, residual V)
@@ -176,19 +177,14 @@ def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, 
              f"layers, width {config.d_model}, {config.n_head} heads, {parameters:,} parameters, T = {config.seq_len}, "
              f"vocab {config.vocab_size}, {config.steps} steps of batch {config.batch_size}; mean +- std (population) over "
              f"seeds {[r['seed'] for r in runs[variants[0]]]}. Paper: TinyStories, width 256, 8 layers, 3 seeds.")
-    lines = [intro, ""]
-    header = "| metric | " + " | ".join(VARIANT_NAMES[v] for v in variants)
     paper_variants = [v for v in variants if v in PAPER["ioi_correct"]]
-    header += "".join(f" | paper {VARIANT_NAMES[v]}" for v in paper_variants) + " |"
-    lines += [header, "|---" * (1 + len(variants) + len(paper_variants)) + "|"]
-    for label, _, _, fmt in SUMMARY_ROWS:
-        cells = [f"{summary[v][label][0]:{fmt}} +- {summary[v][label][1]:{fmt}}" for v in variants]
-        key = PAPER_ROWS.get(label)
-        cells += [f"{PAPER[key][v]}" if key else "" for v in paper_variants]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "Per paper sentence (both name orders), P(correct) / P(incorrect) in %, ours vs paper Table 2:", "",
-              "| sentence | " + " | ".join(VARIANT_NAMES[v] for v in variants) + "".join(f" | paper {VARIANT_NAMES[v]}" for v in paper_variants) + " |",
-              "|---" * (1 + len(variants) + len(paper_variants)) + "|"]
+    names = [VARIANT_NAMES[v] for v in variants] + [f"paper {VARIANT_NAMES[v]}" for v in paper_variants]
+    rows = [[label, *(f"{summary[v][label][0]:{fmt}} +- {summary[v][label][1]:{fmt}}" for v in variants),
+             *(f"{PAPER[PAPER_ROWS[label]][v]}" if label in PAPER_ROWS else "" for v in paper_variants)]
+            for label, _, _, fmt in SUMMARY_ROWS]
+    lines = [intro, "", *markdown_table(["metric", *names], rows), "",
+             "Per paper sentence (both name orders), P(correct) / P(incorrect) in %, ours vs paper Table 2:", ""]
+    rows = []
     for i in range(1, len(PAPER_IOI_PROMPTS) + 1):
         cells = []
         for v in variants:
@@ -196,7 +192,8 @@ def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, 
             w = _mean_std([r["ioi"][f"paper {i}"]["incorrect"] for r in runs[v]])
             cells.append(f"{c[0]:.1f} +- {c[1]:.1f} / {w[0]:.1f} +- {w[1]:.1f}")
         cells += [f"{PAPER['sentence_correct'][v][i - 1]} / {PAPER['sentence_incorrect'][v][i - 1]}" for v in paper_variants]
-        lines.append(f"| {i}: {PAPER_IOI_PROMPTS[i - 1][0].format(s='*')} | " + " | ".join(cells) + " |")
+        rows.append([f"{i}: {PAPER_IOI_PROMPTS[i - 1][0].format(s='*')}", *cells])
+    lines += markdown_table(["sentence", *names], rows)
     lines += ["", *training_table(runs, curves or {})]
     return "\n".join(lines) + "\n"
 
@@ -227,26 +224,25 @@ def training_table(runs: dict[str, list[dict]], curves: dict[str, list[list[tupl
         return []
     intro = ("First step past a threshold (per seed; - = not reached). The training loss has a plateau until the model "
              "starts copying names from the context, then drops: the loss thresholds time that drop.")
-    lines = [intro, "",
-             "| threshold | " + " | ".join(VARIANT_NAMES[v] for v in variants) + " |", "|---" * (1 + len(variants)) + "|"]
-    for threshold in LOSS_THRESHOLDS:
-        cells = [", ".join(str(first_step_below(c, threshold) or "-") for c in curves.get(v, [])) for v in variants]
-        lines.append(f"| training loss < {threshold} (logged every 10 steps) | " + " | ".join(cells) + " |")
-    for label, value, threshold in EMERGENCE:
-        cells = [", ".join(str(first_step(r["during_training"], value, threshold) or "-") for r in runs[v]) for v in variants]
-        lines.append(f"| {label} (probed) | " + " | ".join(cells) + " |")
-    lines += ["", "During training, mean over seeds: IOI with training names P(correct) / P(incorrect) %, induction accuracy, validation loss:", "", "| step | " + " | ".join(VARIANT_NAMES[v] for v in variants) + " |",
-              "|---" * (1 + len(variants)) + "|"]
-    n = min(len(r["during_training"]) for v in variants for r in runs[v])
-    for i in range(n):
+    names = [VARIANT_NAMES[v] for v in variants]
+    rows = [[f"training loss < {threshold} (logged every 10 steps)",
+             *(", ".join(str(first_step_below(c, threshold) or "-") for c in curves.get(v, [])) for v in variants)]
+            for threshold in LOSS_THRESHOLDS]
+    rows += [[f"{label} (probed)", *(", ".join(str(first_step(r["during_training"], value, threshold) or "-") for r in runs[v])
+                                     for v in variants)] for label, value, threshold in EMERGENCE]
+    lines = [intro, "", *markdown_table(["threshold", *names], rows), "", "During training, mean over seeds: IOI with "
+             "training names P(correct) / P(incorrect) %, induction accuracy, validation loss:", ""]
+    rows = []
+    for i in range(min(len(r["during_training"]) for v in variants for r in runs[v])):
         cells = []
         for v in variants:
-            rows = [r["during_training"][i] for r in runs[v]]
-            c, w = (np.mean([row["ioi"]["train names"][key] for row in rows]) for key in ("correct", "incorrect"))
-            induction = np.mean([row["induction_accuracy"] for row in rows])
-            loss = np.mean([row["validation_loss"] for row in rows])
+            probes = [r["during_training"][i] for r in runs[v]]
+            c, w = (np.mean([row["ioi"]["train names"][key] for row in probes]) for key in ("correct", "incorrect"))
+            induction = np.mean([row["induction_accuracy"] for row in probes])
+            loss = np.mean([row["validation_loss"] for row in probes])
             cells.append(f"{c:.1f} / {w:.1f}, {induction:.2f}, {loss:.3f}")
-        lines.append(f"| {runs[variants[0]][0]['during_training'][i]['step']} | " + " | ".join(cells) + " |")
+        rows.append([runs[variants[0]][0]["during_training"][i]["step"], *cells])
+    lines += markdown_table(["step", *names], rows)
     return lines
 
 

@@ -44,12 +44,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..absorb.dynamic_eval import prompt_sgd, tint_simulate, tint_update
+from ..absorb.dynamic_eval import full_mask, prompt_sgd, tint_simulate, tint_update
 from ..absorb.harness import compare
 from ..models import Transformer
+from ..outputs import Result, pyplot
 from ..tasks.episodes import get_episode_source
 from ..tint import TintConfig
-from .common import GPT2_ADAMW, GPT2_BLOCK, Result, pyplot, train_fresh
+from ..train.fresh import train_fresh
+from .common import GPT2_ADAMW, GPT2_BLOCK
 from .registry import register_experiment
 
 # Table 1 averages over the 7 tasks (accuracy %), without / with calibration.
@@ -136,17 +138,6 @@ def accuracy(scores: torch.Tensor, baseline: torch.Tensor, labels: torch.Tensor)
     return 100 * float(plain), 100 * float(calibrated)
 
 
-# ---------------------------------------------------------------------------------------------- updates
-def loss_targets(ids: torch.Tensor, label_positions: list[int] | None) -> torch.Tensor:
-    """Bool (T,): the tokens whose prediction enters the loss (every token after the first, or the labels)."""
-    keep = torch.zeros(len(ids), dtype=torch.bool)
-    if label_positions is None:
-        keep[1:] = True
-    else:
-        keep[label_positions] = True
-    return keep
-
-
 # ---------------------------------------------------------------------------------------------- the study
 @register_experiment("tint-classification", "TinT Table 1 analogue: few-shot BBC News topics, vanilla / in-context / dynamic eval / TinT", ClassificationConfig)
 def run(config: ClassificationConfig, out_dir: Path) -> Result:
@@ -210,13 +201,12 @@ class Study:
         calibration uses the same updated weights on the content-free prompt."""
         scores, baselines = [], []
         for q in self.queries[split]:
-            keep = loss_targets(q, None)
             if method == "TinT":
-                sim, logits, banks = tint_simulate(self.model, q, keep, self.tint_config(lr))
+                sim, logits, banks = tint_simulate(self.model, q, None, self.tint_config(lr))
                 scores.append(F.log_softmax(logits[-1].double(), -1)[self.scorer.label_ids])
                 updated = sim.updated_model(self.model, banks)
             else:
-                updated = prompt_sgd(self.model, [q], [keep], learning_rate=lr)[0]
+                updated = prompt_sgd(self.model, [q], learning_rate=lr)[0]
                 scores.append(self.scorer.label_log_probs(updated, [q])[0])
             baselines.append(self.scorer.label_log_probs(updated, [self.content_free])[0])
         return accuracy(torch.stack(scores), torch.stack(baselines), self.labels[split])
@@ -317,7 +307,7 @@ class Study:
         the same label scores at the query as the read-back updated model (max abs gap over a few queries)."""
         episode = self.episodes[loss, "test"][0]
         prompt = episode.prompt
-        targets = loss_targets(prompt, None) if episode.prompt_loss_mask is None else episode.prompt_loss_mask
+        targets = full_mask(prompt) if episode.prompt_loss_mask is None else episode.prompt_loss_mask
         updated = tint_update(self.model, [prompt], [targets], self.tint_config(lr))
         gap = 0.0
         for q in self.queries["test"][: self.config.check_queries]:

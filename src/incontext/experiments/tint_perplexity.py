@@ -31,10 +31,12 @@ from pathlib import Path
 import torch
 
 from ..absorb.harness import compare
+from ..outputs import Result
 from ..tasks.episodes import get_episode_source
 from ..tint import TinT, TintConfig
 from ..tint.reference import compare_with_exact
-from .common import GPT2_ADAMW, GPT2_BLOCK, Result, TrainedModelOptions, train_fresh
+from ..train.fresh import train_fresh
+from .common import GPT2_ADAMW, GPT2_BLOCK, TrainedModelOptions
 from .registry import register_experiment
 
 METHODS = {"dynamic eval": "dynamic-eval", "TinT": "tint"}  # table row -> absorb method

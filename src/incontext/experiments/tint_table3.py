@@ -21,9 +21,9 @@ from ..tint.counting import (
     paper_sizes,
     transformer_counts,
 )
+from ..outputs import Result
 from ..tint.hsplit import build_parameter_tree, count_weights
 from ..tint.reference import compare_with_exact
-from .common import Result
 from .registry import register_experiment
 
 

@@ -208,7 +208,7 @@ class Induction(Task):
         }
 
     def baselines(self) -> dict[str, Predictor]:
-        return {"bayes_optimal": BayesOptimal(self.config)}
+        return {"bayes_optimal": BayesOptimal(self.config), "counting": Counting(self.config)}
 
 
 def first_occurrences(inputs: torch.Tensor, trigger_ids: torch.Tensor) -> torch.Tensor:
@@ -262,6 +262,31 @@ class BayesOptimal:
         copy = torch.full((B, T, V), IMPOSSIBLE_LOGIT, device=device)
         copy.scatter_(2, output[..., None], 0.0)
         return torch.where(committed[..., None], copy, logits)
+
+
+class Counting:
+    """A model that counts tokens and never looks at positions: at each position, the most frequent non-trigger
+    token of the context so far (ties: the one that appeared first) gets logit 0, every other token
+    IMPOSSIBLE_LOGIT; before any non-trigger token, the first trigger id (never an output) does. Outputs recur with
+    their triggers, so counting beats chance without induction: what a model on this plateau reaches."""
+
+    def __init__(self, config: InductionConfig):
+        self.config = config
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        B, T = inputs.shape
+        V = self.config.vocab_size
+        non_trigger = torch.zeros(V, dtype=torch.bool, device=inputs.device)
+        non_trigger[list(self.config.non_trigger_ids)] = True
+        seen = F.one_hot(inputs, V).bool() & non_trigger  # (B, T, V)
+        counts = seen.long().cumsum(1)
+        position = torch.arange(T, device=inputs.device)[None, :, None]
+        first = torch.where(seen, position, T).amin(1, keepdim=True)  # (B, 1, V): first occurrence, T if none
+        # most frequent, then seen first (a token counted by t was first seen at its global first occurrence <= t)
+        rank = torch.where(counts > 0, counts * (T + 1) - first, -1)
+        best = torch.where(rank.amax(-1) >= 0, rank.argmax(-1), self.config.trigger_ids[0])
+        logits = torch.full((B, T, V), IMPOSSIBLE_LOGIT, device=inputs.device)
+        return logits.scatter_(2, best[..., None], 0.0)
 
 
 def split_prompt(batch: Batch, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

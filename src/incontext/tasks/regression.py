@@ -96,10 +96,12 @@ class LinearRegression(Task):
         }
 
 
-def error_by_examples(outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
+def error_by_examples(outputs: torch.Tensor, batch: Batch | torch.Tensor) -> torch.Tensor:
     """(N,) float64: entry k is the squared error against the clean target U x + b of the prediction at
-    x_{k+1} (after seeing k examples), averaged over the batch and output dimensions."""
-    squared_error = (outputs.double() - batch.info["clean"].double()).square().mean(dim=-1)  # (B, 2N)
+    x_{k+1} (after seeing k examples), averaged over the batch and output dimensions. `batch`: the sampled
+    batch, or its clean targets (B, 2N, d_out) (a slice of them for a model that reads a later part)."""
+    clean = batch.info["clean"] if isinstance(batch, Batch) else batch
+    squared_error = (outputs.double() - clean.double()).square().mean(dim=-1)  # (B, 2N)
     return squared_error[:, 0::2].mean(dim=0)
 
 

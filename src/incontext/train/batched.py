@@ -72,6 +72,26 @@ def _summary(record: dict) -> dict[str, str]:
     return out
 
 
+@torch.no_grad()
+def evaluate_runs(model: nn.Module, eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                  to_runs: Callable[[torch.Tensor], torch.Tensor] = lambda x: x, chunk: int = 500) -> dict:
+    """Per named evaluation set ((S, N, ...) inputs, (S, N) answers; `to_runs` maps its S rows to the model's R
+    runs): the accuracy and mean cross-entropy of every run, in chunks of `chunk` sequences (bounded memory)."""
+    model.eval()
+    record: dict[str, dict[str, list[float]]] = {"accuracy": {}, "loss": {}}
+    for name, (inputs, answers) in eval_sets.items():
+        n = answers.shape[1]
+        correct, losses = [], []
+        for start in range(0, n, chunk):
+            x, y = to_runs(inputs[:, start:start + chunk]), to_runs(answers[:, start:start + chunk])
+            logits = model(x)
+            correct.append((logits.argmax(-1) == y).float().sum(1))
+            losses.append(per_run_cross_entropy(logits, y) * y.shape[1])
+        record["accuracy"][name] = (sum(correct) / n).tolist()
+        record["loss"][name] = (sum(losses) / n).tolist()
+    return record
+
+
 def first_crossing(steps: list[int], values: list[float], threshold: float) -> float:
     """The first step at which values exceed the threshold (NaN if never)."""
     for step, value in zip(steps, values):

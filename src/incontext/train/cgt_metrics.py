@@ -1,5 +1,7 @@
 """CGT metrics (paper sec. 4.2, spec "Metrics"): base and specialised accuracy on the arithmetic sequences,
-representation variation (eq. 4), linear-fit error of the task parameters from y, the <n_s . n_t> map, t-SNE.
+representation variation (eq. 4), linear-fit error of the task parameters from y, the <n_s . n_t> map, t-SNE;
+and on text mixtures (sec. 4.4): y's transition at a join, document embeddings and their topic accuracy, y's
+spread across documents (collapse), per-position cross-entropy with y frozen after a prefix.
 
 Arithmetic layout: task k spans examples k*n_ex .. (k+1)*n_ex - 1 of `example_length(d)` characters each,
 the last one a separator. "Prompt" = the first n_prompt examples of a task (2 of 4 in the paper), "E1";
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..models import CGT
 from ..tasks.arithmetic import ArithmeticConfig, example_length
@@ -121,6 +125,20 @@ def dot_product_map(y: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bsd,btd->st", n, n) / y.shape[0]
 
 
+def probe_r2(features: torch.Tensor, targets: torch.Tensor, lam: float = 1e-3) -> float:
+    """Held-out R^2 (mean over target columns) of a ridge map features -> targets fitted on the first half of the
+    rows (standardised features, an intercept) and scored on the second half."""
+    features, targets = features.double(), targets.double()
+    half = features.shape[0] // 2
+    mean, std = features[:half].mean(0), features[:half].std(0).clamp_min(1e-12)
+    design = torch.cat([(features - mean) / std, torch.ones(features.shape[0], 1, dtype=torch.float64)], dim=1)
+    fit, test = design[:half], design[half:]
+    weights = torch.linalg.solve(fit.T @ fit + lam * half * torch.eye(fit.shape[1], dtype=torch.float64), fit.T @ targets[:half])
+    residual = ((test @ weights - targets[half:]) ** 2).sum(0)
+    total = ((targets[half:] - targets[half:].mean(0)) ** 2).sum(0)
+    return float((1 - residual / total).mean())
+
+
 def cgt_arithmetic_metrics(model: torch.nn.Module, batch: Batch, config: ArithmeticConfig) -> dict[str, float]:
     """Every Table-1 metric for one model on one held-out batch (CGT-only metrics skipped for a Transformer)."""
     spans, answer_chars = TaskSpans.of(config), config.digits + 3
@@ -133,3 +151,88 @@ def cgt_arithmetic_metrics(model: torch.nn.Module, batch: Batch, config: Arithme
         fit = linear_fit(y, {"a": batch.info["a"], "b": batch.info["b"]}, spans)
         metrics.update({f"linear_fit_{k}": v for k, v in fit.items()})
     return metrics
+
+
+# ----------------------------------------------------------------------------- text mixtures (sec. 4.4)
+
+
+def _unit(y: torch.Tensor) -> torch.Tensor:
+    return y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def join_transition(y: torch.Tensor, joins: torch.Tensor, window: int) -> dict[str, list[float]]:
+    """Mean cosine of n_{j+d} with n_{j-1} (before the join) and with n_{T-1} (end), d = -window..window."""
+    n = _unit(y)
+    before, after = [], []
+    for d in range(-window, window + 1):
+        rows = [(b, int(j) + d) for b, j in enumerate(joins) if 0 <= int(j) + d < y.shape[1]]
+        before.append(float(np.mean([float(n[b, s] @ n[b, int(joins[b]) - 1]) for b, s in rows])))
+        after.append(float(np.mean([float(n[b, s] @ n[b, -1]) for b, s in rows])))
+    return {"offsets": list(range(-window, window + 1)), "cos_with_before_join": before, "cos_with_end": after}
+
+
+def document_embeddings(model, docs: list[tuple[int, torch.Tensor]], seq_len: int) -> np.ndarray:
+    """Mean y over the last 16 tokens of each document's first seq_len tokens."""
+    return np.stack([model.context(tokens[None, :seq_len])[0, -16:].mean(0).numpy() for _, tokens in docs])
+
+
+def knn_topic_accuracy(vectors: np.ndarray, labels: list[int]) -> float | None:
+    """Cross-validated 5-nearest-neighbour topic accuracy of the (normalised) vectors; None with too few per topic."""
+    from sklearn.model_selection import cross_val_score
+    from sklearn.neighbors import KNeighborsClassifier
+
+    folds = min(5, min(labels.count(t) for t in set(labels)))
+    if folds < 2:
+        return None
+    normalised = vectors / np.linalg.norm(vectors, axis=1, keepdims=True).clip(1e-12)
+    return float(cross_val_score(KNeighborsClassifier(min(5, len(labels) - len(labels) // folds)), normalised, labels, cv=folds).mean())
+
+
+@torch.no_grad()
+def y_spread(model, docs: list[tuple[int, torch.Tensor]], seq_len: int, skip: int) -> dict[str, float]:
+    """Has y collapsed? For each document, the unit directions n_s of y over its positions skip..seq_len-1:
+    `cos_within` = mean cosine of n_s with the document's mean direction; `cos_across` = mean cosine between two
+    documents' mean directions (distinct pairs); `between_share` = share of y's total variance (over all those
+    positions) that lies between the documents' means. A collapsed y has cos_across ~ cos_within ~ 1."""
+    length = min(seq_len, *(len(tokens) for _, tokens in docs))  # documents differ in length: compare equal spans
+    if length <= skip:
+        raise ValueError(f"y_spread: the shortest document has {length} tokens, not more than skip={skip}")
+    ys = torch.stack([model.context(tokens[None, :length])[0, skip:] for _, tokens in docs]).double()  # (D, S, d_y)
+    n = _unit(ys)
+    means = _unit(n.mean(1))
+    within = float((n * means[:, None]).sum(-1).mean())
+    gram = means @ means.T
+    d = len(docs)
+    across = float((gram.sum() - gram.diagonal().sum()) / (d * (d - 1))) if d > 1 else float("nan")
+    flat = ys.reshape(-1, ys.shape[-1])
+    total = float(((flat - flat.mean(0)) ** 2).sum(-1).mean())
+    between = float(((ys.mean(1) - flat.mean(0)) ** 2).sum(-1).mean())
+    return {"cos_within": within, "cos_across": across, "between_share": between / total if total > 0 else float("nan"),
+            "mean_norm": float(ys.norm(dim=-1).mean())}
+
+
+@torch.no_grad()
+def baseline_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -> dict[str, list[float]]:
+    """The plain transformer's CE at each position after the prefix, without and with the prefix in context."""
+    tokens = torch.stack([d[: prefix + length + 1] for d in docs])
+    targets = tokens[:, prefix + 1 :]
+
+    def ce(logits):
+        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
+
+    return {"no prefix": ce(model(tokens[:, prefix:-1])), "with prefix": ce(model(tokens[:, :-1])[:, prefix:])}
+
+
+@torch.no_grad()
+def per_position_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -> dict[str, list[float]]:
+    """CE at each position of the part after the prefix: frozen y (prefix dropped), dynamic without the prefix,
+    dynamic with it."""
+    tokens = torch.stack([d[: prefix + length + 1] for d in docs])
+    part, targets = tokens[:, prefix:-1], tokens[:, prefix + 1 :]
+
+    def ce(logits):
+        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
+
+    y = model.context(tokens[:, :prefix])[:, -1]
+    return {"specialised (frozen y, no prefix)": ce(model(part, y=y)), "dynamic, no prefix": ce(model(part)),
+            "dynamic, with prefix": ce(model(tokens[:, :-1])[:, prefix:])}

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..absorb import absorb_methods, get_absorb_method
-from ..absorb.harness import compare, method_name
-from ..tasks.episodes import get_episode_source
-from .common import Result, claim_output_folder, pyplot, save_result
+from .absorb import absorb_methods, get_absorb_method
+from .absorb.harness import compare, method_name
+from .outputs import Result, claim_output_folder, pyplot, save_result
+from .tasks.episodes import get_episode_source
 
 VALIDATION_SEED_OFFSET = 10_000  # validation episodes: seed + this (test episodes use the seed itself)
 
@@ -50,7 +50,7 @@ def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 def parse_tune(items: list[str]) -> dict[str, list[Any]]:
     """["dynamic-eval.learning_rate=1e-5,1e-4"] -> {"dynamic-eval.learning_rate": [1e-05, 0.0001]}."""
-    from ..config import scalar
+    from .config import scalar
 
     out = {}
     for item in items:
@@ -66,7 +66,7 @@ def parse_tune(items: list[str]) -> dict[str, list[Any]]:
 
 def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progress: bool = True) -> dict[str, Any]:
     """Runs the comparison (loading the model unless `loaded` is given) and writes the result files."""
-    from ..interop.models import load_model
+    from .interop.models import load_model
 
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
     methods = spec.methods or absorb_methods()

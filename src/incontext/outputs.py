@@ -1,0 +1,92 @@
+"""What a command writes into its output folder: the folder claim (no command writes over files it did not
+create), what an experiment returns (Result) and the one writer of results.json, tables and figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fileio import strict_json
+
+# An experiment's output folder carries this file (naming the experiment): a later run of the same experiment
+# may replace what is in it; any other non-empty folder is refused, so no command writes over a user's files.
+EXPERIMENT_MARKER = ".incontext-experiment"
+
+
+def claim_output_folder(out_dir: Path, owner: str, create: bool = True) -> None:
+    """Make out_dir the output folder of `owner` (an experiment, or a command such as compare): it must be new,
+    empty, or an earlier output of the same owner (one written before markers existed is recognised by its
+    results.json and table.md); anything else is refused before a file is written. create=False only checks."""
+    out_dir = Path(out_dir)
+    marker = out_dir / EXPERIMENT_MARKER
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"--out {out_dir} is a file, not a folder")
+    if marker.is_file():
+        try:
+            earlier = json.loads(marker.read_text()).get("experiment")
+        except (ValueError, AttributeError):
+            earlier = None
+        if earlier != owner:
+            raise FileExistsError(f"--out {out_dir} holds the output of experiment {earlier!r}, not {owner!r}: "
+                                  "choose another --out")
+        return
+    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if entries and not {"results.json", "table.md"} <= set(entries):
+        raise FileExistsError(f"--out {out_dir} is not empty: it holds files this command did not write "
+                              f"({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and is no output of "
+                              f"{owner!r}; choose a new or empty folder (incontext never writes over files it did not create)")
+    if create:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"experiment": owner}) + "\n")
+
+
+@dataclass
+class Result:
+    """What an experiment produced. `tables` and `figures` map file names to functions of the final results
+    (results.json's content, with "experiment" and "config" in front): a table returns markdown, a figure a
+    matplotlib Figure (drawn with `pyplot()`)."""
+
+    results: dict[str, Any]
+    tables: dict[str, Callable[[dict[str, Any]], str]] = field(default_factory=dict)
+    figures: dict[str, Callable[[dict[str, Any]], Any]] = field(default_factory=dict)
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_result(result: Result, out_dir: Path, experiment: str | None = None, config: Any = None) -> dict[str, Any]:
+    """The one writer of experiment files: results.json (strict JSON), the tables and the figures (PNG, 120 dpi)
+    under out_dir; returns the results as written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    head = {"experiment": experiment} if experiment else {}
+    if config is not None:
+        head["config"] = dataclasses.asdict(config)
+    results = {**head, **result.results}
+    (out_dir / "results.json").write_text(strict_json(results))
+    for name, make in result.tables.items():
+        text = make(results)
+        (out_dir / name).write_text(text if text.endswith("\n") else text + "\n")
+    plt = pyplot() if result.figures else None
+    for name, draw in result.figures.items():
+        figure = draw(results)
+        figure.savefig(out_dir / name, dpi=120)
+        plt.close(figure)
+    return results
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """The lines of a markdown table: `header`, its separator, then one line per row (cells as str())."""
+    return ["| " + " | ".join(map(str, header)) + " |", "|---" * len(header) + "|",
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
