@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from ..absorb.dynamic_eval import full_mask, prompt_sgd, tint_simulate, tint_update
 from ..absorb.harness import compare
@@ -115,10 +116,7 @@ class Scorer:
         for start in range(0, len(sequences), batch):
             chunk = sequences[start : start + batch]
             lengths = torch.tensor([len(s) for s in chunk])
-            padded = torch.zeros(len(chunk), int(lengths.max()), dtype=torch.long)
-            for i, s in enumerate(chunk):
-                padded[i, : len(s)] = s
-            logits = model(padded)[torch.arange(len(chunk)), lengths - 1]
+            logits = model(pad_sequence(chunk, batch_first=True))[torch.arange(len(chunk)), lengths - 1]
             out.append(F.log_softmax(logits.double(), -1)[:, self.label_ids])
         return torch.cat(out)
 
