@@ -119,9 +119,13 @@ def linear_fit(y: torch.Tensor, params: dict[str, torch.Tensor], spans: TaskSpan
     return result
 
 
+def _unit(y: torch.Tensor) -> torch.Tensor:
+    return y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
 def dot_product_map(y: torch.Tensor) -> torch.Tensor:
     """<n_s . n_t> averaged over sequences, n = y / ||y||: (T, T)."""
-    n = y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    n = _unit(y)
     return torch.einsum("bsd,btd->st", n, n) / y.shape[0]
 
 
@@ -154,10 +158,6 @@ def cgt_arithmetic_metrics(model: torch.nn.Module, batch: Batch, config: Arithme
 
 
 # ----------------------------------------------------------------------------- text mixtures (sec. 4.4)
-
-
-def _unit(y: torch.Tensor) -> torch.Tensor:
-    return y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 def join_transition(y: torch.Tensor, joins: torch.Tensor, window: int) -> dict[str, list[float]]:
@@ -211,16 +211,18 @@ def y_spread(model, docs: list[tuple[int, torch.Tensor]], seq_len: int, skip: in
             "mean_norm": float(ys.norm(dim=-1).mean())}
 
 
+def _ce_by_position(logits: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    """Cross-entropy at each position, averaged over the documents (rows)."""
+    return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
+
+
 @torch.no_grad()
 def baseline_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -> dict[str, list[float]]:
     """The plain transformer's CE at each position after the prefix, without and with the prefix in context."""
     tokens = torch.stack([d[: prefix + length + 1] for d in docs])
     targets = tokens[:, prefix + 1 :]
-
-    def ce(logits):
-        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
-
-    return {"no prefix": ce(model(tokens[:, prefix:-1])), "with prefix": ce(model(tokens[:, :-1])[:, prefix:])}
+    return {"no prefix": _ce_by_position(model(tokens[:, prefix:-1]), targets),
+            "with prefix": _ce_by_position(model(tokens[:, :-1])[:, prefix:], targets)}
 
 
 @torch.no_grad()
@@ -229,10 +231,7 @@ def per_position_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -
     dynamic with it."""
     tokens = torch.stack([d[: prefix + length + 1] for d in docs])
     part, targets = tokens[:, prefix:-1], tokens[:, prefix + 1 :]
-
-    def ce(logits):
-        return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
-
     y = model.context(tokens[:, :prefix])[:, -1]
-    return {"specialised (frozen y, no prefix)": ce(model(part, y=y)), "dynamic, no prefix": ce(model(part)),
-            "dynamic, with prefix": ce(model(tokens[:, :-1])[:, prefix:])}
+    return {"specialised (frozen y, no prefix)": _ce_by_position(model(part, y=y), targets),
+            "dynamic, no prefix": _ce_by_position(model(part), targets),
+            "dynamic, with prefix": _ce_by_position(model(tokens[:, :-1])[:, prefix:], targets)}
