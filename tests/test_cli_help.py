@@ -6,12 +6,11 @@ import sys
 import pytest
 
 from incontext.cli import main
-from incontext.experiments.catalog import EXPERIMENTS
-from incontext.experiments.registry import build_catalog
+from incontext.cli_catalog import EXPERIMENTS, build_catalog
 
 
 def test_the_catalog_matches_the_registry():
-    """Regenerate with `python -m incontext.experiments.registry` when this fails."""
+    """Regenerate with `python -m incontext.cli_catalog` when this fails."""
     assert build_catalog() == EXPERIMENTS
 
 

@@ -230,7 +230,7 @@ class _RunHelp(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from .experiments.catalog import EXPERIMENTS
+        from .cli_catalog import EXPERIMENTS
 
         name = getattr(namespace, "experiment", None)
         if name is None:

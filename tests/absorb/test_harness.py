@@ -4,7 +4,7 @@ import statistics
 import pytest
 import torch
 
-from incontext.absorb.harness import agreement, compare, episode_score, interval95, score_query
+from incontext.absorb.harness import agreement, compare, episode_score, score_query
 from incontext.models import Transformer, TransformerConfig
 from incontext.tasks import get_task
 from incontext.tasks.episodes import Episode, Query, get_episode_source
@@ -147,16 +147,6 @@ def test_agreement_by_hand():
     assert a["top1_sum"] == 1.0 and a["positions"] == 2
     assert math.isclose(a["kl_sum"], float((p.exp() * (p - r)).sum()), rel_tol=1e-12)
     assert math.isclose(a["relative"], float((out - ref).norm() / ref.norm()), rel_tol=1e-6)
-
-
-def test_interval95():
-    row = interval95([0.0, 1.0, 0.0, 1.0])
-    assert row["mean"] == 0.5 and row["n"] == 4
-    from scipy import stats
-
-    half = stats.t.ppf(0.975, 3) * math.sqrt(1 / 3) / 2
-    assert math.isclose(row["high"] - row["mean"], half, rel_tol=1e-12)
-    assert math.isnan(interval95([1.0])["low"])
 
 
 def test_prompt_errors_are_one_line():

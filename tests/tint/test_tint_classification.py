@@ -7,7 +7,7 @@ from conftest import rel_error
 
 from incontext.cli import main
 from incontext.absorb.dynamic_eval import full_mask, prompt_sgd, tint_simulate, tint_update
-from incontext.experiments.tint_classification import SETTINGS, Study, accuracy, interval95
+from incontext.experiments.tint_classification import SETTINGS, Study, accuracy
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TinT, TintConfig
 from incontext.tint.reference import (
@@ -140,9 +140,3 @@ def test_setting_chosen_on_validation_never_looks_at_test():
     assert row["setting"] == {"plain": "single/full", "calibrated": "single/label"}
     assert (row["plain"], row["calibrated"]) == (80, 0) and row["lr"] == {"plain": 1, "calibrated": 0}
     assert row["validation"] == {"plain": 60, "calibrated": 30}
-
-
-def test_interval95():
-    assert interval95(50, 100) == pytest.approx(100 * 1.96 * 0.05)
-    assert interval95(40, 400, seed_std=3.0, seeds=3) == pytest.approx(100 * 1.96 * (0.24 / 400 + 0.03 ** 2 / 3) ** 0.5)
-    assert interval95(40, 400, seed_std=3.0, seeds=3) > interval95(40, 400)

@@ -6,7 +6,9 @@ import json
 import torch
 
 from incontext.train.config import config_from_dict
-from incontext.train.fresh import finished_training, train_fresh
+from incontext.train.fresh import RUN_RECORD, finished_record, finished_training, train_fresh, train_many
+from incontext.train.trainer import load_for_eval
+from incontext.train import latest_checkpoint
 
 TINY = {"model": {"n_layer": 1, "d_model": 16, "n_head": 2},
         "task": {"name": "linear_regression", "d_in": 2, "n_points": 4},
@@ -52,3 +54,20 @@ def test_without_reuse_an_identical_run_is_trained_again(tmp_path):
     stamp = checkpoint_stamp(tmp_path)
     _, _, results = train_fresh(tmp_path, TINY)
     assert "reused" not in results and checkpoint_stamp(tmp_path) != stamp
+
+
+def test_train_many_in_processes_equals_one_after_the_other(tmp_path):
+    runs = {seed: with_changes(run={"seed": seed}) for seed in (0, 1)}
+    sequential = train_many({seed: (tmp_path / "a" / str(seed), s) for seed, s in runs.items()}, workers=1)
+    parallel = train_many({seed: (tmp_path / "b" / str(seed), s) for seed, s in runs.items()}, workers=2)
+    for seed in runs:
+        assert sequential[seed]["train_eval"] == parallel[seed]["train_eval"]
+        assert json.loads((tmp_path / "b" / str(seed) / RUN_RECORD).read_text()) == parallel[seed]
+        a, _ = load_for_eval(latest_checkpoint(tmp_path / "a" / str(seed) / "train"))
+        b, _ = load_for_eval(latest_checkpoint(tmp_path / "b" / str(seed) / "train"))
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(x, y), name
+    assert sequential[0]["train_eval"] != sequential[1]["train_eval"]  # the seeds differ
+    assert finished_record(tmp_path / "a" / "0", runs[0]) == sequential[0]
+    assert finished_record(tmp_path / "a" / "0", runs[1]) is None  # other settings
+    assert train_many({}, workers=2) == {}

@@ -26,7 +26,6 @@ error instead of stopping the comparison.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import threading
@@ -38,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..stats import t_interval95
 from ..tasks.episodes import Episode, EpisodeSource, Query
 from .base import get_absorb_method
 
@@ -111,18 +111,6 @@ class PeakMemory:
             now = _resident_bytes()
             self.peak = max(self.highest, now if now is not None else 0) - self.start
         return False
-
-
-def interval95(values: list[float]) -> dict[str, float]:
-    """Mean and 95% t-interval of the mean over episodes (half-width NaN for fewer than 2 values)."""
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n if n else float("nan")
-    if n < 2:
-        return {"mean": mean, "low": float("nan"), "high": float("nan"), "n": n}
-    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
 
 
 # ------------------------------------------------------------------------------------------- scoring
@@ -218,7 +206,7 @@ class MethodRecord:
         if per_episode:  # for paired statistics across methods (episodes that failed are left out)
             row["episode_scores"], row["episode_positions"] = list(self.episode_scores), list(self.episode_positions)
         for key in self.episode_scores[0]:
-            row[key] = interval95([s[key] for s in self.episode_scores])
+            row[key] = t_interval95([s[key] for s in self.episode_scores])
         if metric in ("accuracy", "ce", "mse"):
             weights = self.episode_positions
             row["score_pooled"] = sum(s["score"] * w for s, w in zip(self.episode_scores, weights)) / sum(weights)

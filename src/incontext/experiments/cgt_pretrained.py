@@ -41,9 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..absorb.distill_lora import DistilledLoRA, LoRASpec, init_lora_factors
-from ..absorb.harness import interval95
 from ..models import CGTAdapter, CGTAdapterConfig, Transformer
 from ..outputs import Result, pyplot, save_result
+from ..stats import t_interval95
 from ..tasks.topic_mixture import topic_documents
 from ..train import OptimizerConfig, ScheduleConfig, latest_checkpoint, lr_at, save_checkpoint
 from ..train.checkpoint import load_training_state, read_state
@@ -258,7 +258,7 @@ def collapse_check(adapter: CGTAdapter, docs: list[torch.Tensor], prefix: int, l
 
 def paired(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     """Mean over documents of (a - b) (each document's mean CE over its scored positions), with a 95% interval."""
-    return interval95((a.mean(1) - b.mean(1)).tolist())
+    return t_interval95((a.mean(1) - b.mean(1)).tolist())
 
 
 @torch.no_grad()
@@ -365,7 +365,7 @@ def run_on(base: Transformer, encode: Callable[[str], list[int]], config: Pretra
         "training": {"cgt": cgt_log[-1] if cgt_log else {}, "lora": lora_log[-1] if lora_log else {},
                      "cgt_first": cgt_log[0] if cgt_log else {}, "lora_first": lora_log[0] if lora_log else {},
                      **timings},
-        "ce": {name: {"per_document": interval95(v.mean(1).tolist()), "per_position": v.mean(0).tolist()}
+        "ce": {name: {"per_document": t_interval95(v.mean(1).tolist()), "per_position": v.mean(0).tolist()}
                for name, v in ce.items()},
         "differences": comparisons,
         "y": {"knn_topic_accuracy": knn_topic_accuracy(y_end, labels),

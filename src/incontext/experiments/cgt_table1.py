@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +22,10 @@ import torch
 
 from ..fileio import strict_json
 from ..outputs import Result, pyplot, save_result
+from ..stats import mean_3se
 from ..train import latest_checkpoint, load_for_eval
 from ..train.cgt_metrics import TaskSpans, cgt_arithmetic_metrics, dot_product_map
-from ..train.config import config_from_dict
-from ..train.fresh import finished_training, train_fresh
+from ..train.fresh import finished_record, train_many
 from .cgt_plots import dot_map_figure
 from .registry import register_experiment
 
@@ -130,52 +126,19 @@ def variant_settings(config: Table1Config, variant: str, seed: int) -> dict[str,
     }
 
 
-def _train_one(run_dir: str, settings: dict[str, Any]) -> dict[str, Any]:
-    start = time.perf_counter()
-    _, _, results = train_fresh(Path(run_dir), settings)
-    seconds = time.perf_counter() - start
-    record = {"train_eval": results["eval"], "seconds": seconds, "seconds_per_step": seconds / settings["schedule"]["total_steps"],
-              "parameters": results["parameters"]}
-    (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=2))
-    return record
-
-
-def _finished_run(run_dir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The record of a run trained to its last step earlier with these settings, or None."""
-    done = finished_training(run_dir / "train", config_from_dict(settings)) and (run_dir / "run.json").is_file()
-    return json.loads((run_dir / "run.json").read_text()) if done else None
-
-
-def mean_3se(values: list[float]) -> tuple[float, float]:
-    """Mean and 3 standard errors (0 for a single value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, 3 * std / math.sqrt(n)
-
-
 @register_experiment("cgt-table1", "CGT Table 1: baseline / CGT / +aux / +aux+reg, base and specialised accuracy", Table1Config)
 def run(config: Table1Config, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(variant, seed) for variant in config.variants for seed in config.seeds]
     settings = {job: variant_settings(config, *job) for job in jobs}
     run_dirs = {job: out_dir / f"{job[0]}-seed{job[1]}" for job in jobs}
-    trained = {}
-    if config.reuse:
-        trained = {job: record for job in jobs if (record := _finished_run(run_dirs[job], settings[job])) is not None}
+    trained = {job: record for job in jobs if config.reuse and (record := finished_record(run_dirs[job], settings[job])) is not None}
     todo = [job for job in jobs if job not in trained]
     if config.reuse and config.only_finished:
         jobs, todo = [job for job in jobs if job in trained], []
         if not jobs:
             raise ValueError(f"only_finished: no finished runs under {out_dir}")
-    if config.workers == 1:
-        trained.update({job: _train_one(str(run_dirs[job]), settings[job]) for job in todo})
-    elif todo:
-        with ProcessPoolExecutor(config.workers, mp_context=get_context("spawn")) as pool:
-            futures = {job: pool.submit(_train_one, str(run_dirs[job]), settings[job]) for job in todo}
-            trained.update({job: future.result() for job, future in futures.items()})
+    trained.update(train_many({job: (run_dirs[job], settings[job]) for job in todo}, config.workers))
 
     runs, maps = [], {}
     for job in jobs:

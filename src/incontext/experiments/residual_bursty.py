@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from ..models.toy_transformer import STREAMS, ToyTransformer, ToyTransformerConfig, parameter_count
 from ..outputs import Result, pyplot
+from ..stats import pairwise_t_tests
 from ..tasks.bursty import KINDS, BurstyConfig, BurstyTask
 from ..train.batched import evaluate_runs, first_crossing, train_runs
 from .registry import register_experiment
@@ -123,8 +124,6 @@ def run(config: ResidualBurstyConfig, out_dir: Path) -> Result:
 
 def summarise(records: list[dict], runs: list[tuple[str, int]], config: ResidualBurstyConfig) -> dict:
     """First crossings per run, their mean/std per variant, and t-tests between variants."""
-    from scipy import stats
-
     steps = [r["step"] for r in records]
     crossings: dict[str, dict[str, dict[str, list[float]]]] = {}
     for threshold in config.thresholds:
@@ -136,14 +135,7 @@ def summarise(records: list[dict], runs: list[tuple[str, int]], config: Residual
                                            for i, run in enumerate(runs) if run[0] == variant]
     summary = {key: {v: {"mean": float(np.mean(x)), "std": float(np.std(x)), "reached": int(np.isfinite(x).sum())}
                      for v, x in per_variant.items()} for key, per_variant in crossings.items()}
-    tests = {}
-    for key, per_variant in crossings.items():
-        for i, a in enumerate(config.variants):
-            for b in config.variants[i + 1:]:
-                x, y = np.array(per_variant[a]), np.array(per_variant[b])
-                if np.isfinite(x).all() and np.isfinite(y).all() and len(x) > 1 and (x.std() + y.std()) > 0:
-                    t, p = stats.ttest_ind(x, y)
-                    tests.setdefault(key, {})[f"{a} vs {b}"] = {"t": float(t), "p": float(p)}
+    tests = {key: t for key, per_variant in crossings.items() if (t := pairwise_t_tests(per_variant))}
     final = {kind: {variant: float(np.mean([records[-1]["accuracy"][kind][i] for i, run in enumerate(runs) if run[0] == variant]))
                     for variant in config.variants} for kind in KINDS}
     return {"first_crossing": crossings, "crossing_summary": summary, "t_tests": tests, "final_accuracy": final}

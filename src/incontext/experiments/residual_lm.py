@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from ..outputs import Result, markdown_table, pyplot, save_result
-from ..tasks.stories import PAPER_IOI_PROMPTS, Stories, ioi_prompts
-from ..train import load_for_eval
+from ..stats import mean_std
+from ..tasks.stories import PAPER_IOI_PROMPTS
 from ..train.fresh import train_fresh
-from ..train.lm_probes import in_context_curve, in_context_score, induction_accuracy, ioi_scores, validation_loss
+from ..train.lm_probes import probe_checkpoints, probe_model
 from ..train.metrics import read_metrics
 from .registry import register_experiment
 
@@ -105,37 +105,6 @@ def train_settings(config: ResidualLMConfig, variant: str, seed: int) -> dict:
     }
 
 
-def evaluate_model(model: torch.nn.Module, task: Stories, config: ResidualLMConfig) -> dict:
-    """Every probe for one trained model (in eval mode, in its own architecture)."""
-    model.eval()
-    prompts = ioi_prompts(config.ioi_pairs, config.corpus_seed)
-    ioi = ioi_scores(model, task, prompts)
-    paper_groups = [ioi[f"paper {i}"] for i in range(1, len(PAPER_IOI_PROMPTS) + 1)]
-    ioi["paper"] = {key: float(np.mean([g[key] for g in paper_groups])) for key in ("correct", "incorrect", "logit_diff", "accuracy")}
-    curve = in_context_curve(model, task, config.icl_stories, seed=config.corpus_seed)
-    return {"validation_loss": validation_loss(model, task, config.eval_windows, seed=config.corpus_seed + 1),
-            "ioi": ioi, "in_context_curve": curve,
-            "in_context_score": in_context_score(curve, tuple(config.icl_early), tuple(config.icl_late)),
-            "induction": induction_accuracy(model, task, config.induction_sequences, seed=config.corpus_seed + 2)}
-
-
-def probe_checkpoints(train_dir: Path, task: Stories, config: ResidualLMConfig) -> list[dict]:
-    """IOI (training and held-out names), induction accuracy and validation loss of every checkpoint of a run."""
-    prompts = ioi_prompts(config.ioi_pairs, config.corpus_seed, paper=False)
-    rows = []
-    for checkpoint in sorted((train_dir / "checkpoints").glob("step_*")):
-        model, _ = load_for_eval(checkpoint)
-        ioi = ioi_scores(model, task, prompts)
-        rows.append({"step": int(checkpoint.name.removeprefix("step_")), "ioi": ioi,
-                     "induction_accuracy": induction_accuracy(model, task, config.induction_sequences, seed=config.corpus_seed + 2)["accuracy"],
-                     "validation_loss": validation_loss(model, task, min(config.eval_windows, 256), seed=config.corpus_seed + 1)})
-    return rows
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return float(np.mean(values)), float(np.std(values))  # population std over seeds
-
-
 # Rows of the summary: (label, path into a run's results, scale, format)
 SUMMARY_ROWS = (
     ("validation loss", ("validation_loss",), 1, ".3f"),
@@ -165,7 +134,7 @@ def _get(run: dict, path: tuple[str, ...]) -> float:
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, list[float]]]:
     """{variant: {row label: [mean, std]}} over seeds."""
-    return {variant: {label: list(_mean_std([_get(r, path) * scale for r in seed_runs]))
+    return {variant: {label: list(mean_std([_get(r, path) * scale for r in seed_runs]))
                       for label, path, scale, _ in SUMMARY_ROWS}
             for variant, seed_runs in runs.items()}
 
@@ -188,8 +157,8 @@ def table(config: ResidualLMConfig, runs: dict[str, list[dict]], summary: dict, 
     for i in range(1, len(PAPER_IOI_PROMPTS) + 1):
         cells = []
         for v in variants:
-            c = _mean_std([r["ioi"][f"paper {i}"]["correct"] for r in runs[v]])
-            w = _mean_std([r["ioi"][f"paper {i}"]["incorrect"] for r in runs[v]])
+            c = mean_std([r["ioi"][f"paper {i}"]["correct"] for r in runs[v]])
+            w = mean_std([r["ioi"][f"paper {i}"]["incorrect"] for r in runs[v]])
             cells.append(f"{c[0]:.1f} +- {c[1]:.1f} / {w[0]:.1f} +- {w[1]:.1f}")
         cells += [f"{PAPER['sentence_correct'][v][i - 1]} / {PAPER['sentence_incorrect'][v][i - 1]}" for v in paper_variants]
         rows.append([f"{i}: {PAPER_IOI_PROMPTS[i - 1][0].format(s='*')}", *cells])
@@ -270,9 +239,11 @@ def run(config: ResidualLMConfig, out_dir: Path) -> dict:
             model, train_config, trained = train_fresh(run_dir, train_settings(config, variant, seed))
             seconds = time.perf_counter() - started
             task = train_config.build_task()
-            result = {"seed": seed, "variant": variant, "train_seconds": seconds,
-                      "final_train_loss": trained["eval"].get("loss"), **evaluate_model(model, task, config),
-                      "during_training": probe_checkpoints(run_dir / "train", task, config)}
+            probes = {"ioi_pairs": config.ioi_pairs, "seed": config.corpus_seed, "induction_sequences": config.induction_sequences}
+            result = {"seed": seed, "variant": variant, "train_seconds": seconds, "final_train_loss": trained["eval"].get("loss"),
+                      **probe_model(model, task, windows=config.eval_windows, icl_stories=config.icl_stories,
+                                    icl_early=tuple(config.icl_early), icl_late=tuple(config.icl_late), **probes),
+                      "during_training": probe_checkpoints(run_dir / "train", task, windows=min(config.eval_windows, 256), **probes)}
             runs[variant].append(result)
             curves[variant].append([(r["step"], r["loss"]) for r in read_metrics(run_dir / "train") if r["split"] == "train"])
             parameters = model.num_parameters()

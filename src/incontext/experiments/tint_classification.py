@@ -49,6 +49,7 @@ from ..absorb.dynamic_eval import full_mask, prompt_sgd, tint_simulate, tint_upd
 from ..absorb.harness import compare
 from ..models import Transformer
 from ..outputs import Result, pyplot
+from ..stats import accuracy_interval95
 from ..tasks.episodes import get_episode_source
 from ..tint import TintConfig
 from ..train.fresh import train_fresh
@@ -119,13 +120,6 @@ class Scorer:
             logits = model(pad_sequence(chunk, batch_first=True))[torch.arange(len(chunk)), lengths - 1]
             out.append(F.log_softmax(logits.double(), -1)[:, self.label_ids])
         return torch.cat(out)
-
-
-def interval95(accuracy_percent: float, n_queries: int, seed_std: float = 0.0, seeds: int = 1) -> float:
-    """Half-width (points) of a 95% normal interval of an accuracy on n test queries; with demonstration draws,
-    their spread enters as the error of a mean over `seeds` draws."""
-    p = accuracy_percent / 100
-    return 100 * 1.96 * math.sqrt(p * (1 - p) / n_queries + (seed_std / 100) ** 2 / seeds)
 
 
 def accuracy(scores: torch.Tensor, baseline: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
@@ -294,7 +288,7 @@ class Study:
         n_test = len(self.queries["test"])
         shots = {name: summarize(rows, n_test) for name, rows in per_seed.items()}
         for row in zero.values():
-            row["interval95"] = {cal: interval95(row[cal], n_test) for cal in CALIBRATION}
+            row["interval95"] = {cal: accuracy_interval95(row[cal], n_test) for cal in CALIBRATION}
         zero = {"vanilla": zero.pop("vanilla"), **zero}
         return {"n_queries": {split: len(q) for split, q in self.queries.items()},
                 "label_tokens": self.scorer.label_ids.tolist(), "zero_shot": zero,
@@ -323,7 +317,7 @@ def summarize(rows: list[dict], n_test: int) -> dict:
     for mode in ("plain", "calibrated"):
         values = [r[mode] for r in rows]
         mean, std = statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
-        out[mode] = {"mean": mean, "std": std, "interval95": interval95(mean, n_test, std, len(values)), "seeds": values}
+        out[mode] = {"mean": mean, "std": std, "interval95": accuracy_interval95(mean, n_test, std, len(values)), "seeds": values}
         if "validation" in rows[0]:
             out[mode]["validation_seeds"] = [r["validation"][mode] for r in rows]
         if "setting" in rows[0]:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..absorb.harness import compare
-from ..outputs import Result
+from ..outputs import Result, markdown_table
 from ..tasks.episodes import get_episode_source
 from ..tint import TinT, TintConfig
 from ..tint.reference import compare_with_exact
@@ -93,7 +93,7 @@ def run(config: PerplexityConfig, out_dir: Path) -> Result:
     train_seconds = time.perf_counter() - start
     model = model.double().eval()  # float64: the finite-difference backward of TinT is exact to rounding
     task = train_config.build_task()
-    table: dict[str, list[float]] = {"vanilla": [], "dynamic eval": [], "TinT": []}
+    by_method: dict[str, list[float]] = {"vanilla": [], "dynamic eval": [], "TinT": []}
     without_context: list[float] = []
     methods = {**METHODS, **({row: f"dynamic-eval:{params}" for row, params in SUBSETS.items()} if config.subset_table else {})}
     chosen: dict[str, list[float]] = {method: [] for method in methods}
@@ -116,55 +116,50 @@ def run(config: PerplexityConfig, out_dir: Path) -> Result:
             chosen[method].append(best)
             chosen_options[name] = method_options(method, best, config)
         rows = {row["method"]: row for row in compare(model, source, documents, chosen_options, progress=False, per_episode=True)}
-        table["vanilla"].append(perplexity(rows["keep-prompt"]))
+        by_method["vanilla"].append(perplexity(rows["keep-prompt"]))
         without_context.append(perplexity(rows["drop-prompt"]))
         for method, name in methods.items():
-            (table if method in METHODS else subset_perplexity)[method].append(perplexity(rows[name]))
+            (by_method if method in METHODS else subset_perplexity)[method].append(perplexity(rows[name]))
         for row, name in {"vanilla": "keep-prompt", **methods}.items():
             losses[row].append(document_losses(rows[name], config.documents))
     g = torch.Generator().manual_seed(config.seed + 11)
     documents = task.validation_windows(config.documents + config.tune_documents, g)[config.tune_documents :, : config.seq_len]
     exact = against_exact(model, documents[: config.exact_documents], config, chosen["TinT"])
     results = {"parameters": model.num_parameters(), "train_eval": trained.get("eval"), "train_seconds": round(train_seconds, 1),
-               "total_seconds": round(time.perf_counter() - start, 1), "perplexity": table,
+               "total_seconds": round(time.perf_counter() - start, 1), "perplexity": by_method,
                "perplexity_without_context": without_context,
                "inner_learning_rate": chosen, "tuning_perplexity": tuning, "vs_r_exact": exact,
                "paper_gpt2_wikitext103": PAPER_GPT2, "subset_perplexity": subset_perplexity,
                "subset_params": {row: SUBSETS[row] for row in subset_perplexity},
                "gain_share": gain_shares(losses, config)}
-    return Result(results, {"table.md": lambda r: markdown_table(r, config)})
+    return Result(results, {"table.md": lambda r: table(r, config)})
 
 
-def markdown_table(results: dict, config: PerplexityConfig) -> str:
-    table, chosen, exact = results["perplexity"], results["inner_learning_rate"], results["vs_r_exact"]
-    fracs = " | ".join(f"{round(100 * f)}%" for f in config.fractions)
+def table(results: dict, config: PerplexityConfig) -> str:
+    by_method, chosen, exact = results["perplexity"], results["inner_learning_rate"], results["vs_r_exact"]
+    fracs = [f"{round(100 * f)}%" for f in config.fractions]
     lines = [(f"Held-out perplexity, {config.documents} documents of {config.seq_len} tokens (Shakespeare plays held out), "
              f"GPT-2-style model with {config.n_layer} layers, width {config.d_model}, {results['parameters']:,} parameters; "
              "inner learning rate (summed loss) tuned per fraction on "
-             f"{config.tune_documents} other documents."), "",
-             f"| method | {fracs} | paper (GPT-2, WikiText-103) |", "|---|" + "---|" * (len(config.fractions) + 1)]
-    for method, values in table.items():
-        lr = "" if method == "vanilla" else " (lr " + ", ".join(f"{x:g}" for x in chosen[method]) + ")"
-        lines.append(f"| {method}{lr} | " + " | ".join(f"{v:.2f}" for v in values) + " | "
-                     + " / ".join(str(p) for p in PAPER_GPT2[method]) + " |")
+             f"{config.tune_documents} other documents."), ""]
+    lines += markdown_table(["method", *fracs, "paper (GPT-2, WikiText-103)"], [
+        [method + ("" if method == "vanilla" else " (lr " + ", ".join(f"{x:g}" for x in chosen[method]) + ")"),
+         *(f"{v:.2f}" for v in values), " / ".join(str(p) for p in PAPER_GPT2[method])] for method, values in by_method.items()])
     lines += ["", "Without the document's training part in the context (drop-prompt): "
               + ", ".join(f"{v:.2f}" for v in results["perplexity_without_context"]) + "."]
     lines += ["", "Share of dynamic evaluation's gain (drop of the held-out cross-entropy from vanilla, summed over the "
               f"{config.documents} documents), % [95% bootstrap interval, {config.bootstrap} resamples of the documents]; "
               "rows below TinT: exact SGD on the parameter groups named (dynamic evaluation with `params=`), inner "
-              "learning rate tuned per fraction like the others:", "",
-              f"| row (params; lr) | {fracs} | all fractions |", "|---|" + "---|" * (len(config.fractions) + 1)]
-    for row, share in results["gain_share"].items():
-        params = results["subset_params"].get(row)
-        label = f"{row} (`{params}`; lr " + ", ".join(f"{x:g}" for x in chosen[row]) + ")" if params else row
-        lines.append(f"| {label} | " + " | ".join(percent(s) for s in share["per_fraction"]) + f" | {percent(share['pooled'])} |")
-    lines += ["", f"TinT's step vs exact SGD on the same parameters (R-exact), mean over {config.exact_documents} documents:", "",
-              "| fraction | TinT lr | logits rel. gap | update cosine | update norm ratio | held-out loss before / TinT / exact |",
-              "|---|---|---|---|---|---|"]
-    for fraction, row in exact.items():
-        lines.append(f"| {fraction} | {row['learning_rate']:g} | {row['logits_rel_gap']:.2e} | {row['update_cosine']:.5f} | "
-                     f"{row['update_norm_ratio']:.4f} | {row['heldout_loss_before']:.4f} / {row['heldout_loss_tint']:.4f} / "
-                     f"{row['heldout_loss_exact']:.4f} |")
+              "learning rate tuned per fraction like the others:", ""]
+    params = results["subset_params"]
+    lines += markdown_table(["row (params; lr)", *fracs, "all fractions"], [
+        [f"{row} (`{params[row]}`; lr " + ", ".join(f"{x:g}" for x in chosen[row]) + ")" if row in params else row,
+         *(percent(s) for s in share["per_fraction"]), percent(share["pooled"])] for row, share in results["gain_share"].items()])
+    lines += ["", f"TinT's step vs exact SGD on the same parameters (R-exact), mean over {config.exact_documents} documents:", ""]
+    lines += markdown_table(["fraction", "TinT lr", "logits rel. gap", "update cosine", "update norm ratio",
+                             "held-out loss before / TinT / exact"], [
+        [fraction, f"{r['learning_rate']:g}", f"{r['logits_rel_gap']:.2e}", f"{r['update_cosine']:.5f}", f"{r['update_norm_ratio']:.4f}",
+         f"{r['heldout_loss_before']:.4f} / {r['heldout_loss_tint']:.4f} / {r['heldout_loss_exact']:.4f}"] for fraction, r in exact.items()])
     return "\n".join(lines) + "\n"
 
 

@@ -1,11 +1,15 @@
 """Training a model for an experiment into <out>/train through the ordinary trainer, replacing an earlier run of
 the same experiment there and never a folder incontext did not write; or reusing that earlier run when it was
-trained to its end with the same settings."""
+trained to its end with the same settings. `train_many` trains a study's runs, several processes at a time, each
+with a record of its training (run.json) that outlives its checkpoints."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +83,37 @@ def train_fresh(out_dir: Path, settings: TrainConfig | dict[str, Any], reuse: bo
     results = train(config)
     model, _ = load_for_eval(latest_checkpoint(train_dir))
     return model, config, results
+
+
+RUN_RECORD = "run.json"  # in a study's run folder, next to its train/ folder
+
+
+def train_recorded(run_dir: Path | str, settings: dict[str, Any]) -> dict[str, Any]:
+    """train_fresh into run_dir/train, then its record in run_dir/run.json: the trainer's final evaluation,
+    training seconds, seconds per step and parameters."""
+    start = time.perf_counter()
+    _, _, results = train_fresh(Path(run_dir), settings)
+    seconds = time.perf_counter() - start
+    record = {"train_eval": results["eval"], "seconds": seconds, "seconds_per_step": seconds / settings["schedule"]["total_steps"],
+              "parameters": results["parameters"]}
+    (Path(run_dir) / RUN_RECORD).write_text(json.dumps(record, indent=2))
+    return record
+
+
+def finished_record(run_dir: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of a run trained to its last step earlier with these settings (`train_recorded`), or None."""
+    done = finished_training(Path(run_dir) / "train", config_from_dict(settings)) and (Path(run_dir) / RUN_RECORD).is_file()
+    return json.loads((Path(run_dir) / RUN_RECORD).read_text()) if done else None
+
+
+def train_many(runs: dict[Any, tuple[Path, dict[str, Any]]], workers: int = 1) -> dict[Any, dict[str, Any]]:
+    """`train_recorded` for every run (key -> (run folder, settings)), `workers` processes at a time (spawned:
+    each sets its own torch threads from its settings); workers=1 trains them one after the other in this
+    process. Returns each run's record."""
+    if workers == 1:
+        return {key: train_recorded(run_dir, settings) for key, (run_dir, settings) in runs.items()}
+    if not runs:
+        return {}
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        futures = {key: pool.submit(train_recorded, str(run_dir), settings) for key, (run_dir, settings) in runs.items()}
+        return {key: future.result() for key, future in futures.items()}

@@ -1,15 +1,19 @@
 """Probes of a language model trained on the stories task (tasks/stories.py), each a few forward passes in
 eval mode: the log-probability of a continuation, IOI name scores, validation loss, the loss by position on
-held-out-name stories (in-context curve and score) and induction on repeated random tokens."""
+held-out-name stories (in-context curve and score) and induction on repeated random tokens; `probe_model` and
+`probe_checkpoints` run them all on a trained model and on the checkpoints of its training run."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..tasks.stories import IOIPrompt, Stories, heldout_stories
+from ..tasks.stories import PAPER_IOI_PROMPTS, IOIPrompt, Stories, heldout_stories, ioi_prompts
 from ..tasks.text import ENDOFTEXT_ID
+from .trainer import load_for_eval
 
 
 def at_least_float32(logits: torch.Tensor) -> torch.Tensor:
@@ -109,3 +113,33 @@ def induction_accuracy(model: torch.nn.Module, task: Stories, sequences: int, se
     accuracy = (logits[:, second].argmax(-1) == targets[:, second]).float().mean()
     return {"accuracy": float(accuracy), "loss_second_copy": float(losses[:, second].mean()),
             "loss_first_copy": float(losses[:, 1:half].mean())}
+
+
+def probe_model(model: torch.nn.Module, task: Stories, *, ioi_pairs: int, seed: int, windows: int, icl_stories: int,
+                icl_early: tuple[int, int], icl_late: tuple[int, int], induction_sequences: int) -> dict:
+    """Every probe of one trained model, in eval mode: validation loss (`windows` windows), IOI (each paper prompt,
+    their mean as "paper", and `ioi_pairs` sampled pairs of training / held-out names), the in-context curve and
+    score, and induction. `seed` draws the IOI names and the held-out stories (seed + 1: the validation windows,
+    seed + 2: the induction sequences)."""
+    model.eval()
+    ioi = ioi_scores(model, task, ioi_prompts(ioi_pairs, seed))
+    paper_groups = [ioi[f"paper {i}"] for i in range(1, len(PAPER_IOI_PROMPTS) + 1)]
+    ioi["paper"] = {key: float(np.mean([g[key] for g in paper_groups])) for key in ("correct", "incorrect", "logit_diff", "accuracy")}
+    curve = in_context_curve(model, task, icl_stories, seed=seed)
+    return {"validation_loss": validation_loss(model, task, windows, seed=seed + 1),
+            "ioi": ioi, "in_context_curve": curve, "in_context_score": in_context_score(curve, icl_early, icl_late),
+            "induction": induction_accuracy(model, task, induction_sequences, seed=seed + 2)}
+
+
+def probe_checkpoints(train_dir: Path, task: Stories, *, ioi_pairs: int, seed: int, windows: int,
+                      induction_sequences: int) -> list[dict]:
+    """IOI (sampled training and held-out names), induction accuracy and validation loss of every checkpoint of a
+    training run, in step order (seeds as in `probe_model`)."""
+    prompts = ioi_prompts(ioi_pairs, seed, paper=False)
+    rows = []
+    for checkpoint in sorted((Path(train_dir) / "checkpoints").glob("step_*")):
+        model, _ = load_for_eval(checkpoint)
+        rows.append({"step": int(checkpoint.name.removeprefix("step_")), "ioi": ioi_scores(model, task, prompts),
+                     "induction_accuracy": induction_accuracy(model, task, induction_sequences, seed=seed + 2)["accuracy"],
+                     "validation_loss": validation_loss(model, task, windows, seed=seed + 1)})
+    return rows

@@ -1,0 +1,58 @@
+"""Summary statistics over seeds, episodes and queries, shared by the harness and the experiments: means with
+their spread, 95% intervals and t-tests. scipy (a dependency of the package) supplies the t distribution."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population standard deviation (over seeds, as the papers report them)."""
+    return float(np.mean(values)), float(np.std(values))
+
+
+def mean_3se(values: list[float]) -> tuple[float, float]:
+    """Mean and 3 standard errors (sample std / sqrt(n); 0 for a single value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, 3 * std / math.sqrt(n)
+
+
+def t_interval95(values: list[float]) -> dict[str, float]:
+    """Mean and 95% t-interval of the mean (half-width NaN for fewer than 2 values)."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n if n else float("nan")
+    if n < 2:
+        return {"mean": mean, "low": float("nan"), "high": float("nan"), "n": n}
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
+
+
+def accuracy_interval95(accuracy_percent: float, n_queries: int, seed_std: float = 0.0, seeds: int = 1) -> float:
+    """Half-width (points) of a 95% normal interval of an accuracy on n test queries; with demonstration draws,
+    their spread (std in points) enters as the error of a mean over `seeds` draws."""
+    p = accuracy_percent / 100
+    return 100 * 1.96 * math.sqrt(p * (1 - p) / n_queries + (seed_std / 100) ** 2 / seeds)
+
+
+def pairwise_t_tests(groups: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Two-sample t-tests between every pair of groups ("a vs b", in the groups' order), for pairs whose values
+    are all finite, with at least two values and some spread (else the test is undefined and left out)."""
+    from scipy import stats
+
+    names, tests = list(groups), {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            x, y = np.array(groups[a]), np.array(groups[b])
+            if np.isfinite(x).all() and np.isfinite(y).all() and len(x) > 1 and (x.std() + y.std()) > 0:
+                t, p = stats.ttest_ind(x, y)
+                tests[f"{a} vs {b}"] = {"t": float(t), "p": float(p)}
+    return tests

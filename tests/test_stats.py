@@ -1,0 +1,46 @@
+"""Summary statistics against plain computations written here."""
+
+import math
+import random
+
+import pytest
+from scipy import stats as scipy_stats
+
+from incontext.stats import accuracy_interval95, mean_3se, mean_std, pairwise_t_tests, t_interval95
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mean_std_and_mean_3se(seed):
+    values = [random.Random(seed).uniform(-5, 5) for _ in range(2 + seed)]
+    mean = sum(values) / len(values)
+    population = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    sample = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    assert mean_std(values) == pytest.approx((mean, population), rel=1e-12)
+    assert mean_3se(values) == pytest.approx((mean, 3 * sample / math.sqrt(len(values))), rel=1e-12)
+    assert mean_3se([values[0]]) == (values[0], 0.0)
+
+
+def test_t_interval95():
+    row = t_interval95([0.0, 1.0, 0.0, 1.0])
+    assert row["mean"] == 0.5 and row["n"] == 4
+    half = scipy_stats.t.ppf(0.975, 3) * math.sqrt(1 / 3) / 2
+    assert math.isclose(row["high"] - row["mean"], half, rel_tol=1e-12)
+    assert math.isclose(row["mean"] - row["low"], half, rel_tol=1e-12)
+    assert math.isnan(t_interval95([1.0])["low"])
+
+
+def test_accuracy_interval95():
+    assert accuracy_interval95(50, 100) == pytest.approx(100 * 1.96 * 0.05)
+    with_seeds = accuracy_interval95(40, 400, seed_std=3.0, seeds=3)
+    assert with_seeds == pytest.approx(100 * 1.96 * (0.24 / 400 + 0.03 ** 2 / 3) ** 0.5)
+    assert with_seeds > accuracy_interval95(40, 400)
+
+
+def test_pairwise_t_tests():
+    groups = {"a": [1.0, 2.0, 3.0], "b": [2.0, 4.0, 7.0], "c": [1.0, math.inf, 2.0], "d": [5.0, 5.0, 5.0]}
+    tests = pairwise_t_tests(groups)
+    # c has a run that never crossed (inf); a pair without spread (d vs d) would be undefined
+    assert set(tests) == {"a vs b", "a vs d", "b vs d"}
+    t, p = scipy_stats.ttest_ind(groups["a"], groups["b"])
+    assert tests["a vs b"] == pytest.approx({"t": t, "p": p}, rel=1e-12)
+    assert pairwise_t_tests({"a": [1.0], "b": [2.0]}) == {}
