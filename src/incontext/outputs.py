@@ -86,6 +86,21 @@ def save_result(result: Result, out_dir: Path, experiment: str | None = None, co
     return results
 
 
+def earlier_results(out_dir: Path, config: Any, free: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """results.json of an earlier run of an experiment in out_dir (None if there is none), to be extended: it must
+    have been made with `config`'s settings apart from the `free` ones, else ValueError naming those that differ."""
+    path = Path(out_dir) / "results.json"
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    mine = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(config))).items() if k not in free}  # as saved: lists
+    theirs = {k: v for k, v in saved.get("config", {}).items() if k not in free}
+    differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if differing:
+        raise ValueError(f"{path} was made with other settings ({', '.join(differing)}); use the same settings or another --out")
+    return saved
+
+
 def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     """The lines of a markdown table: `header`, its separator, then one line per row (cells as str())."""
     return ["| " + " | ".join(map(str, header)) + " |", "|---" * len(header) + "|",

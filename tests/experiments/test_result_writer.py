@@ -10,7 +10,7 @@ import pytest
 import incontext.experiments as experiments_package
 from incontext.config import ConfigError, parse_overrides
 from incontext.experiments import list_experiments
-from incontext.outputs import Result, claim_output_folder, pyplot, save_result
+from incontext.outputs import Result, claim_output_folder, earlier_results, markdown_table, pyplot, save_result
 
 
 @dataclass
@@ -60,3 +60,26 @@ def test_flat_options_keep_dotted_keys_and_their_own_messages():
         parse_overrides(["x=[1"], flat=True)
     with pytest.raises(ConfigError, match="must look like key=value"):
         parse_overrides(["speed"])
+
+
+@dataclass
+class StudyConfig:
+    size: int = 3
+    seeds: tuple = (0,)
+    threads: int = 1
+
+
+def test_earlier_results_must_share_the_settings_that_are_not_free(tmp_path):
+    assert earlier_results(tmp_path, StudyConfig()) is None  # nothing written yet
+    save_result(Result({"runs": [1]}), tmp_path, "toy", StudyConfig(seeds=(0, 1), threads=2))
+    saved = earlier_results(tmp_path, StudyConfig(seeds=(2,)), free=("seeds", "threads"))
+    assert saved["runs"] == [1] and saved["config"]["seeds"] == [0, 1]
+    assert earlier_results(tmp_path, StudyConfig(seeds=(0, 1), threads=2)) == saved  # tuples as saved (lists)
+    with pytest.raises(ValueError, match=r"other settings \(seeds, threads\)"):
+        earlier_results(tmp_path, StudyConfig())
+    with pytest.raises(ValueError, match=r"other settings \(size\)"):
+        earlier_results(tmp_path, StudyConfig(size=4), free=("seeds", "threads"))
+
+
+def test_markdown_table():
+    assert markdown_table(["a", "b"], [[1, "x"], [2.5, None]]) == ["| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | None |"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..models.amicl import AMICL, SEPARATIONS, SIMILARITIES, AMICLModelConfig
-from ..outputs import Result, pyplot
+from ..outputs import Result, markdown_table, pyplot
 from ..tasks import get_task
 from .registry import register_experiment
 
@@ -52,17 +52,12 @@ def run(config: AMICLConfig, out_dir: Path) -> Result:
 
 
 def table(ours: dict[str, float], grid: dict[str, float], lengths: dict[int, float], n: int) -> str:
-    lines = [f"| setting (K=512, D=100, s=20 unless said; {n} trials) | ours | paper | binomial std |", "|---|---|---|---|"]
-    for name, target in TARGETS.items():
-        if name not in ours:  # a setting this run did not sweep
-            continue
-        value = ours[name]
-        std = (target * (1 - target) / n) ** 0.5
-        lines.append(f"| {name}{' (K=50, a=2)' if name.startswith('D=') else ''} | {value:.3f} | ~{target} | {std:.3f} |")
-    lines += ["", "Similarity x separation at a = 2 (exact-copy accuracy):", "",
-              "| similarity | " + " | ".join(SEPARATIONS) + " |", "|---" * (len(SEPARATIONS) + 1) + "|"]
-    for sim in SIMILARITIES:
-        lines.append(f"| {sim} | " + " | ".join(f"{grid[f'{sim}/{sep}']:.3f}" for sep in SEPARATIONS) + " |")
+    lines = markdown_table([f"setting (K=512, D=100, s=20 unless said; {n} trials)", "ours", "paper", "binomial std"], [
+        [f"{name}{' (K=50, a=2)' if name.startswith('D=') else ''}", f"{ours[name]:.3f}", f"~{target}",
+         f"{(target * (1 - target) / n) ** 0.5:.3f}"] for name, target in TARGETS.items() if name in ours])  # else not swept
+    lines += ["", "Similarity x separation at a = 2 (exact-copy accuracy):", ""]
+    lines += markdown_table(["similarity", *SEPARATIONS], [[sim, *(f"{grid[f'{sim}/{sep}']:.3f}" for sep in SEPARATIONS)]
+                                                           for sim in SIMILARITIES])
     lines += ["", "Sequence length (a = 2): " + ", ".join(f"s={s}: {acc:.3f}" for s, acc in lengths.items())]
     return "\n".join(lines) + "\n"
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from ..outputs import Result, pyplot
+from ..outputs import Result, markdown_table, pyplot
 from ..tasks.regression import Ridge, error_by_examples
 from ..train.cgt_metrics import probe_r2
 from ..train.fresh import train_fresh
@@ -123,10 +123,9 @@ def table(results: dict, config: RegressionConfig) -> str:
     marks = sorted({*config.freeze_after, min(n - 1, 2 * max(config.freeze_after)), n - 1})
     lines = [(f"MSE against U x + b after k examples (d_in {config.d_in}, noise {config.noise}, {config.eval_sequences} "
              f"sequences; CGT {config.n_layer} layers, l = {config.split_layer}, d_x {config.d_x}, d_y {config.d_y}, "
-             f"{config.steps} steps)."), "", "| model | " + " | ".join(f"k={k}" for k in marks) + " |",
-             "|---" * (len(marks) + 1) + "|"]
-    for name, curve in curves.items():
-        lines.append(f"| {name} | " + " | ".join("–" if curve[k] is None else f"{curve[k]:.3f}" for k in marks) + " |")
+             f"{config.steps} steps)."), ""]
+    lines += markdown_table(["model", *(f"k={k}" for k in marks)],
+                            [[name, *("–" if curve[k] is None else f"{curve[k]:.3f}" for k in marks)] for name, curve in curves.items()])
     return "\n".join(lines + ["", "Linear probe of the task (U, b) from the frozen y (held-out R^2): "
                               + ", ".join(f"after {k} examples {r2:.2f}" for k, r2 in probe.items()) + "."])
 

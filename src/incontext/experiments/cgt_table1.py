@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..fileio import strict_json
-from ..outputs import Result, pyplot, save_result
+from ..outputs import Result, markdown_table, pyplot, save_result
 from ..stats import mean_3se
 from ..train import latest_checkpoint, load_for_eval
 from ..train.cgt_metrics import TaskSpans, cgt_arithmetic_metrics, dot_product_map
@@ -205,22 +205,19 @@ def table(results: dict) -> str:
     lines = [(f"CGT Table 1, preset {results['config']['preset']}: {s['n_layer']} layers (l = {s['split_layer']}), d_x {s['d_x']}, "
              f"d_y {s['d_y']}, r {s['rank']}, M {s['n_templates']}, {s['digits']}-digit numbers, {s['n_tasks']} tasks x "
              f"{s['n_ex']} examples, {s['steps']} steps of batch {s['batch_size']}; mean +- 3 standard errors over {n} seeds "
-             "(paper: 6 runs, 3 sigma). Accuracies on the answer characters of examples 3-4 of every task."), "",
-             "| metric | " + " | ".join(f"{v} ({len(seeds[v])} seeds)" for v in variants) + " |", "|---" * (len(variants) + 1) + "|"]
-    for label, key, scale in ROWS:
-        cells = []
-        for v in variants:
-            if key not in results["summary"][v]:
-                cells.append("–")
-                continue
-            mean, err = results["summary"][v][key]
-            digits = 1 if scale == 100 else 3
-            cell = f"{scale * mean:.{digits}f} ± {scale * err:.{digits}f}"
-            paper = results["paper"].get(key, {}).get(v)
-            if paper:
-                cell += f" (paper {paper[0]}{f' ± {paper[1]}' if paper[1] else ''})"
-            cells.append(cell)
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+             "(paper: 6 runs, 3 sigma). Accuracies on the answer characters of examples 3-4 of every task."), ""]
+
+    def cell(variant: str, key: str, scale: int) -> str:
+        if key not in results["summary"][variant]:
+            return "–"
+        mean, err = results["summary"][variant][key]
+        digits = 1 if scale == 100 else 3
+        paper = results["paper"].get(key, {}).get(variant)
+        return f"{scale * mean:.{digits}f} ± {scale * err:.{digits}f}" + (
+            f" (paper {paper[0]}{f' ± {paper[1]}' if paper[1] else ''})" if paper else "")
+
+    lines += markdown_table(["metric", *(f"{v} ({len(seeds[v])} seeds)" for v in variants)],
+                            [[label, *(cell(v, key, scale) for v in variants)] for label, key, scale in ROWS])
     return "\n".join(lines) + "\n"
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..outputs import Result, pyplot
+from ..outputs import Result, markdown_table, pyplot
 from ..train.cgt_metrics import (baseline_ce, document_embeddings, dot_product_map, join_transition, knn_topic_accuracy,
                                  per_position_ce, y_spread)
 from ..train.fresh import train_fresh
@@ -121,19 +121,18 @@ def table(results: dict) -> str:
     lines = [(f"CGT on BBC News + Shakespeare mixtures ({c['n_layer']} layers, l = {c['split_layer']}, d_x {c['d_x']}, "
              f"d_y {c['d_y']}, {c['steps']} steps of {c['batch_size']} x {c['seq_len']} tokens); regularised: w_C "
              f"{c['w_c']}, w_D {c['w_d']}. Per-position CE averaged over the {c['seq_len'] - c['prefix']} tokens after a "
-             f"{c['prefix']}-token prefix."), "",
-             ("| model | validation CE (dynamic) | 5-NN topic accuracy of y | cos(n, n before join) 16 tokens after the join "
-             "| CE specialised | CE dynamic, no prefix | CE dynamic, with prefix |"), "|---|---|---|---|---|---|---|"]
+             f"{c['prefix']}-token prefix."), ""]
+    rows = []
     for name, m in results["models"].items():
-        t, ce = m["transition"], m["per_position_ce"]
+        t = m["transition"]
         after = t["cos_with_before_join"][t["offsets"].index(min(16, t["offsets"][-1]))]
-        means = [float(np.mean(v)) for v in ce.values()]
         knn = "–" if m["knn_topic_accuracy"] is None else f"{m['knn_topic_accuracy']:.3f}"
-        lines.append(f"| {name} | {m['validation_ce']:.3f} | {knn} | {after:.3f} | "
-                     + " | ".join(f"{v:.3f}" for v in means) + " |")
+        rows.append([name, f"{m['validation_ce']:.3f}", knn, f"{after:.3f}", *(f"{np.mean(v):.3f}" for v in m["per_position_ce"].values())])
+    lines += markdown_table(["model", "validation CE (dynamic)", "5-NN topic accuracy of y", "cos(n, n before join) 16 tokens "
+                             "after the join", "CE specialised", "CE dynamic, no prefix", "CE dynamic, with prefix"], rows)
     if "baseline" in results:
         b = results["baseline"]
-        no_prefix, with_prefix = (float(np.mean(v)) for v in (b["per_position_ce"]["no prefix"], b["per_position_ce"]["with prefix"]))
+        no_prefix, with_prefix = (float(np.mean(b["per_position_ce"][k])) for k in ("no prefix", "with prefix"))
         lines.append(f"| plain transformer, same width and depth ({b['parameters']:,} parameters) | {b['validation_ce']:.3f} "
                      f"| | | | {no_prefix:.3f} | {with_prefix:.3f} |")
     spreads = {name: m["y_spread"] for name, m in results["models"].items() if "y_spread" in m}
@@ -141,11 +140,10 @@ def table(results: dict) -> str:
         lines += ["", (f"Has y collapsed? Unit directions of y over positions {c['prefix']}..{c['seq_len'] - 1} of "
                        f"{c['docs_per_topic']} held-out documents per topic: mean cosine with the document's own mean "
                        "direction (within), between two documents' mean directions (across), and the share of y's "
-                       "variance between documents."), "",
-                  "| model | cos within a document | cos across documents | between-document share of variance | mean norm of y |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {name} | {s['cos_within']:.3f} | {s['cos_across']:.3f} | {s['between_share']:.3f} | {s['mean_norm']:.2f} |"
-                  for name, s in spreads.items()]
+                       "variance between documents."), ""]
+        lines += markdown_table(["model", "cos within a document", "cos across documents", "between-document share of variance",
+                                 "mean norm of y"], [[name, f"{s['cos_within']:.3f}", f"{s['cos_across']:.3f}",
+                                                      f"{s['between_share']:.3f}", f"{s['mean_norm']:.2f}"] for name, s in spreads.items()])
     return "\n".join(lines) + "\n"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..outputs import Result
+from ..outputs import Result, markdown_table
 from .registry import register_experiment
 
 # A few sentences of ordinary English prose (public-domain style), enough for ~100 tokens.
@@ -91,18 +91,16 @@ def _smollm2(new_tokens: int) -> dict:
 @register_experiment("hf-parity", "logits of our Transformer vs transformers' GPT-2 / Llama and pretrained SmolLM2-135M", ParityConfig)
 def run(config: ParityConfig, out_dir: Path) -> Result:
     return Result({"dtype": "float32", "random_weights": _random_pairs(config.seed), "smollm2": _smollm2(config.new_tokens)},
-                  {"table.md": markdown_table})
+                  {"table.md": table})
 
 
-def markdown_table(results: dict) -> str:
-    lines = ["| model | direction | max abs logit difference (float32) |", "|---|---|---|"]
-    for name, row in results["random_weights"].items():
-        lines.append(f"| {name} (random, 4 layers, width 128) | HF -> ours | {row['import_max_abs']:.2e} |")
-        lines.append(f"| {name} (random, 4 layers, width 128) | ours -> HF | {row['export_max_abs']:.2e} |")
+def table(results: dict) -> str:
     s = results["smollm2"]
-    lines.append(f"| SmolLM2-135M pretrained, {s['tokens']} tokens of text | HF -> ours | {s['max_abs']:.2e} "
-                 f"(relative {s['relative']:.2e}, argmax agreement {s['argmax_agreement']:.3f}) |")
-    lines += ["", "| prompt | greedy continuation (ours) | identical to transformers |", "|---|---|---|"]
-    for g in s["generations"]:
-        lines.append(f"| {g['prompt']} | {g['ours']!r} | {g['identical']} |")
+    rows = [[f"{name} (random, 4 layers, width 128)", direction, f"{row[key]:.2e}"] for name, row in results["random_weights"].items()
+            for direction, key in (("HF -> ours", "import_max_abs"), ("ours -> HF", "export_max_abs"))]
+    rows.append([f"SmolLM2-135M pretrained, {s['tokens']} tokens of text", "HF -> ours", f"{s['max_abs']:.2e} "
+                 f"(relative {s['relative']:.2e}, argmax agreement {s['argmax_agreement']:.3f})"])
+    lines = [*markdown_table(["model", "direction", "max abs logit difference (float32)"], rows), ""]
+    lines += markdown_table(["prompt", "greedy continuation (ours)", "identical to transformers"],
+                            [[g["prompt"], repr(g["ours"]), g["identical"]] for g in s["generations"]])
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ from ..absorb import ICLCAApprox
 from ..absorb.harness import compare
 from ..interop import from_hf_llama, load_smollm2
 from ..interop.models import HFCodec
-from ..outputs import Result
+from ..outputs import Result, markdown_table
 from ..tasks.episodes import get_episode_source
 from .registry import register_experiment
 
@@ -72,11 +72,9 @@ def approximation_errors(model, source, episodes, features: list[int], exact_sin
 
 
 def error_table(summary: dict[str, dict[str, float]]) -> list[str]:
-    lines = ["| setting | relative logits error vs prompted, mean +- std over pairs |", "|---|---|"]
-    for name, row in summary.items():
-        lines.append(f"| {name} | {100 * row['mean']:.2f}% +- {100 * row['std']:.2f}% |")
-    lines.append("| paper, GPT-2: without prompt / converted | 16.56% / 9.17% |")
-    return lines
+    return markdown_table(["setting", "relative logits error vs prompted, mean +- std over pairs"],
+                          [*([name, f"{100 * row['mean']:.2f}% +- {100 * row['std']:.2f}%"] for name, row in summary.items()),
+                           ["paper, GPT-2: without prompt / converted", "16.56% / 9.17%"]])
 
 
 @register_experiment("iclca-approx", "ICLCA approximate conversion (softmax, FAVOR+ or learned features) on pretrained SmolLM2-135M with real text", ApproxConfig)
@@ -122,8 +120,6 @@ def table(results: dict, config: ApproxConfig) -> str:
     lines = error_table(results["relative_logits_error"])
     columns = list(generations[0])
     lines += ["", f"Greedy continuations (converted: m={max(config.features)} FAVOR+ features or the learned maps, "
-              f"exact sinks={max(config.exact_sinks)}):", "",
-              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for g in generations:
-        lines.append("| " + " | ".join(g[c].replace("\n", " ").replace("|", "/") for c in columns) + " |")
+              f"exact sinks={max(config.exact_sinks)}):", ""]
+    lines += markdown_table(columns, [[g[c].replace("\n", " ").replace("|", "/") for c in columns] for g in generations])
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import torch
 
 from ..absorb import ICLCA
 from ..models import Transformer, TransformerConfig
-from ..outputs import Result
+from ..outputs import Result, markdown_table
 from .registry import register_experiment
 
 # Paper Table 1 (float32, linear attention + RoPE): parameters -> mean relative logits error
@@ -68,10 +68,7 @@ def run(config: Table1Config, out_dir: Path) -> Result:
 
 
 def table(results: dict) -> str:
-    lines = ["| depth | parameters (ours) | relative logits error, mean (max) | paper: parameters | paper: error |",
-             "|---|---|---|---|---|"]
-    for r in results["rows"]:
-        paper_error = f"{r['paper_rel_error']:.1e}" if r["paper_rel_error"] else "-"
-        lines.append(f"| {r['depth']} | {r['parameters']:,} | {r['mean_rel_error']:.1e} ({r['max_rel_error']:.1e}) | "
-                     f"{r['paper_parameters']} | {paper_error} |")
+    lines = markdown_table(["depth", "parameters (ours)", "relative logits error, mean (max)", "paper: parameters", "paper: error"], [
+        [r["depth"], f"{r['parameters']:,}", f"{r['mean_rel_error']:.1e} ({r['max_rel_error']:.1e})", r["paper_parameters"],
+         f"{r['paper_rel_error']:.1e}" if r["paper_rel_error"] else "-"] for r in results["rows"]])
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..outputs import Result, pyplot
+from ..outputs import Result, markdown_table, pyplot
 from ..tasks.regression import error_by_examples
 from ..train.fresh import train_fresh
 from ..train.metrics import read_metrics
@@ -70,18 +70,15 @@ def run(config: RegressionDemoConfig, out_dir: Path) -> Result:
         "mse_by_examples": curves,
         "mean_mse": {name: sum(c) / len(c) for name, c in curves.items()},
     }
-    return Result(results, {"table.md": lambda r: markdown_table(curves, config.d_in)},
+    return Result(results, {"table.md": lambda r: curve_table(curves, config.d_in)},
                   {"regression_demo.png": lambda r: plot(curves, losses, config)})
 
 
-def markdown_table(curves: dict[str, list[float]], d_in: int) -> str:
+def curve_table(curves: dict[str, list[float]], d_in: int) -> str:
     names = list(curves)
-    lines = ["| in-context examples | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     n = len(curves[names[0]])
     shown = sorted({0, 1, 2, 4, d_in // 2, d_in, d_in + 1, d_in + 2, 2 * d_in, n - 1} & set(range(n)))
-    for k in shown:
-        lines.append(f"| {k} | " + " | ".join(f"{curves[name][k]:.3f}" for name in names) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(markdown_table(["in-context examples", *names], [[k, *(f"{curves[name][k]:.3f}" for name in names)] for k in shown])) + "\n"
 
 
 def plot(curves: dict[str, list[float]], losses: list[tuple[int, float]], config: RegressionDemoConfig):

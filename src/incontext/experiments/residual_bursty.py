@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..models.toy_transformer import STREAMS, ToyTransformer, ToyTransformerConfig, parameter_count
-from ..outputs import Result, pyplot
+from ..outputs import Result, markdown_table, pyplot
 from ..stats import pairwise_t_tests
 from ..tasks.bursty import KINDS, BurstyConfig, BurstyTask
 from ..train.batched import evaluate_runs, first_crossing, train_runs
@@ -150,10 +150,8 @@ def table(results: dict) -> str:
              f"{results['seconds'] / 60:.1f} min for all {len(results['runs'])} runs on {results['device']}. "
              f"Parameters per run: {results['parameters_per_run']:,} (paper scale: {results['parameters_per_run_paper_scale']:,}).", "",
              "First step at which accuracy exceeds the threshold (mean +- population std over seeds; n/r = runs that "
-             "never did). Paper: snapshots of 500 steps at its own scale (75k steps), converted to steps.", "",
-             "| threshold | set | " + " | ".join(f"{VARIANT_NAMES[v]} (ours)" for v in variants) + " | "
-             + " | ".join(f"{VARIANT_NAMES[v]} (paper)" for v in variants) + " |",
-             "|---|---|" + "---|" * (2 * len(variants))]
+             "never did). Paper: snapshots of 500 steps at its own scale (75k steps), converted to steps.", ""]
+    rows = []
     for key, per_variant in results["crossing_summary"].items():
         threshold, kind = key.split("/")
         ours = []
@@ -162,8 +160,10 @@ def table(results: dict) -> str:
             missing = len(config["seeds"]) - s["reached"]
             ours.append(f"{s['mean']:.0f} +- {s['std']:.0f}" if not missing else f"n/r {missing}/{len(config['seeds'])}")
         paper = PAPER_SNAPSHOTS.get((float(threshold), kind), {})
-        paper_cells = [f"{paper[v][0] * 500:.0f} +- {paper[v][1] * 500:.0f}" if v in paper else "-" for v in variants]
-        lines.append(f"| > {threshold} | {kind.upper()} | " + " | ".join(ours) + " | " + " | ".join(paper_cells) + " |")
+        rows.append([f"> {threshold}", kind.upper(), *ours,
+                     *(f"{paper[v][0] * 500:.0f} +- {paper[v][1] * 500:.0f}" if v in paper else "-" for v in variants)])
+    lines += markdown_table(["threshold", "set", *(f"{VARIANT_NAMES[v]} (ours)" for v in variants),
+                             *(f"{VARIANT_NAMES[v]} (paper)" for v in variants)], rows)
     if "none" in variants:
         gains = []
         for kind in ("ic", "ic2"):
@@ -173,15 +173,12 @@ def table(results: dict) -> str:
                     gains.append(f"{VARIANT_NAMES[v]} {100 * (1 - at95[v]['mean'] / at95['none']['mean']):.0f}% ({kind.upper()})")
         lines += ["", "Fewer steps than classic to exceed 0.95: " + ", ".join(gains) + " (paper: V 24%, Q ~18%, K ~3%)."]
     if results["t_tests"].get("0.95/ic") or results["t_tests"].get("0.95/ic2"):
-        lines += ["", "Two-sample t-tests at 0.95 (t, p):", "", "| pair | IC | IC2 |", "|---|---|---|"]
-        pairs = sorted(set(results["t_tests"].get("0.95/ic", {})) | set(results["t_tests"].get("0.95/ic2", {})))
-        for pair in pairs:
-            cells = []
-            for kind in ("ic", "ic2"):
-                test = results["t_tests"].get(f"0.95/{kind}", {}).get(pair)
-                cells.append(f"t = {test['t']:.2f}, p = {test['p']:.3f}" if test else "-")
-            a, b = pair.split(" vs ")
-            lines.append(f"| {VARIANT_NAMES[a]} vs {VARIANT_NAMES[b]} | " + " | ".join(cells) + " |")
+        lines += ["", "Two-sample t-tests at 0.95 (t, p):", ""]
+        tests = {kind: results["t_tests"].get(f"0.95/{kind}", {}) for kind in ("ic", "ic2")}
+        lines += markdown_table(["pair", "IC", "IC2"], [
+            [" vs ".join(VARIANT_NAMES[v] for v in pair.split(" vs ")),
+             *(f"t = {t[pair]['t']:.2f}, p = {t[pair]['p']:.3f}" if pair in t else "-" for t in tests.values())]
+            for pair in sorted(set(tests["ic"]) | set(tests["ic2"]))])
     lines += ["", "Final accuracy (mean over seeds): " + "; ".join(
         f"{kind.upper()} " + ", ".join(f"{VARIANT_NAMES[v]} {acc:.3f}" for v, acc in per.items())
         for kind, per in results["final_accuracy"].items())]

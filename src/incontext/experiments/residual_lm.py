@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..outputs import Result, markdown_table, pyplot, save_result
+from ..outputs import Result, earlier_results, markdown_table, pyplot, save_result
 from ..stats import mean_std
 from ..tasks.stories import PAPER_IOI_PROMPTS
 from ..train.fresh import train_fresh
@@ -258,26 +258,15 @@ SEED_INDEPENDENT = ("seeds", "threads", "add_to_existing")  # settings that may 
 
 
 def earlier_runs(config: ResidualLMConfig, out_dir: Path) -> tuple[dict[str, list[dict]], dict[str, list]]:
-    """Runs and loss curves of the seeds not in config.seeds from <out>/results.json (none if it does not exist);
-    the earlier study must have used the same settings apart from its seeds."""
-    path = Path(out_dir) / "results.json"
-    runs: dict[str, list[dict]] = {v: [] for v in config.variants}
-    curves: dict[str, list] = {v: [] for v in config.variants}
-    if not path.is_file():
-        return runs, curves
-    saved = json.loads(path.read_text())
-    mine = {k: v for k, v in dataclasses.asdict(config).items() if k not in SEED_INDEPENDENT}
-    theirs = {k: v for k, v in saved["config"].items() if k not in SEED_INDEPENDENT}
-    differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
-    if differing:
-        raise ValueError(f"add_to_existing: {path} was made with other settings ({', '.join(differing)}); "
-                         "use the same settings or another --out")
-    for variant in config.variants:
-        for run, curve in zip(saved["runs"][variant], saved["train_loss_curves"][variant]):
-            if run["seed"] not in config.seeds:
-                runs[variant].append(run)
-                curves[variant].append([tuple(point) for point in curve])
-    return runs, curves
+    """Runs and loss curves of the seeds not in config.seeds from an earlier study in out_dir (none if there is
+    none), which must have used the same settings apart from its seeds."""
+    try:
+        saved = earlier_results(out_dir, config, free=SEED_INDEPENDENT) or {"runs": {}, "train_loss_curves": {}}
+    except ValueError as error:
+        raise ValueError(f"add_to_existing: {error}") from None
+    keep = {v: [(r, c) for r, c in zip(saved["runs"].get(v, []), saved["train_loss_curves"].get(v, [])) if r["seed"] not in config.seeds]
+            for v in config.variants}
+    return {v: [r for r, _ in kept] for v, kept in keep.items()}, {v: [[tuple(p) for p in c] for _, c in kept] for v, kept in keep.items()}
 
 
 def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: dict, parameters: int) -> dict:

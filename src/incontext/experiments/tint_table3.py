@@ -21,7 +21,7 @@ from ..tint.counting import (
     paper_sizes,
     transformer_counts,
 )
-from ..outputs import Result
+from ..outputs import Result, markdown_table
 from ..tint.hsplit import build_parameter_tree, count_weights
 from ..tint.reference import compare_with_exact
 from .registry import register_experiment
@@ -102,13 +102,10 @@ def simulated_step(config: Table3Config, tint_config: TintConfig) -> dict:
 
 def table(results: dict) -> str:
     lines = [("Simulator parameters (billions, biases ignored): formula (forward / backward / descent / sum of the three)"
-             " vs the paper's Table 3"), "",
-             "| auxiliary | forward | backward | descent | total | paper F / B / D / total |", "|---|---|---|---|---|---|"]
-    for name, f in results["formula_billions"].items():
-        paper = results["paper_billions"][name]
-        note = " (does not reproduce)" if name == "OPT-350M" else ""
-        lines.append(f"| {name} | {f['forward']} | {f['backward']} | {f['descent']} | {f['total_sum']} | "
-                     f"{' / '.join(str(p) for p in paper)}{note} |")
+             " vs the paper's Table 3"), ""]
+    lines += markdown_table(["auxiliary", "forward", "backward", "descent", "total", "paper F / B / D / total"], [
+        [name, f["forward"], f["backward"], f["descent"], f["total_sum"], " / ".join(map(str, results["paper_billions"][name]))
+         + (" (does not reproduce)" if name == "OPT-350M" else "")] for name, f in results["formula_billions"].items()])
     b, o, lay = results["gpt2_small_built_meta"], results["gpt2_small_formula"], results["gpt2_small_layout"]
     lines += ["", (f"GPT-2-small-sized auxiliary (D_sim={lay['d_sim']}, H_sim={lay['h_sim']}, K={lay['K']}, T_sim={lay['t_sim']}): "
               "TinT parameter tree built on the meta device vs the formula for this construction"), "",
