@@ -113,6 +113,21 @@ def test_linear_fit_recovers_linear_codes_and_not_noise():
         linear_fit(y[:3], {k: v[:3] for k, v in params.items()}, spans)
 
 
+def test_linear_fit_gives_the_same_bits_wherever_its_input_sits_in_memory():
+    """torch's default CPU lstsq driver (gelsy) gave 4 different results over these 12 placements."""
+    task, batch = arithmetic(batch=64, n_tasks=2)
+    spans = TaskSpans.of(task.config)
+    y = torch.randn(64, batch.inputs.shape[1], 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    params = {"a": batch.info["a"].double(), "b": batch.info["b"].double()}
+    results, held = set(), []
+    for offset in range(12):
+        held.append(torch.empty(1 + 7 * offset, dtype=torch.float64))  # moves where the allocator puts the next tensors
+        placed = torch.empty(y.numel() + offset, dtype=torch.float64)[offset:].view_as(y)
+        placed.copy_(y)
+        results.add(tuple(linear_fit(placed, params, spans).values()))
+    assert len(results) == 1
+
+
 def test_dot_product_map_matches_a_loop_reference():
     y = torch.randn(3, 7, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     expected = torch.zeros(7, 7, dtype=torch.float64)

@@ -110,7 +110,9 @@ def linear_fit(y: torch.Tensor, params: dict[str, torch.Tensor], spans: TaskSpan
     design = torch.cat([x, torch.ones_like(x[..., :1])], -1)
     train_x, train_t = design[:half].reshape(-1, design.shape[-1]), t[:half].reshape(-1, t.shape[-1])
     test_x, test_t = design[half:].reshape(-1, design.shape[-1]), t[half:].reshape(-1, t.shape[-1])
-    weights = torch.linalg.lstsq(train_x, train_t).solution
+    # on CPU the default driver (gelsy) rounds differently with the data's memory alignment, so that two runs could
+    # differ at 1e-10; the SVD driver gelsd (CPU only) gives the same bits every time
+    weights = torch.linalg.lstsq(train_x, train_t, driver="gelsd" if train_x.device.type == "cpu" else None).solution
     error = test_x @ weights - test_t
     result = {"mean_abs_error": error.abs().mean().item()}
     for i, name in enumerate(sorted(params)):
