@@ -15,7 +15,7 @@ from ..outputs import Result, markdown_table, pyplot
 from ..tasks.regression import error_by_examples
 from ..train.fresh import train_fresh
 from ..train.metrics import read_metrics
-from .common import TrainedModelOptions
+from .common import TrainedModelOptions, check_settings
 from .registry import register_experiment
 
 
@@ -35,9 +35,7 @@ class RegressionDemoConfig(TrainedModelOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("d_in", "n_points", "eval_sequences"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_settings(self, counts=("d_in", "n_points", "eval_sequences"))
         if self.noise < 0 or self.warmup < 0 or self.threads < 0:
             raise ValueError("noise, warmup and threads must be >= 0")
 

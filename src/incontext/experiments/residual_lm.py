@@ -264,9 +264,14 @@ def earlier_runs(config: ResidualLMConfig, out_dir: Path) -> tuple[dict[str, lis
         saved = earlier_results(out_dir, config, free=SEED_INDEPENDENT) or {"runs": {}, "train_loss_curves": {}}
     except ValueError as error:
         raise ValueError(f"add_to_existing: {error}") from None
-    keep = {v: [(r, c) for r, c in zip(saved["runs"].get(v, []), saved["train_loss_curves"].get(v, [])) if r["seed"] not in config.seeds]
-            for v in config.variants}
-    return {v: [r for r, _ in kept] for v, kept in keep.items()}, {v: [[tuple(p) for p in c] for _, c in kept] for v, kept in keep.items()}
+    runs: dict[str, list[dict]] = {v: [] for v in config.variants}
+    curves: dict[str, list] = {v: [] for v in config.variants}
+    for variant in config.variants:
+        for run, curve in zip(saved["runs"].get(variant, []), saved["train_loss_curves"].get(variant, [])):
+            if run["seed"] not in config.seeds:  # the seeds asked for now are trained again
+                runs[variant].append(run)
+                curves[variant].append([tuple(point) for point in curve])
+    return runs, curves
 
 
 def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: dict, parameters: int) -> dict:

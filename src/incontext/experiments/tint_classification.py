@@ -103,11 +103,7 @@ class Scorer:
     """Label scores of prompts: log p(label word | prompt) for each topic, and the content-free baseline."""
 
     def __init__(self, task):
-        self.task = task
         self.label_ids = torch.tensor(task.label_token_ids())
-
-    def ids(self, text: str) -> torch.Tensor:
-        return torch.tensor(self.task.encode(text))
 
     @torch.no_grad()
     def label_log_probs(self, model: Transformer, sequences: list[torch.Tensor], batch: int = 64) -> torch.Tensor:
