@@ -134,11 +134,12 @@ def test_y_spread_tells_collapsed_from_spread_contexts():
 def test_cgt_options_give_the_trainers_cgt_sections():
     """The shared CGT options become a model section the trainer builds a CGT from, and the loss section."""
     from incontext.experiments.common import CGTOptions
-    from incontext.models import CGTConfig
+    from incontext.models import CGTConfig, CGTLossConfig
 
     options = CGTOptions(rank=2, w_c=0.04, w_d=0.02)
     model, loss = options.cgt_sections()
     assert model.pop("kind") == "cgt"
     assert set(model) <= {field.name for field in dataclasses.fields(CGTConfig)}
     assert model["rank"] == 2 and loss == {"eta": 0.5, "aux_cuts": 4, "w_c": 0.04, "w_d": 0.02}
-    assert options.cgt_sections(regularised=False)[1] == {"eta": 0.5, "aux_cuts": 4, "w_c": 0.0, "w_d": 0.0}
+    assert options.cgt_sections(regularised=False)[1] == {"eta": 0.5, "aux_cuts": 4}  # the loss's defaults w_c = w_d = 0
+    assert CGTLossConfig(**options.cgt_sections(regularised=False)[1]) == CGTLossConfig(eta=0.5, aux_cuts=4, w_c=0.0, w_d=0.0)

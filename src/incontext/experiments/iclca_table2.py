@@ -22,16 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from ..absorb.harness import compare
+from ..config import check_choices
 from ..outputs import Result, pyplot
 from ..tasks.episodes import Episode, get_episode_source
-from ..tasks.induction import TRAIN_LOSSES
 from ..train.fresh import train_fresh
 from ..train.metrics import read_metrics
-from .common import check_settings
+from .common import TrainedModelOptions, WarmupOption, check_settings
 from .registry import register_experiment
 
 
@@ -39,48 +40,39 @@ LABELS = {"with prompt": "keep-prompt", "without prompt": "drop-prompt", "conver
 
 
 @dataclass
-class Table2Config:
+class Table2Config(WarmupOption, TrainedModelOptions):
     n_layer: int = 2
-    d_model: int = 128
     n_head: int = 2
     head_dim: int = 16  # 0: d_model // n_head
-    feature_map: str = "taylor"  # Based-style 2nd-order Taylor of exp: sharper attention than elu + 1
-    linear_norm: str = "kernel"  # "none": unnormalised linear attention
-    positions: str = "learned"  # or "rope"
+    feature_map: Literal["identity", "elu", "taylor", "favor", "learned"] = "taylor"  # Based-style 2nd-order Taylor of exp: sharper attention than elu + 1
+    linear_norm: Literal["kernel", "none"] = "kernel"  # "none": unnormalised linear attention
+    positions: Literal["learned", "rope", "none"] = "learned"
     seq_len: int = 64
     trigger_prob: float = 0.3  # denser triggers than Bietti's setting: learnable within minutes on CPU
-    train_loss: str = "committed"  # the training loss at the committed triggers only; "all": every position
+    train_loss: Literal["all", "committed"] = "committed"  # the training loss at the committed triggers only; "all": every position
     steps: int = 8000
-    batch_size: int = 32
     lr: float = 3e-3  # chosen on validation pilots (pilots.jsonl): 1e-3 left seed 0 on the counting plateau
-    warmup_steps: int = 100
     eval_every: int = 250  # the learning curve's resolution (validation sequences, not the test episodes)
     eval_sequences: int = 1000  # held-out sequences with at least one scored position (one episode each)
-    seed: int = 0
     retrain: bool = True  # false: evaluate the finished training in <out>/train if its settings match
 
     def __post_init__(self):  # refused before training starts, not minutes later
-        check_settings(self, counts=("n_layer", "d_model", "n_head", "seq_len", "steps", "batch_size", "eval_every",
-                                     "eval_sequences"), rates=("lr",))
-        if self.train_loss not in TRAIN_LOSSES:
-            raise ValueError(f"train_loss must be one of {TRAIN_LOSSES}, got {self.train_loss!r}")
+        super().__post_init__()
+        check_settings(self, counts=("seq_len", "eval_every", "eval_sequences"))
+        check_choices(self)
         if self.head_dim < 0 or self.warmup_steps < 0:
             raise ValueError(f"head_dim and warmup_steps must be >= 0, got {self.head_dim}, {self.warmup_steps}")
 
 
 def train_settings(config: Table2Config) -> dict:
-    return {
-        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "attention": "linear",
-                  "feature_map": config.feature_map, "positions": config.positions,
-                  **({"head_dim": config.head_dim} if config.head_dim else {}),
-                  **({} if config.linear_norm == "kernel" else {"linear_norm": config.linear_norm})},
-        "task": {"name": "induction", "seq_len": config.seq_len, "trigger_prob": config.trigger_prob,
-                 **({} if config.train_loss == "all" else {"train_loss": config.train_loss})},
-        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.01},
-        "schedule": {"total_steps": config.steps, "warmup_steps": config.warmup_steps},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": config.eval_every,
-                "eval_sequences": 256, "checkpoint_every": 0, "log_every": 10},
-    }
+    """The trainer's plain sections of the experiment's training run."""
+    return config.train_sections(
+        {"name": "induction", "seq_len": config.seq_len, "trigger_prob": config.trigger_prob,
+         **({} if config.train_loss == "all" else {"train_loss": config.train_loss})},
+        model={"attention": "linear", "feature_map": config.feature_map, "positions": config.positions,
+               **({"head_dim": config.head_dim} if config.head_dim else {}),
+               **({} if config.linear_norm == "kernel" else {"linear_norm": config.linear_norm})},
+        optimizer={"name": "adamw", "weight_decay": 0.01}, warmup_steps=config.warmup_steps, eval_every=config.eval_every)
 
 
 def counting_accuracy(episodes: list[Episode], counting) -> float:

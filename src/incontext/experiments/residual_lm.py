@@ -32,9 +32,11 @@ import torch
 from ..outputs import Result, earlier_results, markdown_table, pyplot, save_result
 from ..stats import mean_std
 from ..tasks.stories import PAPER_IOI_PROMPTS
+from ..train.config import TrainConfig
 from ..train.fresh import train_fresh
 from ..train.lm_probes import probe_checkpoints, probe_model
 from ..train.metrics import read_metrics
+from .common import TransformerOptions, WarmupOption
 from .registry import register_experiment
 
 PAPER = {  # Burns et al., Table 2 and sec. 4 (percent; classic, residual V)
@@ -48,11 +50,9 @@ VARIANT_NAMES = {"none": "classic", "v": "residual V", "q": "residual Q", "k": "
 
 
 @dataclass
-class ResidualLMConfig:
+class ResidualLMConfig(WarmupOption, TransformerOptions):  # one model per variant and seed: no `seed` option
     variants: list[str] = field(default_factory=lambda: ["none", "v"])  # TransformerConfig.residual_stream values
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    n_layer: int = 4
-    d_model: int = 128
     n_head: int = 8  # head_dim 16, as in the paper (256 / 16)
     dropout: float = 0.1
     attn_dropout: float = 0.1
@@ -61,9 +61,7 @@ class ResidualLMConfig:
     train_stories: int = 50000
     corpus_seed: int = 0
     steps: int = 1000
-    batch_size: int = 32
     lr: float = 1e-3
-    warmup_steps: int = 100
     ioi_pairs: int = 100  # random name pairs per IOI group (training names / held-out names), both orders
     eval_windows: int = 1024
     icl_stories: int = 256
@@ -77,6 +75,7 @@ class ResidualLMConfig:
     add_to_existing: bool = False
 
     def __post_init__(self):
+        super().__post_init__()
         unknown = [v for v in self.variants if v not in VARIANT_NAMES]
         if unknown or not self.variants:
             raise ValueError(f"variants must be residual_stream values from {sorted(VARIANT_NAMES)}, got {self.variants}")
@@ -90,19 +89,16 @@ class ResidualLMConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be [start, end) with 0 <= start < end <= seq_len")
 
 
-def train_settings(config: ResidualLMConfig, variant: str, seed: int) -> dict:
-    return {
-        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, "positions": "learned",
-                  "norm": "layernorm", "mlp": "gelu", "tie_embeddings": True, "scale_attn": False,
-                  "dropout": config.dropout, "attn_dropout": config.attn_dropout, "residual_stream": variant},
-        "task": {"name": "stories", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
-                 "train_stories": config.train_stories, "seed": config.corpus_seed},
-        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0, "betas": [0.9, 0.95]},  # = Adam
-        "schedule": {"total_steps": config.steps, "warmup_steps": config.warmup_steps, "kind": "constant"},
-        "run": {"batch_size": config.batch_size, "seed": seed, "eval_every": 0, "eval_sequences": 256,
-                "checkpoint_every": config.probe_every, "keep_checkpoints": config.steps // max(config.probe_every, 1) + 1,
-                "log_every": 10, "device": "cpu", "threads": config.threads, "tensorboard": False},
-    }
+def train_settings(config: ResidualLMConfig, variant: str, seed: int) -> TrainConfig:
+    return config.train_config(
+        {"name": "stories", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
+         "train_stories": config.train_stories, "seed": config.corpus_seed}, seed=seed,
+        model={"positions": "learned", "norm": "layernorm", "mlp": "gelu", "tie_embeddings": True, "scale_attn": False,
+               "dropout": config.dropout, "attn_dropout": config.attn_dropout, "residual_stream": variant},
+        optimizer={"name": "adamw", "weight_decay": 0.0, "betas": (0.9, 0.95)},  # = Adam
+        warmup_steps=config.warmup_steps, schedule={"kind": "constant"}, checkpoint_every=config.probe_every,
+        keep_checkpoints=config.steps // max(config.probe_every, 1) + 1, device="cpu", threads=config.threads,
+        tensorboard=False)
 
 
 # Rows of the summary: (label, path into a run's results, scale, format)

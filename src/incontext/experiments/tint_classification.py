@@ -53,7 +53,7 @@ from ..stats import accuracy_interval95
 from ..tasks.episodes import get_episode_source
 from ..tint import TintConfig
 from ..train.fresh import train_fresh
-from .common import GPT2_ADAMW, GPT2_BLOCK
+from .common import GPT2_ADAMW, GPT2_BLOCK, TrainedModelOptions
 from .registry import register_experiment
 
 # Table 1 averages over the 7 tasks (accuracy %), without / with calibration.
@@ -68,15 +68,12 @@ SEPARATOR = "\n\n"  # between demonstrations (and before the query) in a multi s
 
 
 @dataclass
-class ClassificationConfig:
-    n_layer: int = 4
+class ClassificationConfig(TrainedModelOptions):
     d_model: int = 96  # divisible by the simulator's shards (3)
-    n_head: int = 4
     vocab_size: int = 2048
     seq_len: int = 256  # training windows and the longest prompt (k demonstrations + query)
     steps: int = 1000
     batch_size: int = 8
-    lr: float = 2e-3
     excerpt_words: int = 16
     labelled_fraction: float = 0.5
     max_train_per_topic: int = 0  # 0: all training articles (small values for smoke tests)
@@ -89,9 +86,9 @@ class ClassificationConfig:
     inner_lrs: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
     n_simulation_layers: int | None = None  # None: all layers (as dynamic evaluation's step)
     check_queries: int = 4  # queries on which the simulator's own forward is compared with the read-back model
-    seed: int = 0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.validation_per_topic + self.test_per_topic >= self.heldout_per_topic:
             raise ValueError("validation_per_topic + test_per_topic must leave a demonstration pool in heldout_per_topic")
         if self.shots < 1 or self.seeds < 1 or not self.inner_lrs:
@@ -131,17 +128,12 @@ def accuracy(scores: torch.Tensor, baseline: torch.Tensor, labels: torch.Tensor)
 def run(config: ClassificationConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    model, train_config, trained = train_fresh(out_dir, {
-        "model": {"n_layer": config.n_layer, "d_model": config.d_model, "n_head": config.n_head, **GPT2_BLOCK},
-        "task": {"name": "bbc-news", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
-                 "excerpt_words": config.excerpt_words, "labelled_fraction": config.labelled_fraction,
-                 "heldout_per_topic": config.heldout_per_topic, "split_seed": config.seed,
-                 "max_train_per_topic": config.max_train_per_topic},
-        "optimizer": {**GPT2_ADAMW, "lr": config.lr},
-        "schedule": {"total_steps": config.steps, "warmup_steps": min(100, config.steps)},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0,
-                "eval_sequences": 64, "checkpoint_every": 0, "log_every": 20},
-    })
+    model, train_config, trained = train_fresh(out_dir, config.train_config(
+        {"name": "bbc-news", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
+         "excerpt_words": config.excerpt_words, "labelled_fraction": config.labelled_fraction,
+         "heldout_per_topic": config.heldout_per_topic, "split_seed": config.seed,
+         "max_train_per_topic": config.max_train_per_topic},
+        model=GPT2_BLOCK, optimizer=GPT2_ADAMW, warmup_steps=min(100, config.steps), eval_sequences=64, log_every=20))
     train_seconds = time.perf_counter() - start
     model = model.double().eval()  # float64: TinT's finite-difference backward is exact to rounding
     study = Study(model, train_config.build_task(), config)
