@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import rel_error
+from incontext.config import from_dict, to_dict
 from incontext.models import Cache, Transformer, TransformerConfig
 from incontext.ops import apply_feature_map, apply_rope, rope_cos_sin
 
@@ -318,10 +319,10 @@ def test_invalid_configs_are_rejected_with_a_clear_message(options, message):
 
 
 def test_unknown_config_keys_are_named():
-    with pytest.raises(ValueError, match="n_layers"):
-        TransformerConfig.from_dict({"vocab_size": 10, "n_layers": 2})
+    with pytest.raises(ValueError, match=r"TransformerConfig: unknown key\(s\) \['n_layers'\]; allowed keys: \['n_layer'"):
+        from_dict(TransformerConfig, {"vocab_size": 10, "n_layers": 2})
     config = TransformerConfig(vocab_size=10, d_model=16, n_head=2)
-    assert TransformerConfig.from_dict(config.to_dict()) == config
+    assert from_dict(TransformerConfig, to_dict(config)) == config
 
 
 def test_bad_inputs_are_rejected():

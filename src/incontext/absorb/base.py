@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from ..config import from_dict, to_dict
 from ..fileio import sha256_file
 from ..models import Cache, Transformer, TransformerConfig
 
@@ -68,7 +69,7 @@ class AdaptedModel(nn.Module, ABC):
         folder.mkdir(parents=True, exist_ok=True)
         save_model(self, str(folder / "adapted.safetensors"))
         dtype = str(next(self.base.parameters()).dtype).removeprefix("torch.")
-        description = {"method": self.method, "dtype": dtype, "base_config": self.base.config.to_dict(),
+        description = {"method": self.method, "dtype": dtype, "base_config": to_dict(self.base.config),
                        "extra": self.extra_state(), "sha256": sha256_file(folder / "adapted.safetensors")}
         (folder / "adapted.json").write_text(json.dumps(description, indent=2))
         return folder
@@ -83,7 +84,7 @@ class AdaptedModel(nn.Module, ABC):
         if cls is None:
             raise ValueError(f"unknown absorb method {description['method']!r}; known: {sorted(_ADAPTED)}")
         dtype = getattr(torch, description.get("dtype", "float32"))
-        base = Transformer(TransformerConfig.from_dict(description["base_config"])).to(dtype)
+        base = Transformer(from_dict(TransformerConfig, description["base_config"])).to(dtype)
         model = cls.empty(base, description["extra"]).to(dtype)
         weights = folder / "adapted.safetensors"
         if "sha256" in description and sha256_file(weights) != description["sha256"]:  # older saves have none
@@ -257,8 +258,9 @@ class PromptInContext(AdaptedModel):
         return cls(base, torch.zeros(extra["prompt_shape"], dtype=torch.long))
 
 
-class WithoutPrompt(AdaptedModel):
-    method = "drop-prompt"
+class BaseAlone(AdaptedModel):
+    """The base model alone answers the queries, which start at position 0 (no prompt in the context); a
+    subclass names its `method`."""
 
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query)
@@ -269,6 +271,10 @@ class WithoutPrompt(AdaptedModel):
     @classmethod
     def empty(cls, base, extra):
         return cls(base)
+
+
+class WithoutPrompt(BaseAlone):
+    method = "drop-prompt"
 
 
 class KeepPrompt(AbsorbMethod):

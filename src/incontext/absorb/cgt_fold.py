@@ -25,8 +25,8 @@ import torch
 
 from ..models.cgt import CGT
 from ..models.cgt_adapter import CGTAdapter
-from ..models.transformer import Cache, Transformer
-from .base import AbsorbMethod, AdaptedModel
+from ..models.transformer import Transformer
+from .base import AbsorbMethod, AdaptedModel, BaseAlone
 
 
 def _dtype(model: CGT | CGTAdapter) -> torch.dtype:
@@ -91,20 +91,10 @@ def fold(model: CGT | CGTAdapter, y: torch.Tensor) -> Transformer:
     return folded
 
 
-class FoldedContext(AdaptedModel):
+class FoldedContext(BaseAlone):
     """A CGT with its prompt folded into the weights: an ordinary Transformer, queries start at position 0."""
 
     method = "cgt-fold"
-
-    def forward(self, query: torch.Tensor) -> torch.Tensor:
-        return self.base(query)
-
-    def query_cache(self) -> Cache:
-        return Cache.empty(self.base.config.n_layer)
-
-    @classmethod
-    def empty(cls, base, extra):
-        return cls(base)
 
 
 class CGTFold(AbsorbMethod):

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import torch
 
-from ..models.amicl import AMICL, SEPARATIONS, SIMILARITIES, AMICLModelConfig
+from ..config import choices
+from ..models.amicl import AMICL, AMICLModelConfig
 from ..outputs import Result, markdown_table, pyplot
 from ..tasks import get_task
 from .registry import register_experiment
 
 TARGETS = {"a=1": 0.33, "a=1.25": 0.91, "a=1.5": 0.99, "a=1.75": 1.0, "a=2": 1.0, "pearson, a=2": 0.85,
            "D=10": 0.72, "D=20": 0.94, "D=40": 0.998, "D=100": 1.0}
+SIMILARITIES, SEPARATIONS = (choices(AMICLModelConfig)[name] for name in ("similarity", "separation"))  # the grid
 
 
 @dataclass

@@ -14,8 +14,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-SIMILARITIES = ("dot", "pearson", "manhattan", "euclidean")
-SEPARATIONS = ("identity", "softmax", "argmax")
+from ..config import check_choices
 
 
 @dataclass
@@ -25,8 +24,7 @@ class AMICLModelConfig:
     separation: Literal["identity", "softmax", "argmax"] = "argmax"
 
     def __post_init__(self):
-        if self.similarity not in SIMILARITIES or self.separation not in SEPARATIONS:
-            raise ValueError(f"similarity must be one of {SIMILARITIES} and separation one of {SEPARATIONS}")
+        check_choices(self)
         if self.a < 0:
             raise ValueError(f"a must be >= 0, got {self.a}")
 

@@ -26,7 +26,6 @@ calls `training_loss(inputs, task_loss, generator)`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -38,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import from_dict
+from ..config import check_choices, from_dict, to_dict
 from ..fileio import sha256_file
 from ..ops import apply_rope, rope_cos_sin
 from .cgt import MLP, CGTOutput, LowRankGenerator, SelfAttention, init_cgt_parameters
@@ -65,8 +64,7 @@ class CGTAdapterConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"CGTAdapterConfig.{key} must be a positive integer, got {value!r}")
-        if self.mixing not in ("tanh", "softmax"):
-            raise ValueError(f"CGTAdapterConfig.mixing={self.mixing!r} is not one of ('tanh', 'softmax')")
+        check_choices(self)
         if self.d_y % self.n_head_y:
             raise ValueError(f"CGTAdapterConfig.d_y={self.d_y} is not divisible by n_head_y={self.n_head_y}")
         if self.n_y_blocks > self.split_layer:
@@ -80,13 +78,6 @@ class CGTAdapterConfig:
 
     def loss_config(self) -> CGTLossConfig:
         return from_dict(CGTLossConfig, dict(self.loss), where="CGTAdapterConfig.loss")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> CGTAdapterConfig:
-        return from_dict(cls, values)
 
 
 class YBlock(nn.Module):
@@ -260,7 +251,7 @@ class CGTAdapter(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_model(self.guide, str(folder / GUIDE_WEIGHTS))
-        record = {"config": self.config.to_dict(), "base_config": self.base.config.to_dict(),
+        record = {"config": to_dict(self.config), "base_config": to_dict(self.base.config),
                   "dtype": str(next(self.guide.parameters()).dtype).removeprefix("torch."),
                   "sha256": sha256_file(folder / GUIDE_WEIGHTS)}
         (folder / GUIDE_RECORD).write_text(json.dumps(record, indent=2))
@@ -276,11 +267,11 @@ class CGTAdapter(nn.Module):
             raise FileNotFoundError(f"{folder} holds no CGT adapter ({GUIDE_RECORD} is missing)")
         record = json.loads((folder / GUIDE_RECORD).read_text())
         shape = ("n_layer", "d_model", "n_head", "vocab_size", "d_mlp", "n_kv_head")
-        differs = [k for k in shape if record["base_config"].get(k) != base.config.to_dict().get(k)]
+        differs = [k for k in shape if record["base_config"].get(k) != to_dict(base.config).get(k)]
         if differs:
             raise ValueError(f"the CGT adapter in {folder} was trained on another base model ({', '.join(differs)} differ)")
         if sha256_file(folder / GUIDE_WEIGHTS) != record["sha256"]:
             raise ValueError(f"{folder / GUIDE_WEIGHTS} is corrupt: its sha256 differs from the one in {GUIDE_RECORD}")
-        adapter = cls(base, CGTAdapterConfig.from_dict(record["config"]), freeze_base=freeze_base)
+        adapter = cls(base, from_dict(CGTAdapterConfig, record["config"]), freeze_base=freeze_base)
         load_model(adapter.guide, str(folder / GUIDE_WEIGHTS))
         return adapter

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from ..config import check_choices
+
 if TYPE_CHECKING:  # cgt.py imports this module for its training objective
     from .cgt import CGT
 
@@ -53,10 +55,7 @@ class CGTLossConfig:
             raise ValueError(f"CGTLossConfig.aux_cuts and aux_min_start must be >= 1, got {self.aux_cuts}, {self.aux_min_start}")
         if self.aux_horizon is not None and self.aux_horizon < 0:
             raise ValueError(f"CGTLossConfig.aux_horizon must be >= 0 or null, got {self.aux_horizon}")
-        if self.profile not in ("constant", "linear", "quadratic"):
-            raise ValueError(f"CGTLossConfig.profile={self.profile!r} is not one of constant, linear, quadratic")
-        if self.prior not in ("rbf", "icl"):
-            raise ValueError(f"CGTLossConfig.prior={self.prior!r} is not one of rbf, icl")
+        check_choices(self)
         if not (0.0 < self.prior_nugget <= 1.0 and self.prior_length > 0 and self.prior_eps > 0):
             raise ValueError("CGTLossConfig: prior_nugget must lie in (0, 1], prior_length and prior_eps must be > 0")
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import check_choices, from_dict, to_dict
+from ..config import check_choices, to_dict
 from ..ops import FavorFeatures, apply_feature_map, apply_rope, rope_cos_sin
 from ..ops.feature_maps import LearnedFeatures
 from ..ops.linear_attention import LINEAR_ATTENTION_IMPLS
@@ -118,10 +118,6 @@ class TransformerConfig:
 
     def to_dict(self) -> dict:
         return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "TransformerConfig":
-        return from_dict(cls, values)
 
 
 def pick_next_token(logits: torch.Tensor, greedy: bool = True, temperature: float = 1.0, top_k: int | None = None,

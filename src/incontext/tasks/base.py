@@ -75,6 +75,17 @@ class Task(ABC):
         return f"{type(self).__name__}({self.config!r})"
 
 
+class TokenTask(Task):
+    """A task on sequences of `config.seq_len` tokens with ids below `config.vocab_size`."""
+
+    def model_io(self) -> dict[str, int]:
+        return {"vocab_size": self.config.vocab_size}
+
+    @property
+    def sequence_length(self) -> int:
+        return self.config.seq_len
+
+
 # Config validation helpers: messages name the config field and the offending value.
 
 

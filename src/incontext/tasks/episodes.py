@@ -30,8 +30,8 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 
+from ..config import check_choices, from_dict
 from .base import Task
-from .registry import build_config
 from .facts import facts_prompt, make_people
 
 METRICS = {"exact": True, "accuracy": True, "choice": True, "ce": False, "mse": False}  # name -> higher is better
@@ -118,19 +118,13 @@ def get_episode_source(name: str, **options: Any) -> EpisodeSource:
     if name not in _SOURCES:
         raise KeyError(f"unknown task {name!r}; tasks with episodes: {', '.join(episode_sources())}")
     cls = _SOURCES[name]
-    return cls(build_config(cls.config_class, options, f"task {name!r}"))
+    return cls(from_dict(cls.config_class, options))
 
 
 def _need(value, what: str, name: str):
     if value is None:
         raise ValueError(f"task {name!r} needs {what}")
     return value
-
-
-def _one_of(config, name: str, allowed: tuple[str, ...]) -> None:
-    value = getattr(config, name)
-    if value not in allowed:
-        raise ValueError(f"{type(config).__name__}.{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
 
 
 def _positive(config, *names: str) -> None:
@@ -150,7 +144,7 @@ class FactsConfig:
 
     def __post_init__(self):
         _positive(self, "people")
-        _one_of(self, "format", ("plain", "chat"))
+        check_choices(self)
 
 
 class Facts(EpisodeSource):
@@ -218,8 +212,7 @@ class TopicsConfig:
 
     def __post_init__(self):
         _positive(self, "shots", "queries", "excerpt_words", "validation_per_topic", "test_per_topic")
-        _one_of(self, "articles", ("bbc", "task"))
-        _one_of(self, "query_set", ("random", "validation", "test"))
+        check_choices(self)
 
 
 class Topics(EpisodeSource):
@@ -308,7 +301,7 @@ class ContinuationConfig:
         _positive(self, "prompt_tokens", "query_tokens")
         if self.query_tokens < 2:
             raise ValueError("ContinuationConfig.query_tokens must be >= 2 (one scored prediction)")
-        _one_of(self, "passages", ("plays", "task"))
+        check_choices(self)
 
 
 class Continuation(EpisodeSource):

@@ -30,17 +30,20 @@ from __future__ import annotations
 import math
 import string
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
-from .base import Batch, Predictor, Task, check_positive_int
+from ..config import check_choices
+from .base import Batch, Predictor, TokenTask, check_positive_int
 from .registry import register_task
 
 VOCAB = string.ascii_lowercase + string.ascii_uppercase  # id i <-> VOCAB[i]
 CHAR_TO_ID = {char: i for i, char in enumerate(VOCAB)}
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
-TRAIN_LOSSES = ("all", "committed")
+TrainLoss = Literal["all", "committed"]  # "all": next-token loss at every position; "committed": at committed triggers only
+TRAIN_LOSSES = get_args(TrainLoss)
 IMPOSSIBLE_LOGIT = -1e9  # what the Bayes-optimal baseline gives tokens of probability 0 (finite: no NaN in CE)
 
 
@@ -70,7 +73,7 @@ class InductionConfig:
     seq_len: int = 256
     trigger_prob: float = 0.1  # P(a position not forced to be an output holds a trigger)
     triggers: tuple[int, ...] | None = None  # the trigger ids; None: the first n_triggers ids (a, b, c, d, e)
-    train_loss: str = "all"  # "all": next-token loss at every position; "committed": at committed triggers only
+    train_loss: TrainLoss = "all"
 
     def __post_init__(self):
         for name in ("vocab_size", "n_triggers", "seq_len"):
@@ -82,8 +85,7 @@ class InductionConfig:
                 f"InductionConfig.n_triggers must be < vocab_size (outputs are non-trigger tokens), "
                 f"got n_triggers={self.n_triggers}, vocab_size={self.vocab_size}"
             )
-        if self.train_loss not in TRAIN_LOSSES:
-            raise ValueError(f"InductionConfig.train_loss must be one of {TRAIN_LOSSES}, got {self.train_loss!r}")
+        check_choices(self)
         p = self.trigger_prob
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 1:  # `not <` also rejects NaN
             raise ValueError(f"InductionConfig.trigger_prob must be a number in (0, 1), got {p!r}")
@@ -114,16 +116,9 @@ class InductionConfig:
 
 
 @register_task("induction")
-class Induction(Task):
+class Induction(TokenTask):
     config_class = InductionConfig
     config: InductionConfig
-
-    def model_io(self) -> dict[str, int]:
-        return {"vocab_size": self.config.vocab_size}
-
-    @property
-    def sequence_length(self) -> int:
-        return self.config.seq_len
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """Batch with, besides inputs / targets (next token, last = IGNORE_INDEX) / mask, the info:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 from ..config import from_dict
@@ -40,16 +39,12 @@ def task_config_class(name: str) -> type:
 
 def get_task(name: str, **config_overrides: Any) -> Task:
     """Builds task `name` with its config dataclass defaults replaced by `config_overrides`."""
+    return build_task(name, config_overrides)
+
+
+def build_task(name: str, options: dict[str, Any], where: str | None = None) -> Task:
+    """Task `name` with its config built from `options` by config.from_dict: an unknown key or a bad value raises
+    ConfigError naming it and what is allowed (prefixed by `where`, default the config class's name); an
+    unknown task name raises KeyError listing the registered tasks."""
     cls = task_class(name)
-    return cls(build_config(cls.config_class, config_overrides, f"task {name!r}"))
-
-
-def build_config(config_class: type, options: dict[str, Any], owner: str) -> Any:
-    """`config_class` from `options` through config.from_dict (types checked), after checking every key names
-    a field (the message lists the fields)."""
-    allowed = [f.name for f in dataclasses.fields(config_class)]
-    for key in options:
-        if key not in allowed:
-            raise ValueError(f"unknown config key {key!r} for {owner} ({config_class.__name__}); "
-                             f"allowed keys: {', '.join(allowed)}")
-    return from_dict(config_class, options, where=config_class.__name__)
+    return cls(from_dict(cls.config_class, options, where=where))

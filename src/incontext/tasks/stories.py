@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import os
 import random
 import re
@@ -36,12 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
-from .base import Batch, Task, check_positive_int
+from .base import check_positive_int
 from .registry import register_task
 from .text import (
-    TokenizedText,
+    TokenStreamTask,
     ENDOFTEXT,
     ENDOFTEXT_ID,
     N_BYTES,
@@ -281,11 +279,12 @@ def encode_stories(tokenizer: Tokenizer, stories: list[str] | tuple[str, ...]) -
 
 
 @register_task("stories")
-class Stories(TokenizedText, Task):
+class Stories(TokenStreamTask):
     """Next-token prediction on windows of procedurally generated children's stories.
 
     `sample` draws TRAINING windows; `sample_validation` held-out stories with the same names (the validation
-    loss); `heldout_stories` text with names never seen in training (for in-context probes).
+    loss); `heldout_stories` text with names never seen in training (for in-context probes). Each split's
+    stream is encoded on first use.
     """
 
     config_class = StoriesConfig
@@ -293,12 +292,13 @@ class Stories(TokenizedText, Task):
 
     def __init__(self, config: StoriesConfig | None = None):
         super().__init__(config)
-        self._tokenizer: Tokenizer | None = None
-        self._streams: dict[str, torch.Tensor] = {}
-        self._on_device: dict[tuple[str, str], torch.Tensor] = {}
+        self._split_streams: dict[str, torch.Tensor] = {}
 
     def load_tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.config)
+
+    def load_streams(self) -> dict[str, torch.Tensor]:
+        return {split: self.tokens(split) for split in ("train", "validation")}
 
     def stories(self, split: str) -> tuple[str, ...]:
         n = self.config.train_stories if split == "train" else self.config.validation_stories
@@ -306,48 +306,10 @@ class Stories(TokenizedText, Task):
 
     def tokens(self, split: str) -> torch.Tensor:
         """The split's token stream, 1-D int64 (CPU)."""
-        if split not in self._streams:
+        if split not in self._split_streams:
             stream, _ = encode_stories(self.tokenizer, self.stories(split))
             if len(stream) < self.config.seq_len + 1:
                 raise ValueError(f"the {split} stream has {len(stream)} tokens, fewer than StoriesConfig.seq_len + 1 = "
                                  f"{self.config.seq_len + 1}: write more stories")
-            self._streams[split] = stream
-        return self._streams[split]
-
-    def _batch(self, split: str, batch_size: int, generator: torch.Generator) -> Batch:
-        device = generator.device
-        key = (split, str(device))
-        if key not in self._on_device:
-            self._on_device[key] = self.tokens(split).to(device)
-        stream = self._on_device[key]
-        width = self.config.seq_len + 1
-        starts = torch.randint(0, len(stream) - width + 1, (batch_size,), generator=generator, device=device)
-        windows = stream[starts[:, None] + torch.arange(width, device=device)]
-        inputs, targets = windows[:, :-1], windows[:, 1:]
-        return Batch(inputs=inputs, targets=targets, mask=torch.ones_like(inputs, dtype=torch.bool), info={"start": starts})
-
-    # Task protocol
-
-    def model_io(self) -> dict[str, int]:
-        return {"vocab_size": self.tokenizer.get_vocab_size()}
-
-    @property
-    def sequence_length(self) -> int:
-        return self.config.seq_len
-
-    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """Random windows of the TRAINING stream (every position a valid next-token target)."""
-        return self._batch("train", batch_size, generator)
-
-    def sample_validation(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """As `sample`, from the validation stories (new stories, training names)."""
-        return self._batch("validation", batch_size, generator)
-
-    def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
-        logits = outputs[batch.mask]
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return F.cross_entropy(logits, batch.targets[batch.mask])
-
-    def evaluate(self, outputs: torch.Tensor, batch: Batch) -> dict[str, float | list[float]]:
-        loss = self.loss(outputs, batch).item()
-        return {"loss": loss, "perplexity": math.inf if loss > 700 else math.exp(loss)}
+            self._split_streams[split] = stream
+        return self._split_streams[split]

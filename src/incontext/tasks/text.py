@@ -28,12 +28,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Literal, get_args
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..config import check_choices
 from ..fileio import durable_replace
 from .base import Batch, Task, check_positive_int
 from .corpora import shakespeare_plays
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
 
 ENDOFTEXT = "<|endoftext|>"
 ENDOFTEXT_ID = 0
-EDITIONS = ("modern", "folio", "all")
+Edition = Literal["modern", "folio", "all"]  # "modern" (names without _f), "folio" (names ending in _f), or both
+EDITIONS = get_args(Edition)
 N_BYTES = 256  # the byte-level alphabet; with <|endoftext|>, the smallest possible vocabulary is 257
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index (unused here: every target is a real next token)
 TOKENIZER_FILE = "tokenizer.json"
@@ -56,7 +58,7 @@ class ShakespeareConfig:
     seq_len: int = 128  # tokens per sequence (windows hold seq_len + 1 tokens: inputs and next-token targets)
     validation_plays: int = 4  # the last plays by sorted name, held out
     tokenizer_dir: str = ""  # where tokenizer.json is cached; "" -> see `tokenizer_folder`
-    edition: str = "modern"  # "modern" (names without _f), "folio" (names ending in _f), or "all"
+    edition: Edition = "modern"
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "validation_plays"):
@@ -73,10 +75,7 @@ class ShakespeareConfig:
                 f"ShakespeareConfig.tokenizer_dir must be a path string ('' for the default cache), "
                 f"got {self.tokenizer_dir!r}"
             )
-        if self.edition not in EDITIONS:
-            raise ValueError(
-                f"ShakespeareConfig.edition must be one of {', '.join(map(repr, EDITIONS))}, got {self.edition!r}"
-            )
+        check_choices(self)
 
 
 # Corpus split
@@ -284,10 +283,14 @@ class TokenStreamTask(TokenizedText, Task):
             self._streams = self.load_streams()
         return self._streams
 
+    def tokens(self, split: str) -> torch.Tensor:
+        """The stream of a split ("train" or "validation"), 1-D int64 (CPU)."""
+        return self._load()[split]
+
     def _stream(self, split: str, device: torch.device) -> torch.Tensor:
         key = (split, str(device))
         if key not in self._on_device:
-            self._on_device[key] = self._load()[split].to(device)
+            self._on_device[key] = self.tokens(split).to(device)
         return self._on_device[key]
 
     def _windows(self, split: str, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

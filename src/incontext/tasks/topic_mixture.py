@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .base import Batch, Task, check_positive_int
+from .base import Batch, TokenTask, check_positive_int
 from .corpora import bbc_articles, shakespeare_plays
 from .registry import register_task
 from .text import cache_root, cached_tokenizer
@@ -85,7 +85,7 @@ def _corpus(vocab_size: int, shakespeare: bool, passage_chars: int, max_passages
 
 
 @register_task("topic_mixture")
-class TopicMixture(Task):
+class TopicMixture(TokenTask):
     config_class = TopicMixtureConfig
     config: TopicMixtureConfig
 
@@ -103,13 +103,6 @@ class TopicMixture(Task):
 
     def decode(self, ids) -> str:
         return self._load()[2].decode(list(ids))
-
-    def model_io(self) -> dict[str, int]:
-        return {"vocab_size": self.config.vocab_size}
-
-    @property
-    def sequence_length(self) -> int:
-        return self.config.seq_len
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         return self.mixtures("train", batch_size, generator)

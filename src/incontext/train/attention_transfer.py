@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ..config import from_dict, to_dict
 from ..fileio import durable_replace, strict_json, write_text_atomic
 from ..models import Transformer, TransformerConfig
 from ..ops import apply_rope, rope_cos_sin
@@ -192,8 +193,8 @@ def linearize(model: Transformer, maps: list[LearnedFeatures], *, linear_impl: s
     if len(maps) != c.n_layer or any(m.n_head != c.n_head or m.dim != c.dim_head for m in maps):
         raise ValueError(f"the maps do not fit the model: {len(maps)} layers for {c.n_layer}, "
                          f"heads/dim {maps[0].n_head if maps else None}/{maps[0].dim if maps else None} for {c.n_head}/{c.dim_head}")
-    config = TransformerConfig.from_dict({**c.to_dict(), "attention": "linear", "feature_map": "learned",
-                                          "n_features": maps[0].n_features, "linear_impl": linear_impl})
+    config = from_dict(TransformerConfig, {**to_dict(c), "attention": "linear", "feature_map": "learned",
+                                           "n_features": maps[0].n_features, "linear_impl": linear_impl})
     dtype = next(model.parameters()).dtype
     linear = Transformer(config).to(dtype)
     state = dict(model.state_dict())

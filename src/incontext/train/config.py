@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from ..config import ConfigError, from_dict, load_yaml, merge, parse_overrides, to_dict
 from ..models import CGT, CGTConfig, CGTLossConfig, Transformer, TransformerConfig
-from ..tasks.registry import task_class
+from ..tasks.registry import build_task
 from ..tasks.base import Task
 
 _IO_KEYS = ("vocab_size", "d_input", "d_output")
@@ -181,8 +181,7 @@ def _build_task(options: dict[str, Any]) -> Task:
     if not isinstance(name, str):
         raise ConfigError(f"task.name must name a registered task, got {name!r}")
     try:
-        cls = task_class(name)
-        task = cls(from_dict(cls.config_class, options, where="task"))
+        task = build_task(name, options, where="task")
     except KeyError as error:
         raise ConfigError(f"task.name: {error.args[0]}") from error
     except ConfigError:
