@@ -9,6 +9,7 @@ from cgt_adapter_helpers import VOCAB, random_base
 
 from incontext.experiments.cgt_pretrained import PretrainedConfig, run_on, train_resumable
 from incontext.models import CGTAdapter, CGTAdapterConfig
+from incontext.outputs import save_result
 from incontext.train import latest_checkpoint
 
 TOY = dict(split_layer=2, n_y_blocks=1, d_y=8, n_head_y=2, rank=2, n_templates=2, seq_len=24, cut_lo=6, cut_hi=12,
@@ -22,7 +23,9 @@ def encode(text: str) -> list[int]:
 
 def test_cgt_pretrained_runs_at_toy_size(tmp_path):
     base = random_base(0, dtype=torch.float32)
-    results = run_on(base, encode, PretrainedConfig(**TOY), tmp_path)
+    results = save_result(run_on(base, encode, PretrainedConfig(**TOY), tmp_path), tmp_path, "cgt-pretrained",
+                          PretrainedConfig(**TOY))  # as the registry writes it
+    assert list(results)[:3] == ["experiment", "config", "base"] and results["config"]["mixing"] == "tanh"
     assert results["documents"]["evaluated"] == 12  # 2 held-out documents of each of the 6 topics
     assert len(results["ce"]["base, no prefix"]["per_position"]) == 8
     assert {"CGT specialised (y frozen from the prefix, prefix dropped) - base, no prefix",
@@ -36,7 +39,12 @@ def test_cgt_pretrained_runs_at_toy_size(tmp_path):
     stamp = (tmp_path / "train" / "cgt" / "metrics.jsonl").stat().st_mtime_ns
     again = run_on(random_base(0, dtype=torch.float32), encode, PretrainedConfig(**TOY), tmp_path)
     assert (tmp_path / "train" / "cgt" / "metrics.jsonl").stat().st_mtime_ns == stamp
-    assert again["ce"] == json.loads((tmp_path / "results.json").read_text())["ce"]
+    assert again.results["ce"] == json.loads((tmp_path / "results.json").read_text())["ce"]
+
+
+def test_mixing_is_one_of_the_generators_choices():
+    with pytest.raises(ValueError, match="mixing"):
+        PretrainedConfig(mixing="relu")
 
 
 def test_training_resumes_bit_identically_after_a_kill(tmp_path):

@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -41,30 +42,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..absorb.distill_lora import DistilledLoRA, LoRASpec, init_lora_factors
+from ..config import check_choices
 from ..models import CGTAdapter, CGTAdapterConfig, Transformer
-from ..outputs import Result, pyplot, save_result
+from ..outputs import Result, pyplot
 from ..stats import t_interval95
 from ..tasks.topic_mixture import topic_documents
 from ..train import OptimizerConfig, ScheduleConfig, latest_checkpoint, lr_at, save_checkpoint
 from ..train.checkpoint import load_training_state, read_state
 from ..train.trainer import build_optimizer
 from .cgt_text import knn_topic_accuracy
-from .common import check_settings
+from .common import CGTGuideOptions, check_settings
 from .registry import register_experiment
 
 
 @dataclass
-class PretrainedConfig:
+class PretrainedConfig(CGTGuideOptions):
     model: str = "smollm2"  # the frozen base (see interop/models.py)
     split_layer: int = 24  # l: blocks l.. (of SmolLM2's 30) are guided
     n_y_blocks: int = 2
     d_y: int = 64
     n_head_y: int = 4
-    rank: int = 4
-    n_templates: int = 8
-    mixing: str = "tanh"
-    eta: float = 0.5
-    aux_cuts: int = 4
+    mixing: Literal["tanh", "softmax"] = "tanh"
     w_c: float = 0.04  # paper's text setting
     w_d: float = 0.02
     seq_len: int = 128  # training sequences: document 1 cut at U[cut_lo, cut_hi] tokens, then document 2
@@ -82,12 +80,12 @@ class PretrainedConfig:
     eval_docs_per_topic: int = 10
     eval_batch_size: int = 8
     corpus_docs: int = 0  # documents per topic; 0 = all (small values make quick tests)
-    seed: int = 0
 
     def __post_init__(self):
         check_settings(self, counts=("split_layer", "n_y_blocks", "d_y", "n_head_y", "rank", "n_templates", "seq_len",
                                      "max_doc_tokens", "steps", "batch_size", "checkpoint_every", "prefix", "scored",
                                      "eval_docs_per_topic", "eval_batch_size"), rates=("lr",))
+        check_choices(self)
 
 
 # ----------------------------------------------------------------------------- data
@@ -285,7 +283,7 @@ def export_example(adapter: CGTAdapter, prompt: torch.Tensor, query: torch.Tenso
 
 @register_experiment("cgt-pretrained", "CGT adapter over frozen SmolLM2: context from a 64-token prefix folded into "
                      "a LoRA, vs no prefix, prompted, and a same-size LoRA", PretrainedConfig)
-def run(config: PretrainedConfig, out_dir: Path) -> dict:
+def run(config: PretrainedConfig, out_dir: Path) -> Result:
     from ..interop.models import load_model
 
     loaded = load_model(config.model)
@@ -295,8 +293,10 @@ def run(config: PretrainedConfig, out_dir: Path) -> dict:
 
 
 def run_on(base: Transformer, encode: Callable[[str], list[int]], config: PretrainedConfig, out_dir: Path,
-           description: str = "") -> dict:
-    """The experiment on a given frozen base and its tokenizer's encode (tests pass a tiny random base)."""
+           description: str = "") -> Result:
+    """The experiment on a given frozen base and its tokenizer's encode (tests pass a tiny random base); its
+    Result, which the registry writes (with the experiment's name and config) next to the training it left in
+    out_dir (train/, adapter/, peft-example/)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     topics, split = split_documents(encode, config.corpus_docs, config.max_doc_tokens)
     train_docs = [d for d in split["train"] if len(d[1]) > 8]
@@ -304,8 +304,7 @@ def run_on(base: Transformer, encode: Callable[[str], list[int]], config: Pretra
         raise ValueError("no training documents")
     adapter_config = CGTAdapterConfig(split_layer=config.split_layer, n_y_blocks=config.n_y_blocks, d_y=config.d_y,
                                       n_head_y=config.n_head_y, rank=config.rank, n_templates=config.n_templates,
-                                      mixing=config.mixing, loss={"eta": config.eta, "aux_cuts": config.aux_cuts,
-                                                                  "w_c": config.w_c, "w_d": config.w_d})
+                                      mixing=config.mixing, loss=config.loss_section())
     adapter = CGTAdapter(base, adapter_config, generator=torch.Generator().manual_seed(config.seed))
     lora = lora_baseline(base, [i for i, _, _ in adapter.guided_layers()], adapter.num_trainable(), config.lora_rank,
                          config.seed)
@@ -356,7 +355,7 @@ def run_on(base: Transformer, encode: Callable[[str], list[int]], config: Pretra
     comparisons["LoRA (no context stream), no prefix - base, no prefix"] = paired(ce["LoRA (no context stream), no prefix"],
                                                                                   ce[reference])
     results = {
-        "experiment": "cgt-pretrained", "config": dataclasses.asdict(config), "base": description,
+        "base": description,
         "topics": topics, "documents": {"train": len(train_docs), "evaluated": len(docs),
                                         "per_topic": {topics[t]: labels.count(t) for t in sorted(set(labels))}},
         "parameters": {"cgt_guide": adapter.num_trainable(),
@@ -377,7 +376,7 @@ def run_on(base: Transformer, encode: Callable[[str], list[int]], config: Pretra
     }
     key = f"{special} - {reference}"
     results["acceptance"] = {"specialised_below_no_prefix": bool(comparisons[key]["high"] < 0), "difference": comparisons[key]}
-    return save_result(Result(results, tables={"table.md": table}, figures={"cgt_pretrained.png": plot}), out_dir)
+    return Result(results, tables={"table.md": table}, figures={"cgt_pretrained.png": plot})
 
 
 def table(results: dict) -> str:

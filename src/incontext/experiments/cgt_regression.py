@@ -24,6 +24,7 @@ from typing import Literal
 
 import torch
 
+from ..config import check_choices, choices
 from ..outputs import Result, markdown_table, pyplot
 from ..tasks.regression import Ridge, error_by_examples
 from ..train.cgt_metrics import probe_r2
@@ -40,21 +41,16 @@ class RegressionConfig(CGTOptions):
     aux_horizon: int | None = None  # score only the first aux_horizon + 1 tokens of each auxiliary chunk
     readout: Literal["y_token", "x_token", "mean"] = "y_token"  # where the frozen y is read (module docstring)
     freeze_after: list[int] = field(default_factory=lambda: [5, 10, 20])
-    steps: int = 2000
-    batch_size: int = 32
-    lr: float = 1e-3
     eval_sequences: int = 1024
-    seed: int = 0
 
     def __post_init__(self):
         bad = [k for k in self.freeze_after if not 1 <= k < self.n_points]
         if bad:
             raise ValueError(f"freeze_after values {bad} must lie in [1, n_points={self.n_points})")
-        if self.readout not in READOUTS:
-            raise ValueError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
+        check_choices(self)
 
 
-READOUTS = ("y_token", "x_token", "mean")
+READOUTS = choices(RegressionConfig)["readout"]  # the values of `readout` (scripts/cgt_regression_pilots.py runs each)
 
 
 def frozen_context(contexts: torch.Tensor, k: int, readout: str) -> torch.Tensor:
@@ -72,13 +68,9 @@ def settings(config: RegressionConfig, cgt: bool) -> dict:
         if config.aux_horizon is not None:
             loss["aux_horizon"] = config.aux_horizon
     else:
-        model, loss = {"n_layer": config.n_layer, "d_model": config.d_x, "n_head": config.n_head_x}, {}
-    return {"model": model, "loss": loss,
-            "task": {"name": "linear_regression", "d_in": config.d_in, "n_points": config.n_points, "noise": config.noise},
-            "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0},
-            "schedule": {"total_steps": config.steps, "warmup_steps": min(200, config.steps // 2)},
-            "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0, "eval_sequences": 256,
-                    "checkpoint_every": 0, "log_every": 50, "tensorboard": False}}
+        model, loss = config.baseline_model(), {}
+    task = {"name": "linear_regression", "d_in": config.d_in, "n_points": config.n_points, "noise": config.noise}
+    return config.trainer_sections(task, model, loss)
 
 
 def train_models(config: RegressionConfig, out_dir: Path, baseline: bool = True):

@@ -27,6 +27,7 @@ from ..train import latest_checkpoint, load_for_eval
 from ..train.cgt_metrics import TaskSpans, cgt_arithmetic_metrics, dot_product_map
 from ..train.fresh import finished_record, train_many
 from .cgt_plots import dot_map_figure
+from .common import CGTOptions
 from .registry import register_experiment
 
 VARIANTS = ("baseline", "cgt", "cgt_aux", "cgt_aux_reg")
@@ -62,6 +63,8 @@ class Table1Config:
     eval_sequences: int = 512
     reuse: bool = False  # keep runs already trained to the end in <out>/<variant>-seed<k> (split a study over processes)
     only_finished: bool = False  # with reuse: summarise the finished runs only (a variant may then have fewer seeds)
+    # CGTOptions fields as copies, not inherited: the model and training ones default to None (the preset's value),
+    # and a run's seed comes from `seeds`; variant_settings turns the resolved values into CGTOptions
     eta: float = 0.5
     w_c: float = 0.08
     w_d: float = 0.04
@@ -105,25 +108,13 @@ class Table1Config:
 def variant_settings(config: Table1Config, variant: str, seed: int) -> dict[str, Any]:
     """The trainer config of one run."""
     s = config.resolved()
-    if variant == "baseline":
-        model = {"n_layer": s["n_layer"], "d_model": s["d_x"], "n_head": s["n_head_x"], "positions": "learned"}
-        loss = {}
-    else:
-        model = {"kind": "cgt", **{k: s[k] for k in ("n_layer", "split_layer", "d_x", "n_head_x", "d_y", "n_head_y",
-                                                     "rank", "n_templates")}}
-        loss = {"eta": 1.0 if variant == "cgt" else config.eta, "aux_cuts": config.aux_cuts}
-        if variant == "cgt_aux_reg":
-            loss.update({"w_c": config.w_c, "w_d": config.w_d})
-    return {
-        "model": model,
-        "task": {"name": "arithmetic", "digits": s["digits"], "n_tasks": s["n_tasks"], "n_ex": s["n_ex"],
-                 "integer_coefficients": s["integer_coefficients"], "a_range": s["a_range"], "b_range": s["b_range"]},
-        "loss": loss,
-        "optimizer": {"name": "adamw", "lr": s["lr"], "weight_decay": 0.0},
-        "schedule": {"total_steps": s["steps"], "warmup_steps": min(s["warmup"], s["steps"] // 2)},
-        "run": {"batch_size": s["batch_size"], "seed": seed, "eval_every": 0, "eval_sequences": 256,
-                "checkpoint_every": 0, "log_every": 50, "threads": config.threads, "tensorboard": False},
-    }
+    options = CGTOptions(**{f.name: s[f.name] for f in dataclasses.fields(CGTOptions) if f.name in s},
+                         eta=1.0 if variant == "cgt" else config.eta, aux_cuts=config.aux_cuts, w_c=config.w_c,
+                         w_d=config.w_d, seed=seed)
+    model, loss = (options.baseline_model(), {}) if variant == "baseline" else options.cgt_sections(variant == "cgt_aux_reg")
+    task = {"name": "arithmetic", "digits": s["digits"], "n_tasks": s["n_tasks"], "n_ex": s["n_ex"],
+            "integer_coefficients": s["integer_coefficients"], "a_range": s["a_range"], "b_range": s["b_range"]}
+    return options.trainer_sections(task, model, loss, warmup=s["warmup"], threads=config.threads)
 
 
 @register_experiment("cgt-table1", "CGT Table 1: baseline / CGT / +aux / +aux+reg, base and specialised accuracy", Table1Config)
@@ -153,7 +144,7 @@ def run(config: Table1Config, out_dir: Path) -> Result:
             maps[job[0]] = dot_product_map(model.context(batch.inputs))
     spans = TaskSpans.of(task.config)
     boundaries = [spans.task(k)[0] for k in range(1, spans.n_tasks)]
-    results = {"experiment": "cgt-table1", "config": dataclasses.asdict(config), "resolved": config.resolved(),
+    results = {"resolved": config.resolved(),
                "runs": runs, "summary": summarize_runs(runs, config.variants), "paper": PAPER}
     maps = {f"dot_map_{variant}.png": lambda r, m=matrix, v=variant: dot_map_figure(m, f"{v} (seed {config.seeds[0]})", boundaries)
             for variant, matrix in maps.items()}

@@ -46,30 +46,17 @@ class TextConfig(CGTOptions):
     w_d: float = 0.02
     steps: int = 1500
     batch_size: int = 8
-    lr: float = 1e-3
     eval_sequences: int = 128
     docs_per_topic: int = 40  # t-SNE
     prefix: int = 64  # tokens read before y is frozen
-    seed: int = 0
 
 
 def settings(config: TextConfig, regularised: bool | None) -> dict:
     """Trainer settings of the regularised / unregularised CGT, or (None) of the same-size plain transformer."""
-    if regularised is None:
-        model = {"n_layer": config.n_layer, "d_model": config.d_x, "n_head": config.n_head_x, "positions": "learned"}
-        loss = {}
-    else:
-        model, loss = config.cgt_sections(regularised)
-    return {
-        "model": model,
-        "loss": loss,
-        "task": {"name": "topic_mixture", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
-                 "cut_range": [config.cut_lo, config.cut_hi], "max_docs": config.corpus_docs},
-        "optimizer": {"name": "adamw", "lr": config.lr, "weight_decay": 0.0},
-        "schedule": {"total_steps": config.steps, "warmup_steps": min(200, config.steps // 2)},
-        "run": {"batch_size": config.batch_size, "seed": config.seed, "eval_every": 0, "eval_sequences": 64,
-                "eval_batch_size": 32, "checkpoint_every": 0, "log_every": 50, "tensorboard": False},
-    }
+    model, loss = (config.baseline_model(), {}) if regularised is None else config.cgt_sections(regularised)
+    task = {"name": "topic_mixture", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
+            "cut_range": [config.cut_lo, config.cut_hi], "max_docs": config.corpus_docs}
+    return config.trainer_sections(task, model, loss, eval_sequences=64, eval_batch_size=32)
 
 
 @register_experiment("cgt-text", "CGT text mixtures (BBC News topics + Shakespeare): y at the join, t-SNE, specialised CE", TextConfig)
