@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import time
@@ -35,7 +34,7 @@ from ..tasks.text import ShakespeareConfig, split_plays
 from ..train.attention_transfer import (
     TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
 )
-from ..outputs import Result, save_result
+from ..outputs import Result
 from .common import check_settings
 from .registry import register_experiment
 
@@ -136,7 +135,7 @@ def conversion_check(model: Transformer, prompt: torch.Tensor, query: torch.Tens
 
 
 @register_experiment("linearize-smollm2", "SmolLM2-135M linearized by learned feature maps (attention transfer) + LoRA recovery; exact ICLCA on it", LinearizeConfig)
-def run(config: LinearizeConfig, out_dir: Path) -> dict:
+def run(config: LinearizeConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     loaded = load_model("smollm2")
@@ -183,13 +182,12 @@ def run(config: LinearizeConfig, out_dir: Path) -> dict:
     linear.float()
     seconds["conversion"] = round(time.perf_counter() - tick, 1)
 
-    results = {"experiment": "linearize-smollm2", "config": dataclasses.asdict(config),
-               "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
+    results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
                "data": {"training": "Shakespeare training plays (maps, recovery)", "evaluation": f"held-out plays {heldout_plays}"},
                "perplexity": ppl, "perplexity_ratio_after": ppl["linearized, after recovery"] / ppl["SmolLM2 (softmax)"],
                "feature_map_losses": map_losses, "recovery_kl": recovery_losses, "exact_conversion": exactness,
                "seconds": {**seconds, "total": round(time.perf_counter() - start, 1)}}
-    return save_result(Result(results, tables={"table.md": lambda r: table(r, config)}), out_dir)
+    return Result(results, tables={"table.md": lambda r: table(r, config)})
 
 
 def table(results: dict, config: LinearizeConfig) -> str:

@@ -20,8 +20,8 @@ class Experiment:
 
 
 def register_experiment(name: str, description: str, config_class: type):
-    """Decorator for `run(config, out_dir) -> Result` (common.Result, written by common.save_result); a run
-    that writes its own files returns the results dict instead."""
+    """Decorator for `run(config, out_dir) -> Result` (outputs.Result): the registered run writes the Result
+    through the one writer, outputs.save_result, with the experiment's name and config."""
     def decorate(run: Callable) -> Callable:
         if name in _EXPERIMENTS:
             raise ValueError(f"experiment {name!r} is registered twice")
@@ -32,7 +32,9 @@ def register_experiment(name: str, description: str, config_class: type):
             out_dir = Path(out_dir)
             out_dir.mkdir(parents=True, exist_ok=True)
             result = run(config, out_dir)
-            return save_result(result, out_dir, name, config) if isinstance(result, Result) else result
+            if not isinstance(result, Result):
+                raise TypeError(f"experiment {name!r} returned {type(result).__name__}, not a Result")
+            return save_result(result, out_dir, name, config)
 
         _EXPERIMENTS[name] = Experiment(name, description, config_class, run_and_save)
         return run

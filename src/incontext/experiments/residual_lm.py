@@ -215,11 +215,12 @@ def rewrite_outputs(out_dir: Path) -> dict:
     """Rewrite table.md and the plots of a finished (or cut-short) study from its results.json."""
     saved = json.loads((Path(out_dir) / "results.json").read_text())
     config = ResidualLMConfig(**saved["config"])
-    return write_outputs(config, Path(out_dir), saved["runs"], saved["train_loss_curves"], saved["parameters"])
+    return save_result(study_result(config, saved["runs"], saved["train_loss_curves"], saved["parameters"]), out_dir,
+                       "residual-lm", config)
 
 
 @register_experiment("residual-lm", "Classic vs residual-V-stream small LMs on generated stories: IOI, in-context loss, induction", ResidualLMConfig)
-def run(config: ResidualLMConfig, out_dir: Path) -> dict:
+def run(config: ResidualLMConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(config.threads)
     runs, curves = earlier_runs(config, out_dir) if config.add_to_existing else ({v: [] for v in config.variants}, {v: [] for v in config.variants})
@@ -227,8 +228,7 @@ def run(config: ResidualLMConfig, out_dir: Path) -> dict:
     earlier = [r["seed"] for r in runs[config.variants[0]]]
     config = dataclasses.replace(config, seeds=earlier + [s for s in new_seeds if s not in earlier])  # what results.json covers
     parameters = 0
-    results: dict = {}
-    for seed in new_seeds:  # seeds outermost: a cut-short study still has both variants for the first seeds
+    for i, seed in enumerate(new_seeds):  # seeds outermost: a cut-short study still has both variants for the first seeds
         for variant in config.variants:
             run_dir = out_dir / "train" / f"{variant}-seed{seed}"
             started = time.perf_counter()
@@ -246,8 +246,9 @@ def run(config: ResidualLMConfig, out_dir: Path) -> dict:
             print(f"{VARIANT_NAMES[variant]} seed {seed}: {seconds:.0f} s, validation loss {result['validation_loss']:.3f}, "
                   f"IOI paper correct {result['ioi']['paper']['correct']:.1f}% incorrect {result['ioi']['paper']['incorrect']:.1f}%, "
                   f"held-out {result['ioi']['held-out names']['correct']:.1f}% / {result['ioi']['held-out names']['incorrect']:.1f}%")
-        results = write_outputs(config, out_dir, runs, curves, parameters)  # after every seed: a cut-short study keeps its seeds
-    return results
+        if i < len(new_seeds) - 1:  # saved after every seed (the last by the registry): a cut-short study keeps its seeds
+            save_result(study_result(config, runs, curves, parameters), out_dir, "residual-lm", config)
+    return study_result(config, runs, curves, parameters)
 
 
 SEED_INDEPENDENT = ("seeds", "threads", "add_to_existing")  # settings that may differ between runs of one study
@@ -270,14 +271,16 @@ def earlier_runs(config: ResidualLMConfig, out_dir: Path) -> tuple[dict[str, lis
     return runs, curves
 
 
-def write_outputs(config: ResidualLMConfig, out_dir: Path, runs: dict, curves: dict, parameters: int) -> dict:
+def study_result(config: ResidualLMConfig, runs: dict, curves: dict, parameters: int) -> Result:
+    """The study so far. Its config names every seed of the study (earlier runs' too): it replaces the one the
+    registry writes, which names this call's seeds."""
     summary = summarize(runs)
-    results = {"parameters": parameters, "seeds_done": [r["seed"] for r in runs[config.variants[-1]]], "summary": summary,
+    results = {"config": dataclasses.asdict(config), "parameters": parameters,
+               "seeds_done": [r["seed"] for r in runs[config.variants[-1]]], "summary": summary,
                "runs": runs, "train_loss_curves": curves, "paper": PAPER}
-    result = Result(results, tables={"table.md": lambda r: table(config, runs, summary, parameters, curves)},
-                    figures={"loss_curves.png": plot_losses, "icl_during_training.png": plot_icl_during_training,
-                             "ioi.png": plot_ioi})
-    return save_result(result, out_dir, "residual-lm", config)
+    return Result(results, tables={"table.md": lambda r: table(config, runs, summary, parameters, curves)},
+                  figures={"loss_curves.png": plot_losses, "icl_during_training.png": plot_icl_during_training,
+                           "ioi.png": plot_ioi})
 
 
 def _colors(variants: list[str]) -> dict[str, str]:
