@@ -22,7 +22,7 @@ from .absorb import AdaptedModel, get_absorb_method
 from .absorb.base import max_context
 from .absorb.distill_lora import DistilledLoRA, DistillLoRA
 from .absorb.generation import context_room, stream_tokens
-from .config import parse_overrides
+from .config import parse_overrides, to_dict
 from .fileio import sha256_file
 from .interop.models import load_model
 
@@ -201,7 +201,7 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
         base_config = json.loads(description_file.read_text())["base_config"]
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"--adapted {folder}: adapted.json is corrupt") from None
-    if base_config != model.config.to_dict():
+    if base_config != to_dict(model.config):
         raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
     try:
         return AdaptedModel.load(folder)

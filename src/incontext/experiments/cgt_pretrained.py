@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..absorb.distill_lora import DistilledLoRA, LoRASpec, init_lora_factors
-from ..config import check_choices
+from ..config import check_choices, to_dict
 from ..models import CGTAdapter, CGTAdapterConfig, Transformer
 from ..outputs import Result, pyplot
 from ..stats import t_interval95
@@ -309,7 +309,7 @@ def run_on(base: Transformer, encode: Callable[[str], list[int]], config: Pretra
     lora = lora_baseline(base, [i for i, _, _ in adapter.guided_layers()], adapter.num_trainable(), config.lora_rank,
                          config.seed)
     record = {"experiment": "cgt-pretrained", "config": dataclasses.asdict(config),
-              "base": base.config.to_dict()}
+              "base": to_dict(base.config)}
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = joined_batch(train_docs, config.batch_size, config.seq_len, (config.cut_lo, config.cut_hi),

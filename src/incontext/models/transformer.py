@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import check_choices, to_dict
+from ..config import check_choices
 from ..ops import FavorFeatures, apply_feature_map, apply_rope, rope_cos_sin
 from ..ops.feature_maps import LearnedFeatures
 from ..ops.linear_attention import LINEAR_ATTENTION_IMPLS
@@ -115,9 +115,6 @@ class TransformerConfig:
     @property
     def tokens(self) -> bool:
         return self.vocab_size is not None
-
-    def to_dict(self) -> dict:
-        return to_dict(self)
 
 
 def pick_next_token(logits: torch.Tensor, greedy: bool = True, temperature: float = 1.0, top_k: int | None = None,
