@@ -69,7 +69,6 @@ class Table1Config:
     w_c: float = 0.08
     w_d: float = 0.04
     aux_cuts: int = 4
-    # None: the preset's value
     n_layer: int | None = None
     split_layer: int | None = None
     d_x: int | None = None
@@ -112,8 +111,7 @@ def variant_settings(config: Table1Config, variant: str, seed: int) -> dict[str,
                          eta=1.0 if variant == "cgt" else config.eta, aux_cuts=config.aux_cuts, w_c=config.w_c,
                          w_d=config.w_d, seed=seed)
     model, loss = (options.baseline_model(), {}) if variant == "baseline" else options.cgt_sections(variant == "cgt_aux_reg")
-    task = {"name": "arithmetic", "digits": s["digits"], "n_tasks": s["n_tasks"], "n_ex": s["n_ex"],
-            "integer_coefficients": s["integer_coefficients"], "a_range": s["a_range"], "b_range": s["b_range"]}
+    task = {"name": "arithmetic", **{k: s[k] for k in ("digits", "n_tasks", "n_ex", "integer_coefficients", "a_range", "b_range")}}
     return options.trainer_sections(task, model, loss, warmup=s["warmup"], threads=config.threads)
 
 

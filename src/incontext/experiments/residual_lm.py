@@ -283,15 +283,23 @@ def study_result(config: ResidualLMConfig, runs: dict, curves: dict, parameters:
                            "ioi.png": plot_ioi})
 
 
-def _colors(variants: list[str]) -> dict[str, str]:
-    return dict(zip(variants, pyplot().rcParams["axes.prop_cycle"].by_key()["color"]))
+def _figure(results: dict, columns: int, width: float):
+    """The study's variants, a colour per variant, and a figure of `columns` panels."""
+    variants = list(results["runs"])
+    colors = dict(zip(variants, pyplot().rcParams["axes.prop_cycle"].by_key()["color"]))
+    return variants, colors, *pyplot().subplots(1, columns, figsize=(width, 4))
+
+
+def _legends(fig, axes, **options):
+    for ax in axes:
+        ax.legend(**options)
+    fig.tight_layout()
+    return fig
 
 
 def plot_losses(results: dict):
     """Training loss curves (each seed thin, the mean over seeds thick) and the loss by position."""
-    variants = list(results["runs"])
-    colors = _colors(variants)
-    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4))
+    variants, colors, fig, axes = _figure(results, 2, 12)
     for v in variants:
         seed_curves = results["train_loss_curves"][v]
         for curve in seed_curves:
@@ -304,17 +312,12 @@ def plot_losses(results: dict):
         axes[1].plot(np.arange(1, icl.shape[1] + 1), icl.mean(0), color=colors[v], label=VARIANT_NAMES[v])
     axes[0].set(xlabel="step", ylabel="training loss (10-step means)", yscale="log", title="training loss")
     axes[1].set(xlabel="position in the story (tokens)", ylabel="mean loss", title="loss by position, held-out-name stories")
-    for ax in axes:
-        ax.legend()
-    fig.tight_layout()
-    return fig
+    return _legends(fig, axes)
 
 
 def plot_icl_during_training(results: dict):
     """IOI with training / held-out names and induction at the probed checkpoints, mean over seeds."""
-    variants = list(results["runs"])
-    colors = _colors(variants)
-    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4))
+    variants, colors, fig, axes = _figure(results, 3, 15)
     for v in variants:
         probes = [r["during_training"] for r in results["runs"][v]]
         n = min(len(p) for p in probes)
@@ -329,18 +332,13 @@ def plot_icl_during_training(results: dict):
         induction = np.mean([[row["induction_accuracy"] for row in p[:n]] for p in probes], axis=0)
         axes[2].plot(steps, induction, color=colors[v], marker="o", label=VARIANT_NAMES[v])
     axes[2].set(xlabel="step", ylabel="accuracy", title="induction (repeated random tokens)")
-    for ax in axes:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _legends(fig, axes, fontsize=8)
 
 
 def plot_ioi(results: dict):
     """IOI probabilities: correct (solid) and incorrect (hatched) per prompt group, mean +- std over seeds."""
-    variants = list(results["runs"])
-    colors = _colors(variants)
+    variants, colors, fig, ax = _figure(results, 1, 12)
     groups = [f"paper {i}" for i in range(1, len(PAPER_IOI_PROMPTS) + 1)] + ["paper", "train names", "held-out names"]
-    fig, ax = pyplot().subplots(figsize=(12, 4))
     width = 0.8 / (2 * len(variants))
     x = np.arange(len(groups))
     for j, v in enumerate(variants):
@@ -351,6 +349,4 @@ def plot_ioi(results: dict):
                    label=f"{VARIANT_NAMES[v]}: {key}")
     ax.set_xticks(x, ["paper 1", "paper 2", "paper 3", "paper 4", "paper (mean)", "training names", "held-out names"])
     ax.set(ylabel="next-name probability (%)", title="IOI: indirect object (correct) vs subject (incorrect)")
-    ax.legend(ncol=2, fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _legends(fig, [ax], ncol=2, fontsize=8)
