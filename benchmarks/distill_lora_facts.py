@@ -75,7 +75,7 @@ def main() -> None:
     for name, *settings in args.config:
         options = {} if name == TEACHER else {"progress": False, **parse_overrides(settings, flat=True)}
         right = wrong_person = asked = 0
-        seconds, transcript = [], []
+        seconds, transcript, pools = [], [], []
         for text, questions in data:
             if name == TEACHER:  # no absorb: the base model with the passage in the user turn (what is distilled)
                 adapted, prefix = model, text.strip() + "\n\n"
@@ -85,6 +85,7 @@ def main() -> None:
                 start = time.perf_counter()
                 adapted, prefix = method.absorb(model, torch.tensor(codec.encode(text))), ""
                 seconds.append(time.perf_counter() - start)
+                pools.append(adapted.history["pool"])
             for question, answer, others in questions:
                 said = chat_answer(adapted, codec, prefix + question, stop)
                 ok = answer in said
@@ -96,7 +97,8 @@ def main() -> None:
                     print(f"{'OK ' if ok else '-- '}{question} [{answer}] -> {said}")
         row = {"config": name, "options": options, "episodes": args.episodes, "validation_seed": VALIDATION_SEED,
                "questions": asked, "right": right, "wrong_person": wrong_person,
-               "absorb_seconds_mean": sum(seconds) / len(seconds), "threads": args.threads, "transcript": transcript}
+               "absorb_seconds_mean": sum(seconds) / len(seconds), "threads": args.threads, "pools": pools,
+               "transcript": transcript}
         rows.append(row)
         print(f"{name:>12}: right {right}/{asked} ({100 * right / asked:.0f}%), wrong person {wrong_person}, "
               f"absorb {row['absorb_seconds_mean']:.1f} s  {options}", flush=True)
