@@ -273,8 +273,7 @@ def test_a_codec_adds_questions_and_chat_turns():
     from incontext.absorb import distill_lora
 
     original = distill_lora.DistillLoRA._questions
-    distill_lora.DistillLoRA._questions = lambda self, model, prompt, generator: (
-        [[(q, None)] for q in questions] or original(self, model, prompt, generator))
+    distill_lora.DistillLoRA._questions = lambda self, model, prompt: questions or original(self, model, prompt)
     try:
         plain = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
         questions += ["Where was Abe born?", "What is Bea's pet called?"]
@@ -307,7 +306,7 @@ def test_contrast_adds_the_swapped_questions_to_the_pool():
     from incontext.absorb import distill_lora
 
     original = distill_lora.DistillLoRA._questions
-    distill_lora.DistillLoRA._questions = lambda self, model, prompt, generator: [[("Where was Abe Lonn born?", None)]]
+    distill_lora.DistillLoRA._questions = lambda self, model, prompt: ["Where was Abe Lonn born?"]
     try:
         pools = [method(steps=1, contrast=contrast).use_codec(codec).absorb(model, prompt).history["pool"]
                  for contrast in (False, True)]
@@ -315,70 +314,3 @@ def test_contrast_adds_the_swapped_questions_to_the_pool():
         distill_lora.DistillLoRA._questions = original
     assert pools[0]["questions"] == pools[0]["chat_turns"] == 1
     assert pools[1]["questions"] == pools[1]["chat_turns"] == 2  # and "Where was Bea Voss born?"
-
-
-def test_questions_are_kept_only_when_the_teacher_answers_them_from_the_prompt():
-    """The round trip: a written question is kept when the teacher's greedy answer (prompt in context) names the
-    expected answer, at most questions_per_sentence per sentence; kept ones add their Q/A sequence."""
-    from incontext.absorb.distill_lora import _answered, _copy
-    from incontext.models import Cache
-
-    model, codec = llama_like(seed=4, max_seq_len=400), CharCodec()
-    prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker."))
-    cache = Cache.empty(model.config.n_layer)
-    with torch.no_grad():
-        model(prompt[None], cache=cache)
-        said = {q: codec.decode(_answered(model, _copy(cache), torch.tensor(codec.encode(f"Q: {q}\nA:")), 8)[2].tolist())
-                for q in ("Where was Abe born?", "What is Abe?", "Who is Abe?")}
-    right = {q: a.strip()[:2] for q, a in said.items() if a.strip()[:2]}  # what the teacher says is the answer
-    assert len(right) >= 2
-    first, second = list(right)[:2]
-    written = [[(first, right[first]), (second, right[second])], [(first, "zz"), (second, None)]]
-    for per_sentence, expected in ((1, [first, second]), (2, [first, second, second])):
-        sequences = []
-        with torch.no_grad():
-            kept = method(questions_per_sentence=per_sentence).use_codec(codec)._checked_questions(
-                model, cache, 300, written, sequences)
-        assert kept == expected and len(sequences) == len(kept)  # "zz" is not what the teacher answers
-
-
-def test_respell_takes_the_sentences_spelling_of_a_copied_name():
-    from incontext.absorb.distill_lora import _respell
-
-    sentence = "Mastul Masktranton works as a sailor."
-    assert _respell("What is Mastul Masktanton's job?", sentence) == "What is Mastul Masktranton's job?"
-    assert _respell("Who is Maria? What is a Sailboat?", sentence) == "Who is Maria? What is a Sailboat?"
-
-
-def test_written_questions_do_not_give_the_answer_away(monkeypatch):
-    """Per sentence, the candidates the writer gives (told the sentence's last word as the answer): distinct lines
-    that end with "?" and do not contain the answer."""
-    from incontext.absorb import distill_lora
-
-    asked = []
-
-    def lines(model, codec, ids, n, generator):
-        asked.append((codec.decode(ids.tolist()), n))
-        return ["Where was Abe born?", "Was Abe born in rome?", "Abe is", "Where was Abe born?", "Who is Bea?"]
-
-    monkeypatch.setattr(distill_lora, "_write_lines", lines)
-    model, codec = llama_like(seed=4, max_seq_len=1200), CharCodec()
-    prompt = torch.tensor(codec.encode("Abe was born in Rome. Bea is a baker. Hi."))
-    written = method(question_samples=3).use_codec(codec)._questions(model, prompt, torch.Generator().manual_seed(0))
-    assert written == [[("Where was Abe born?", "Rome"), ("Who is Bea?", "Rome")],
-                       [("Where was Abe born?", "baker"), ("Was Abe born in rome?", "baker"), ("Who is Bea?", "baker")]]
-    # "Hi." is too short to ask about
-    assert [n for _, n in asked] == [3, 3]
-    assert asked[0][0].endswith("Sentence: Abe was born in Rome.\nAnswer: Rome\nQuestion:")
-
-
-def test_the_writer_gives_one_greedy_line_and_samples():
-    from incontext.absorb.distill_lora import QUESTION_TOKENS, _write_lines
-
-    model, codec = llama_like(seed=5, max_seq_len=200), CharCodec()
-    ids = torch.tensor(codec.encode("Sentence: Abe was born in Rome.\nQuestion:"))
-    with torch.no_grad():
-        lines = _write_lines(model, codec, ids, 3, torch.Generator().manual_seed(0))
-        greedy = model.generate(ids[None], QUESTION_TOKENS, greedy=True)[0, ids.shape[0]:]
-    assert len(lines) == 3 and all("\n" not in line for line in lines)
-    assert lines[0] == codec.decode(greedy.tolist()).split("\n")[0].strip()

@@ -18,7 +18,6 @@ training queries, and draws all randomness from its own seeded generator.
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 import re
 import time
@@ -160,18 +159,12 @@ def merge_lora(model: Transformer, spec: LoRASpec) -> None:
 
 # ----------------------------------------------------------------------------- the method
 
-# A generic few-shot prompt that turns a sentence and its answer span into a question about it (for a bare passage:
-# the questions a user may ask are not given, so the base model writes some; nothing here comes from a task's
-# queries). The answer is the sentence's last word (English puts the new information last: "end focus"); a 135M
-# model told the answer writes a question about that fact far more often than one told only the sentence.
-QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nAnswer: 1889\nQuestion: When was the Eiffel Tower completed?\n\n"
-                   "Sentence: Marie Curie worked as a physicist.\nAnswer: physicist\nQuestion: What was Marie Curie's job?\n\n"
-                   "Sentence: The river Thames flows through London.\nAnswer: London\nQuestion: Which city does the river Thames flow through?\n\n"
-                   "Sentence: Ada Lovelace was born in London.\nAnswer: London\nQuestion: Where was Ada Lovelace born?\n\n"
-                   "Sentence: Charles Darwin had a dog named Polly.\nAnswer: Polly\nQuestion: What was the name of Charles Darwin's dog?\n\n")
-
-
-QUESTION_TOKENS = 24  # the longest question written
+# A generic few-shot prompt that turns a sentence into a question about it (for a bare passage: the questions a
+# user may ask are not given, so the base model writes some; nothing here comes from a task's queries)
+QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion: When was the Eiffel Tower completed?\n\n"
+                   "Sentence: Marie Curie worked as a physicist.\nQuestion: What was Marie Curie's job?\n\n"
+                   "Sentence: The river Thames flows through London.\nQuestion: Which city does the Thames flow through?\n\n"
+                   "Sentence: Ada Lovelace was born in London.\nQuestion: Where was Ada Lovelace born?\n\n")
 
 
 class DistillLoRA(AbsorbMethod):
@@ -218,8 +211,6 @@ class DistillLoRA(AbsorbMethod):
         window_tokens: int = 24,
         answer_tokens: int = 8,
         n_questions: int = 16,
-        question_samples: int = 4,
-        questions_per_sentence: int = 2,
         contrast: bool = False,
         chat_answer_tokens: int = 24,
         batch_size: int = 4,
@@ -233,8 +224,7 @@ class DistillLoRA(AbsorbMethod):
     ):
         positive = {"rank": rank, "alpha": alpha, "learning_rate": learning_rate, "continuation_tokens": continuation_tokens,
                     "window_tokens": window_tokens, "batch_size": batch_size, "temperature": temperature,
-                    "patience": patience, "chat_answer_tokens": chat_answer_tokens,
-                    "question_samples": question_samples, "questions_per_sentence": questions_per_sentence}
+                    "patience": patience, "chat_answer_tokens": chat_answer_tokens}
         for key, value in positive.items():
             if not value > 0:
                 raise ValueError(f"distill-lora: {key} must be > 0, got {value}")
@@ -255,7 +245,6 @@ class DistillLoRA(AbsorbMethod):
         self.n_continuations, self.continuation_tokens = n_continuations, continuation_tokens
         self.window_tokens, self.answer_tokens = window_tokens, answer_tokens
         self.n_questions, self.chat_answer_tokens, self.contrast = n_questions, chat_answer_tokens, contrast
-        self.question_samples, self.questions_per_sentence = int(question_samples), int(questions_per_sentence)
         self.temperature, self.patience, self.min_improvement = temperature, patience, min_improvement
         self.autocast, self.merge, self.seed, self.progress = autocast, merge, seed, progress
         self.codec = None
@@ -289,7 +278,7 @@ class DistillLoRA(AbsorbMethod):
         model.eval()
         start = time.perf_counter()
         try:
-            sequences, counts, questions = self._teacher_targets(model, prompt, queries, generator)
+            sequences, counts = self._teacher_targets(model, prompt, queries, generator)
             spec = lora_spec(model, self.rank, self.alpha, self.target_modules)
             adapted = DistilledLoRA(copy.deepcopy(model), spec, offset=m, merged=False).eval()
         finally:
@@ -297,7 +286,7 @@ class DistillLoRA(AbsorbMethod):
         init_lora_factors(adapted.lora_factors().values(), generator)
         teacher_seconds = time.perf_counter() - start
         adapted.history = self._train(adapted, sequences, generator)
-        adapted.history.update(pool=counts, questions=questions, teacher_seconds=teacher_seconds,
+        adapted.history.update(pool=counts, teacher_seconds=teacher_seconds,
                                train_seconds=time.perf_counter() - start - teacher_seconds)
         return adapted.merged_model() if self.merge else adapted
 
@@ -318,59 +307,43 @@ class DistillLoRA(AbsorbMethod):
                                      min(self.continuation_tokens, room), self.temperature, generator)
             sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
         counts["continuations"] = self.n_continuations
-        for query in queries:
-            sequences.append(_answered(model, _copy(cache), query, min(self.answer_tokens, room - query.shape[0]))[:2])
-        counts["train_queries"] = len(queries)
-        written = self._questions(model, prompt, generator) if self.codec is not None and self.n_questions else []
-        counts["question_candidates"] = sum(len(c) for c in written)
-        questions = self._checked_questions(model, cache, room, written, sequences)
+        questions = self._questions(model, prompt) if self.codec is not None and self.n_questions else []
         if self.contrast and questions:
-            swapped = contrastive_questions(questions, subjects(self.codec.decode(prompt.tolist())), self.n_questions)
-            questions += self._checked_questions(model, cache, room, [[(q, None)] for q in swapped], sequences)
-        counts["questions"] = len(questions)
+            questions += contrastive_questions(questions, subjects(self.codec.decode(prompt.tolist())), self.n_questions)
+        plain = queries + [q for q in (torch.tensor(self.codec.encode(f"Q: {text}\nA:")) for text in questions)
+                           if q.shape[0] + self.answer_tokens < room]
+        for query in plain:
+            sequences.append(_answered(model, _copy(cache), query, min(self.answer_tokens, room - query.shape[0])))
+        counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
         chat = self._chat_turns(model, prompt, questions, room) if questions and hasattr(self.codec, "chat") else []
         sequences += chat
         counts["chat_turns"] = len(chat)
-        return sequences, counts, questions
+        return sequences, counts
 
-    def _questions(self, model, prompt, generator) -> list[list[tuple[str, str]]]:
-        """Per sentence of the prompt (up to n_questions, spread evenly over it), the (question, answer) candidates
-        the base model (without the prompt) writes when told the sentence and its answer, the sentence's last word
-        (QUESTION_WRITER): one greedy and question_samples - 1 sampled at temperature 0.7. Kept: distinct lines
-        that end with "?" and do not give the answer away."""
+    def _questions(self, model, prompt) -> list[str]:
+        """Questions the base model (without the prompt) writes about up to n_questions of the prompt's
+        sentences, spread evenly over the prompt."""
         sentences = [s for s in _sentences(self.codec.decode(prompt.tolist())) if len(s.split()) >= 3]
         if len(sentences) > self.n_questions:
             sentences = [sentences[round(i * len(sentences) / self.n_questions)] for i in range(self.n_questions)]
-        out = []
+        questions = []
         for sentence in sentences:
-            answer = re.findall(r"[\w'-]+", sentence)[-1]
-            ids = torch.tensor(self.codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nAnswer: {answer}\nQuestion:"))
-            if ids.shape[0] + QUESTION_TOKENS > model.config.max_seq_len:
+            ids = torch.tensor(self.codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nQuestion:"))
+            if ids.shape[0] + 24 > model.config.max_seq_len:
                 continue
-            lines = [_respell(line, sentence) for line in _write_lines(model, self.codec, ids, self.question_samples,
-                                                                         generator)]
-            out.append(list(dict.fromkeys((q, answer) for q in lines if q.endswith("?")
-                                          and answer.lower() not in q.lower())))
-        return out
-
-    def _checked_questions(self, model, cache, room, written, sequences) -> list[str]:
-        """The round trip (as in synthetic QA corpora): the teacher reads the prompt and each candidate as
-        "Q: ...\\nA:" and answers greedily; up to questions_per_sentence candidates per sentence whose answer
-        names the expected one are kept (a candidate without one, None, always is) and their Q/A sequences are
-        added to `sequences`."""
-        kept = []
-        for candidates in written:
-            taken = 0
-            for question, answer in candidates:
-                query = torch.tensor(self.codec.encode(f"Q: {question}\nA:"))
-                if taken == self.questions_per_sentence or query.shape[0] + self.answer_tokens >= room:
-                    continue
-                student, teacher, said = _answered(model, _copy(cache), query, self.answer_tokens)
-                if answer is None or answer.lower() in self.codec.decode(said.tolist()).lower():
-                    sequences.append((student, teacher))
-                    kept.append(question)
-                    taken += 1
-        return kept
+            cache = Cache.empty(model.config.n_layer)
+            logits = model(ids[None], cache=cache)[0, -1]
+            out = []
+            for _ in range(24):  # greedy, to the end of the line
+                token = int(logits.argmax())
+                if "\n" in self.codec.decode([token]):
+                    break
+                out.append(token)
+                logits = model(torch.tensor([[token]]), cache=cache)[0, -1]
+            question = self.codec.decode(out).strip()
+            if question.endswith("?") and question not in questions:
+                questions.append(question)
+        return questions
 
     def _chat_turns(self, model, prompt, questions, room) -> list:
         """Each question as a chat turn: the teacher reads the prompt and the question in the user turn and
@@ -432,18 +405,6 @@ class DistillLoRA(AbsorbMethod):
 
 def _sentences(text: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
-
-
-def _respell(question: str, sentence: str) -> str:
-    """The sentence's own spelling of each capitalised word the question writer copied with a slip (a small model
-    writes "Masktanton" for "Masktranton"): a word within difflib ratio 0.8 of a sentence word becomes that word."""
-    words = set(re.findall(r"[A-Z][\w-]{3,}", sentence))
-
-    def fix(match: re.Match) -> str:
-        close = difflib.get_close_matches(match.group(0), words, n=1, cutoff=0.8)
-        return close[0] if close else match.group(0)
-
-    return re.sub(r"[A-Z][\w-]{3,}", fix, question)
 
 
 def subjects(text: str) -> list[str]:
@@ -537,32 +498,12 @@ def _greedy(model, cache, first_logits, n, stop_id=None):
 
 def _answered(model, cache, query, n_answer):
     """A training query and the teacher's greedy answer: the teacher reads the cached prompt, the query and
-    its answer; the student learns the teacher's next-token distributions on all of it. Returns the student's
-    tokens, the teacher's log-probs and the answer's tokens."""
+    its answer; the student learns the teacher's next-token distributions on all of it."""
     logits = model(query[None], cache=cache)[0]
     if n_answer < 1:
-        return query, _log_probs(logits), query[:0]
+        return query, _log_probs(logits)
     tokens, answer_logits = _greedy(model, cache, logits[-1], n_answer)
-    return torch.cat([query, tokens[:-1]]), _log_probs(torch.cat([logits, answer_logits[1:]])), tokens
-
-
-@torch.no_grad()
-def _write_lines(model, codec, ids, n, generator, temperature: float = 0.7) -> list[str]:
-    """n lines the model writes after `ids` (up to QUESTION_TOKENS tokens each): the first greedy, the others
-    sampled; stops when every row has ended its line."""
-    cache = Cache.empty(model.config.n_layer)
-    logits = model(ids[None], cache=cache)[0, -1:].expand(n, -1)
-    cache = _copy(cache, n)
-    rows: list[list[int]] = [[] for _ in range(n)]
-    for _ in range(QUESTION_TOKENS):
-        sampled = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=generator)
-        tokens = torch.cat([logits[:1].argmax(-1, keepdim=True), sampled[1:]])
-        for row, token in zip(rows, tokens.tolist()):
-            row.append(token[0])
-        if all("\n" in codec.decode(row) for row in rows):
-            break
-        logits = model(tokens, cache=cache)[:, -1]
-    return [codec.decode(row).split("\n")[0].strip() for row in rows]
+    return torch.cat([query, tokens[:-1]]), _log_probs(torch.cat([logits, answer_logits[1:]]))
 
 
 def _recall_windows(model, cache, prompt, width):
