@@ -118,7 +118,7 @@ def get_episode_source(name: str, **options: Any) -> EpisodeSource:
     if name not in _SOURCES:
         raise KeyError(f"unknown task {name!r}; tasks with episodes: {', '.join(episode_sources())}")
     cls = _SOURCES[name]
-    return cls(from_dict(cls.config_class, options, where=f"task '{name}' ({cls.config_class.__name__})"))
+    return cls(from_dict(cls.config_class, options, where=f"task '{name}': {cls.config_class.__name__}"))
 
 
 def _need(value, what: str, name: str):
