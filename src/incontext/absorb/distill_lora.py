@@ -212,7 +212,6 @@ class DistillLoRA(AbsorbMethod):
         answer_tokens: int = 8,
         n_questions: int = 16,
         contrast: bool = False,
-        shuffles: int = 0,
         chat_answer_tokens: int = 24,
         batch_size: int = 4,
         temperature: float = 1.0,
@@ -230,7 +229,7 @@ class DistillLoRA(AbsorbMethod):
             if not value > 0:
                 raise ValueError(f"distill-lora: {key} must be > 0, got {value}")
         counts = {"steps": steps, "n_continuations": n_continuations, "answer_tokens": answer_tokens,
-                  "n_questions": n_questions, "min_improvement": min_improvement, "shuffles": shuffles}
+                  "n_questions": n_questions, "min_improvement": min_improvement}
         for key, value in counts.items():
             if not value >= 0:
                 raise ValueError(f"distill-lora: {key} must be >= 0, got {value}")
@@ -248,7 +247,6 @@ class DistillLoRA(AbsorbMethod):
         self.n_questions, self.chat_answer_tokens, self.contrast = n_questions, chat_answer_tokens, contrast
         self.temperature, self.patience, self.min_improvement = temperature, patience, min_improvement
         self.autocast, self.merge, self.seed, self.progress = autocast, merge, seed, progress
-        self.shuffles = int(shuffles)
         self.codec = None
 
     def use_codec(self, codec) -> "DistillLoRA":
@@ -304,11 +302,6 @@ class DistillLoRA(AbsorbMethod):
         windows = _recall_windows(model, cache, prompt, min(self.window_tokens, m, room))
         sequences += windows
         counts["recall_windows"] = len(windows)
-        if self.codec is not None and self.shuffles:
-            shuffled = [w for text in self._shuffled_passages(prompt, generator, room)
-                        for w in _recall_windows(model, cache, text, min(self.window_tokens, text.shape[0]))]
-            sequences += shuffled
-            counts["shuffled_windows"] = len(shuffled)
         if self.n_continuations:
             tokens, logits = _sample(model, cache, prompt_logits[-1], self.n_continuations,
                                      min(self.continuation_tokens, room), self.temperature, generator)
@@ -351,19 +344,6 @@ class DistillLoRA(AbsorbMethod):
             if question.endswith("?") and question not in questions:
                 questions.append(question)
         return questions
-
-    def _shuffled_passages(self, prompt, generator, room) -> list[torch.Tensor]:
-        """The prompt's sentences in `shuffles` seeded random orders (one per line), as token ids that fit after the
-        prompt: recall windows over them show each fact after other neighbours, so the student cannot key a fact
-        on the sentence before it, only on the sentence's own words (its subject)."""
-        sentences = _sentences(self.codec.decode(prompt.tolist()))
-        out = []
-        for _ in range(self.shuffles if len(sentences) > 1 else 0):
-            order = torch.randperm(len(sentences), generator=generator).tolist()
-            ids = torch.tensor(self.codec.encode("\n".join(sentences[i] for i in order)))[:room]
-            if ids.shape[0] > 1:
-                out.append(ids)
-        return out
 
     def _chat_turns(self, model, prompt, questions, room) -> list:
         """Each question as a chat turn: the teacher reads the prompt and the question in the user turn and
