@@ -49,7 +49,7 @@ from ..stats import t_interval95
 from ..tasks.topic_mixture import topic_documents
 from ..train import OptimizerConfig, ScheduleConfig, latest_checkpoint, lr_at, save_checkpoint
 from ..train.checkpoint import load_training_state, read_state
-from ..train.trainer import build_optimizer
+from ..train.trainer import build_optimizer, truncate_metrics
 from .cgt_text import knn_topic_accuracy
 from .common import CGTGuideOptions, check_settings
 from .registry import register_experiment
@@ -135,10 +135,7 @@ def train_resumable(trainable: nn.Module, step_loss: Callable[[int], tuple[torch
     checkpoint, start = latest_checkpoint(run_dir), 0
     if checkpoint is not None and read_state(checkpoint)["config"] == record:
         start = load_training_state(checkpoint, trainable, optimizer)["step"]
-        lines = log_path.read_text().splitlines() if log_path.is_file() else []
-        kept = [line for line in lines if json.loads(line)["step"] <= start]
-        if kept != lines:  # steps logged after the checkpoint will be logged again
-            log_path.write_text("".join(line + "\n" for line in kept))
+        truncate_metrics(run_dir, start)  # steps logged after the checkpoint will be logged again
         if start < config.steps:
             print(f"{label}: resuming at step {start} from {checkpoint.name}", flush=True)
     elif run_dir.exists():

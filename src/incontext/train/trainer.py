@@ -213,11 +213,12 @@ def _last_finite_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
-def _truncate_metrics(run_dir: Path, step: int) -> None:
+def truncate_metrics(run_dir: Path, step: int) -> None:
     """Drop records logged after `step` by the run that is being resumed (they will be logged again)."""
     path = run_dir / "metrics.jsonl"
-    if path.is_file():
-        kept = [json.dumps(r) for r in read_metrics(run_dir) if r["step"] <= step]
+    records = read_metrics(run_dir) if path.is_file() else []
+    kept = [json.dumps(r) for r in records if r["step"] <= step]
+    if len(kept) < len(records):  # a finished run's log stays untouched
         path.write_text("".join(line + "\n" for line in kept))
 
 
@@ -346,7 +347,7 @@ def _resume_or_start(config: TrainConfig, dist_info: Distributed, run_dir: Path,
         if start_step == config.schedule.total_steps:
             return start_step
         if dist_info.is_main:
-            _truncate_metrics(run_dir, start_step)
+            truncate_metrics(run_dir, start_step)
     else:
         _check_fresh_run_dir(run_dir)
     dist_info.barrier()
