@@ -15,6 +15,7 @@ import io
 import json
 import textwrap
 import tokenize
+import typing
 from pathlib import Path
 
 CATALOG = Path(__file__).with_name("cli_catalog.json")
@@ -42,6 +43,13 @@ def _default_text(field: dataclasses.Field) -> str:
     return json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
+def _type_text(field: dataclasses.Field, hint: object) -> str:
+    """The annotation as written, but a named Literal (e.g. `FeatureMap`) spelled out with its choices."""
+    if typing.get_origin(hint) is typing.Literal:
+        return f"Literal[{', '.join(map(repr, typing.get_args(hint)))}]"
+    return str(field.type)
+
+
 def build_catalog() -> dict[str, tuple[str, list[tuple[str, str, str, str]]]]:
     """name -> (description, [(key, type, default, comment), ...]) for every registered experiment."""
     from .experiments.registry import list_experiments
@@ -49,7 +57,8 @@ def build_catalog() -> dict[str, tuple[str, list[tuple[str, str, str, str]]]]:
     catalog = {}
     for experiment in list_experiments():
         comments = _field_comments(experiment.config_class)
-        fields = [(f.name, str(f.type), _default_text(f), comments.get(f.name, ""))
+        hints = typing.get_type_hints(experiment.config_class)
+        fields = [(f.name, _type_text(f, hints[f.name]), _default_text(f), comments.get(f.name, ""))
                   for f in dataclasses.fields(experiment.config_class)]
         catalog[experiment.name] = (experiment.description, fields)
     return catalog

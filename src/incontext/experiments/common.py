@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..train.config import OptimizerConfig, RunConfig, ScheduleConfig, TrainConfig
+from ..train.config import TrainConfig, config_from_dict
 
 GPT2_BLOCK = {"positions": "learned", "norm": "layernorm", "mlp": "gelu_tanh", "attention": "softmax"}
 GPT2_ADAMW = {"name": "adamw", "weight_decay": 0.1, "betas": (0.9, 0.95)}
@@ -54,10 +54,8 @@ class TransformerOptions:
                 "run": {**EXPERIMENT_RUN, "batch_size": self.batch_size, "seed": seed, **run}}
 
     def train_config(self, task: dict[str, Any], **options: Any) -> TrainConfig:
-        """`train_sections` as a TrainConfig."""
-        sections = self.train_sections(task, **options)
-        return TrainConfig(model=sections["model"], task=sections["task"], optimizer=OptimizerConfig(**sections["optimizer"]),
-                           schedule=ScheduleConfig(**sections["schedule"]), run=RunConfig(**sections["run"]))
+        """`train_sections` as a TrainConfig (the one loader of training configs)."""
+        return config_from_dict(self.train_sections(task, **options))
 
 
 @dataclass

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
 from ..absorb.harness import compare
 from ..config import check_choices
+from ..models.transformer import FeatureMap, LinearNorm, Positions
 from ..outputs import Result, pyplot
 from ..tasks.episodes import Episode, get_episode_source
+from ..tasks.induction import TrainLoss
 from ..train.fresh import train_fresh
 from ..train.metrics import read_metrics
 from .common import TrainedModelOptions, WarmupOption, check_settings
@@ -44,12 +45,12 @@ class Table2Config(WarmupOption, TrainedModelOptions):
     n_layer: int = 2
     n_head: int = 2
     head_dim: int = 16  # 0: d_model // n_head
-    feature_map: Literal["identity", "elu", "taylor", "favor", "learned"] = "taylor"  # Based-style 2nd-order Taylor of exp: sharper attention than elu + 1
-    linear_norm: Literal["kernel", "none"] = "kernel"  # "none": unnormalised linear attention
-    positions: Literal["learned", "rope", "none"] = "learned"
+    feature_map: FeatureMap = "taylor"  # Based-style 2nd-order Taylor of exp: sharper attention than elu + 1
+    linear_norm: LinearNorm = "kernel"  # "none": unnormalised linear attention
+    positions: Positions = "learned"
     seq_len: int = 64
     trigger_prob: float = 0.3  # denser triggers than Bietti's setting: learnable within minutes on CPU
-    train_loss: Literal["all", "committed"] = "committed"  # the training loss at the committed triggers only; "all": every position
+    train_loss: TrainLoss = "committed"  # the training loss at the committed triggers only; "all": every position
     steps: int = 8000
     lr: float = 3e-3  # chosen on validation pilots (pilots.jsonl): 1e-3 left seed 0 on the counting plateau
     eval_every: int = 250  # the learning curve's resolution (validation sequences, not the test episodes)

@@ -30,6 +30,12 @@ from ..ops.feature_maps import LearnedFeatures
 from ..ops.linear_attention import LINEAR_ATTENTION_IMPLS
 from ..ops.softmax_attention import SOFTMAX_ATTENTION_IMPLS
 
+# choices shared with configs that pass them on (e.g. experiments/iclca_table2.py)
+Positions = Literal["learned", "rope", "none"]
+FeatureMap = Literal["identity", "elu", "taylor", "favor", "learned"]
+LinearNorm = Literal["kernel", "none"]
+
+
 @dataclass
 class TransformerConfig:
     n_layer: int = 4
@@ -43,7 +49,7 @@ class TransformerConfig:
     d_input: int | None = None
     d_output: int | None = None
     max_seq_len: int = 1024  # size of the learned position table
-    positions: Literal["learned", "rope", "none"] = "learned"
+    positions: Positions = "learned"
     rope_theta: float = 10000.0
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: float = 1e-5
@@ -57,11 +63,11 @@ class TransformerConfig:
     softmax_impl: Literal["sdpa", "reference"] = "sdpa"
     # learned: trainable maps applied to queries and keys AFTER RoPE (rotating q, k at their absolute positions,
     # as the softmax model does; the features themselves are not rotated), e.g. a linearized softmax model
-    feature_map: Literal["identity", "elu", "taylor", "favor", "learned"] = "elu"
+    feature_map: FeatureMap = "elu"
     n_features: int | None = None  # FAVOR+ random features per head (None = head_dim); learned: 2m (None = 2 head_dim)
     orthogonal_features: bool = True
     feature_seed: int = 0
-    linear_norm: Literal["kernel", "none"] = "kernel"
+    linear_norm: LinearNorm = "kernel"
     linear_impl: Literal["chunked", "parallel", "recurrent"] = "chunked"
     chunk_size: int = 64
     residual_stream: Literal["none", "q", "k", "v", "value_residual"] = "none"
