@@ -2,15 +2,19 @@
 recovery loads back (LoRA merged) into the same model that exact ICLCA converts."""
 
 import json
+import random
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
 from conftest import rel_error
 from incontext.absorb import ICLCA
-from incontext.experiments.linearize_smollm2 import LinearizeConfig, perplexity, recover
+from incontext.experiments.linearize_smollm2 import LinearizeConfig, facts_windows, perplexity, recover
 from incontext.interop.linearized import RECOVERY_FILE, is_linearized_folder, load_linearized
 from incontext.models import Transformer, TransformerConfig
+from incontext.tasks.episodes import get_episode_source
+from incontext.tasks.facts import facts_prompt, make_people
 from incontext.train.attention_transfer import TransferConfig, capture_queries_keys, fit_feature_maps, linearize, model_scale
 
 
@@ -42,3 +46,34 @@ def test_recovery_lowers_the_kl_and_loads_back_merged(tmp_path):
     prompted = loaded(torch.cat([prompt, query], 1))[:, 15:]
     assert rel_error(ICLCA().absorb(loaded, prompt)(query), prompted) < 1e-10
     assert perplexity(teacher, windows[:4]) > 1.0
+
+
+class _CharCodec:
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 256 for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def test_facts_map_windows_hold_the_passage_then_its_questions_with_answers():
+    codec = _CharCodec()
+    windows, prompts = facts_windows(codec, 3, 600, "maps-facts-0")
+    assert windows.shape == (3, 600) and torch.equal(windows, facts_windows(codec, 3, 600, "maps-facts-0")[0])
+    rng = random.Random("maps-facts-0-1")
+    people = make_people(2, rng)
+    text, pairs, _ = facts_prompt(people, rng)
+    person, attribute = pairs[0]
+    question, answer = person.question(attribute)
+    assert codec.decode(windows[1].tolist()).startswith(text + question + answer + "\n\n") and prompts[1] == len(text)
+    # own seeds: no window is an evaluation or validation episode's passage
+    source = get_episode_source("facts", people=2)
+    evaluation = {codec.decode(e.prompt.tolist()) for seed in (0, 10_000) for e in source.episodes(20, seed, tokenizer=codec)}
+    assert not any(codec.decode(w.tolist()).startswith(tuple(evaluation)) for w in windows)
+    with pytest.raises(ValueError, match="fewer than window_tokens"):
+        facts_windows(codec, 1, 10_000, "maps-facts-0")
+
+
+def test_map_data_is_checked():
+    with pytest.raises(ValueError, match="map_data"):
+        LinearizeConfig(map_data="facts")

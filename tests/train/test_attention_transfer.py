@@ -8,7 +8,7 @@ import torch
 from conftest import rel_error
 from incontext.absorb import ICLCA, AdaptedModel, ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 from incontext.models import Cache, Transformer, TransformerConfig
-from incontext.ops.feature_maps import LearnedFeatures, attention_distillation_loss, log_kernel
+from incontext.ops.feature_maps import LearnedFeatures, attention_distillation_loss, attention_distillation_losses, log_kernel
 from incontext.train.attention_transfer import (
     TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
     save_feature_maps,
@@ -31,13 +31,19 @@ def tokens(seed, batch, length, vocab=61):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def test_log_kernel_and_loss_match_plain_references():
-    g = torch.Generator().manual_seed(1)
-    maps = LearnedFeatures(3, 8, 12, scale=0.3, seed=2).double()
+def perturbed_maps_and_qk(seed, n_head, batch):
+    """float64 maps moved off their init, and large-norm q, k (batch, n_head, 9, 8)."""
+    g = torch.Generator().manual_seed(seed)
+    maps = LearnedFeatures(n_head, 8, 12, scale=0.3, seed=2).double()
     with torch.no_grad():
         for p in maps.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=torch.float64))
-    q, k = (3 * torch.randn(2, 3, 9, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    q, k = (3 * torch.randn(batch, n_head, 9, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    return maps, q, k
+
+
+def test_log_kernel_and_loss_match_plain_references():
+    maps, q, k = perturbed_maps_and_qk(1, 3, 2)
     lq, lk = maps.log_q(q), maps.log_k(k)
     plain = torch.logsumexp(lq[..., :, None, :] + lk[..., None, :, :], dim=-1)
     assert rel_error(log_kernel(lq, lk), plain) < 1e-12
@@ -49,6 +55,20 @@ def test_log_kernel_and_loss_match_plain_references():
             p = torch.softmax(scores[..., i, : i + 1], -1)
             loss = loss + (p * (torch.log(p) - torch.log_softmax(mixed[..., i, : i + 1], -1))).sum(-1)
         assert abs(attention_distillation_loss(maps, q, k, 0.3, split=split).item() - (loss / len(rows)).mean().item()) < 1e-12
+
+
+def test_per_window_splits_average_every_windows_own_rows():
+    maps, q, k = perturbed_maps_and_qk(5, 2, 3)
+    splits = [2, 7, 4]
+    total, rows = 0.0, 0
+    for b, split in enumerate(splits):  # window by window, through the one-split form: a plain weighted mean
+        n = 2 * (9 - split)  # heads x rows
+        total += attention_distillation_loss(maps, q[b:b + 1], k[b:b + 1], 0.3, split=split).item() * n
+        rows += n
+    (loss,) = attention_distillation_losses(maps, q, k, 0.3, (torch.tensor(splits),))
+    assert abs(loss.item() - total / rows) < 1e-12
+    (same,) = attention_distillation_losses(maps, q, k, 0.3, (torch.tensor([4, 4, 4]),))
+    assert abs(same.item() - attention_distillation_loss(maps, q, k, 0.3, split=4).item()) < 1e-12
 
 
 def test_the_untrained_map_estimates_exp_of_the_scaled_dot_product():
@@ -121,6 +141,21 @@ def test_resuming_trains_as_an_uninterrupted_run(trained, tmp_path):
             assert torch.equal(x, y), name
     with pytest.raises(ValueError, match="other options"):
         fit_feature_maps(captures, TransferConfig(n_features=8), scale=1.0, folder=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="other options .*splits"):  # fixed splits are part of the options
+        fit_feature_maps(captures, config, scale=model_scale(model), folder=tmp_path, progress=False, splits=[20] * 12)
+
+
+def test_fixed_splits_are_checked_and_used(trained, tmp_path):
+    model, captures, _, _, _ = trained
+    config = TransferConfig(n_features=16, steps=5, lr=0.02, batch=4)
+    for bad in ([20] * 11, [0] * 12, [48] * 12):
+        with pytest.raises(ValueError, match="splits must"):
+            fit_feature_maps(captures, config, scale=model_scale(model), progress=False, splits=bad)
+    fixed = fit_feature_maps(captures, config, scale=model_scale(model), folder=tmp_path, progress=False,
+                             splits=[20, None] * 6)
+    assert read_options(tmp_path)["splits"] == [20, None] * 6
+    drawn = fit_feature_maps(captures, config, scale=model_scale(model), progress=False)
+    assert not torch.equal(fixed[0].weight_q, drawn[0].weight_q)
 
 
 def test_approximate_conversion_with_learned_maps_saves_and_loads(trained, tmp_path):

@@ -1,7 +1,9 @@
 """A linearized SmolLM2-135M: learned feature maps by attention transfer, then a short LoRA recovery.
 
 1. Capture every layer's queries and keys (after RoPE) from the frozen softmax SmolLM2 on windows of the
-   Shakespeare TRAINING plays (the held-out plays are never read for training), and fit one learned
+   Shakespeare TRAINING plays (the held-out plays are never read for training) and, with map_data="plays+facts",
+   as many `facts` passages each followed by its questions and answers (recall data: episodes drawn from their
+   own seeds, never the evaluation's or validation's), and fit one learned
    Hedgehog-style map per layer and head (train/attention_transfer.py). The maps are saved under
    <out>/feature_maps (resumable); `incontext run iclca-approx` reads them for its learned-feature rows.
 2. Linearize: every softmax attention replaced by linear attention through the maps (same weights).
@@ -19,6 +21,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +32,9 @@ from ..absorb import ICLCA
 from ..interop.linearized import RECOVERY_FILE, RECOVERY_TARGETS, lora_alpha
 from ..interop.models import load_model
 from ..models import Transformer
+from ..config import check_choices
 from ..tasks.corpora import shakespeare_plays
+from ..tasks.facts import facts_prompt, make_people
 from ..tasks.text import ShakespeareConfig, split_plays
 from ..train.attention_transfer import (
     TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
@@ -38,9 +43,15 @@ from ..outputs import Result
 from .common import check_settings
 from .registry import register_experiment
 
+MAP_DATA = {"plays": "Shakespeare training plays",
+            "plays+facts": "Shakespeare training plays + facts passages with their Q/A (own seeds)"}
+
+
 @dataclass
 class LinearizeConfig:
-    map_windows: int = 16  # training-play windows whose q/k train the maps
+    map_windows: int = 16  # training windows whose q/k train the maps
+    map_data: Literal["plays", "plays+facts"] = "plays"  # plays+facts: half the windows are facts passages + Q/A
+    facts_split: Literal["random", "prompt"] = "random"  # where the conversion loss splits a facts window
     window_tokens: int = 256
     n_features: int = 128  # per head (64 directions, both signs)
     map_steps: int = 200  # per layer
@@ -58,6 +69,7 @@ class LinearizeConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check_choices(self)
         check_settings(self, counts=("map_windows", "window_tokens", "n_features", "map_steps", "map_batch",
                                      "recovery_tokens", "recovery_batch", "recovery_windows", "lora_rank", "eval_windows",
                                      "conversion_prompt", "conversion_query"), rates=("map_lr", "lora_lr"))
@@ -75,6 +87,38 @@ def play_windows(tokenizer, names: list[str], n: int, length: int, seed: str) ->
         if len(ids) >= length:
             windows.append(torch.tensor(ids[:length]))
     return torch.stack(windows)
+
+
+def facts_windows(tokenizer, n: int, length: int, seed: str, people: int = 2) -> tuple[torch.Tensor, list[int]]:
+    """n windows of `length` tokens, each a `facts` passage followed by all its questions with their answers (the
+    attention of an answer to its fact is the retrieval a converted prompt must keep), and each passage's length
+    in tokens (where a conversion would split it); episodes from `seed`."""
+    windows, prompts = [], []
+    for i in range(n):
+        rng = random.Random(f"{seed}-{i}")
+        persons = make_people(people, rng)
+        text, pairs, _ = facts_prompt(persons, rng)
+        ids = list(tokenizer.encode(text))
+        prompts.append(len(ids))
+        for person, attribute in pairs:
+            question, answer = person.question(attribute)
+            ids += tokenizer.encode(question) + tokenizer.encode(answer + "\n\n")
+        if len(ids) < length:
+            raise ValueError(f"a facts window has {len(ids)} tokens, fewer than window_tokens={length}")
+        windows.append(torch.tensor(ids[:length]))
+    return torch.stack(windows), prompts
+
+
+def map_training_windows(tokenizer, names: list[str], config: "LinearizeConfig") -> tuple[torch.Tensor, list[int | None] | None]:
+    """The maps' training windows and, per window, where the conversion loss splits it (None: a random place)."""
+    if config.map_data == "plays":
+        return play_windows(tokenizer, names, config.map_windows, config.window_tokens, f"maps-{config.seed}"), None
+    n_facts = config.map_windows // 2
+    plays = play_windows(tokenizer, names, config.map_windows - n_facts, config.window_tokens, f"maps-{config.seed}")
+    facts, prompts = facts_windows(tokenizer, n_facts, config.window_tokens, f"maps-facts-{config.seed}")
+    splits = [None] * len(plays) + (prompts if config.facts_split == "prompt" else [None] * n_facts)
+    # interleaving does not matter: each step samples windows at random
+    return torch.cat([plays, facts]), (splits if config.facts_split == "prompt" else None)
 
 
 @torch.no_grad()
@@ -144,7 +188,7 @@ def run(config: LinearizeConfig, out_dir: Path) -> Result:
     train_plays, heldout_plays = split_plays(ShakespeareConfig(), shakespeare_plays())
     seconds = {}
 
-    map_windows = play_windows(codec, train_plays, config.map_windows, config.window_tokens, f"maps-{config.seed}")
+    map_windows, splits = map_training_windows(codec, train_plays, config)
     transfer = TransferConfig(n_features=config.n_features, steps=config.map_steps, lr=config.map_lr,
                               batch=config.map_batch, seed=config.seed)
     folder = out_dir / "feature_maps"
@@ -154,7 +198,7 @@ def run(config: LinearizeConfig, out_dir: Path) -> Result:
     else:
         captures = capture_queries_keys(model, map_windows)
         maps = fit_feature_maps(captures, transfer, scale=model_scale(model), folder=folder,
-                                extra={"model": "SmolLM2-135M-Instruct", "data": "Shakespeare training plays"})
+                                extra={"model": "SmolLM2-135M-Instruct", "data": MAP_DATA[config.map_data]}, splits=splits)
         del captures
     seconds["feature maps"] = round(time.perf_counter() - tick, 1)
     map_losses = read_options(folder)["losses"]
@@ -183,7 +227,7 @@ def run(config: LinearizeConfig, out_dir: Path) -> Result:
     seconds["conversion"] = round(time.perf_counter() - tick, 1)
 
     results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
-               "data": {"training": "Shakespeare training plays (maps, recovery)", "evaluation": f"held-out plays {heldout_plays}"},
+               "data": {"training": f"maps: {MAP_DATA[config.map_data]}; recovery: Shakespeare training plays", "evaluation": f"held-out plays {heldout_plays}"},
                "perplexity": ppl, "perplexity_ratio_after": ppl["linearized, after recovery"] / ppl["SmolLM2 (softmax)"],
                "feature_map_losses": map_losses, "recovery_kl": recovery_losses, "exact_conversion": exactness,
                "seconds": {**seconds, "total": round(time.perf_counter() - start, 1)}}

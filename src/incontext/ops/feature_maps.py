@@ -146,23 +146,32 @@ def log_kernel(log_phi_q: torch.Tensor, log_phi_k: torch.Tensor) -> torch.Tensor
 
 
 def attention_distillation_losses(maps: LearnedFeatures, q: torch.Tensor, k: torch.Tensor, scale: float,
-                                  splits: tuple[int | None, ...] = (None,)) -> list[torch.Tensor]:
+                                  splits: tuple[int | torch.Tensor | None, ...] = (None,)) -> list[torch.Tensor]:
     """KL divergence (the cross-entropy less the target's entropy, so 0 is perfect) from the causal softmax
     attention weights of rotated q, k (B, H, T, d; k repeated to the query heads) to the weights the features
     give, averaged over query rows; one loss per split, sharing the scores and the features.
 
     split=None: every key through the features (linear attention, normalized phi(q) . phi(k) weights).
     split=M: keys before M through the features, the others exact exp(q . k * scale), rows from M on (the
-    approximate conversion of an M-token prompt); this one sees the features' absolute scale."""
+    approximate conversion of an M-token prompt); this one sees the features' absolute scale. A (B,) tensor of
+    splits gives each window its own M (e.g. where its prompt ends)."""
     t = q.shape[-2]
+    positions = torch.arange(t, device=q.device)
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     exact = ((q @ k.transpose(-2, -1)) * scale).masked_fill(~causal, float("-inf"))
     log_target = torch.log_softmax(exact, dim=-1)
     approx = log_kernel(maps.log_q(q), maps.log_k(k)).masked_fill(~causal, float("-inf"))
     losses = []
     for split in splits:
+        if isinstance(split, torch.Tensor):  # per window: every row, those before the window's split weighted 0
+            split = split.to(q.device)[:, None, None, None]
+            log_weights = torch.log_softmax(torch.where(positions < split, approx, exact), dim=-1)
+            gap = (log_target - log_weights).masked_fill(~causal, 0.0)
+            rows = (positions[:, None] >= split).to(q.dtype).expand(-1, q.shape[1], -1, -1)  # (B, H, T, 1)
+            losses.append((log_target.exp() * gap * rows).sum() / rows.sum())
+            continue
         first = 0 if split is None else split
-        mixed = approx if split is None else torch.where(torch.arange(t, device=q.device) < split, approx, exact)
+        mixed = approx if split is None else torch.where(positions < split, approx, exact)
         log_weights = torch.log_softmax(mixed[..., first:, :], dim=-1)
         gap = (log_target[..., first:, :] - log_weights).masked_fill(~causal[first:], 0.0)
         losses.append((log_target[..., first:, :].exp() * gap).sum(-1).mean())

@@ -89,8 +89,8 @@ def capture_queries_keys(model: Transformer, windows: torch.Tensor, batch: int =
     return layers
 
 
-def transfer_loss(maps: LearnedFeatures, q: torch.Tensor, k: torch.Tensor, scale: float, split: int | None,
-                  split_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def transfer_loss(maps: LearnedFeatures, q: torch.Tensor, k: torch.Tensor, scale: float,
+                  split: int | torch.Tensor | None, split_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(total, all-features loss, split loss) for q (B, H, T, d) and k repeated to the query heads."""
     if split is None or split_weight == 0:
         linear = attention_distillation_loss(maps, q, k, scale)
@@ -134,20 +134,27 @@ def load_feature_maps(folder: str | Path, *, partial: bool = False) -> list[Lear
 
 
 def fit_feature_maps(captures: list[tuple[torch.Tensor, torch.Tensor]], config: TransferConfig, *, scale: float,
-                     folder: str | Path | None = None, progress: bool = True, extra: dict | None = None) -> list[LearnedFeatures]:
+                     folder: str | Path | None = None, progress: bool = True, extra: dict | None = None,
+                     splits: list[int | None] | None = None) -> list[LearnedFeatures]:
     """Train one `LearnedFeatures` per layer on captured (q, k); with `folder`, save after every layer and
-    resume from what is there (same options required)."""
+    resume from what is there (same options required). The conversion loss splits each step's windows at one
+    random place in the middle half; `splits` (one per window) fixes a window's split instead (e.g. where its
+    prompt ends; None there: random)."""
     n_layer = len(captures)
     q0, k0 = captures[0]
     n_windows, n_head, t, dim = q0.shape
     groups = n_head // k0.shape[1]
+    if splits is not None and (len(splits) != n_windows or any(m is not None and not 0 < m < t for m in splits)):
+        raise ValueError(f"splits must give one split in 1..{t - 1} (or None) per window ({n_windows}), got {splits}")
     options = {"n_layer": n_layer, "n_head": n_head, "dim": dim, "n_features": config.n_features, "scale": scale,
+               **({"splits": list(splits)} if splits is not None else {}),
                "training": dataclasses.asdict(config), "windows": n_windows, "window_tokens": t, **(extra or {})}
     maps: list[LearnedFeatures] = []
     losses: list[dict] = []
     if folder is not None and (Path(folder) / OPTIONS_FILE).is_file():
         saved = read_options(folder)
-        mismatched = [key for key in ("n_layer", "n_head", "dim", "n_features", "training") if saved[key] != options[key]]
+        mismatched = [key for key in ("n_layer", "n_head", "dim", "n_features", "training", "splits")
+                      if saved.get(key) != options.get(key)]
         if mismatched:
             raise ValueError(f"{folder} holds maps trained with other options ({', '.join(mismatched)}); use a new folder")
         maps, losses = load_feature_maps(folder, partial=True), saved.get("losses", [])
@@ -169,6 +176,8 @@ def fit_feature_maps(captures: list[tuple[torch.Tensor, torch.Tensor]], config: 
         for _ in range(config.steps):
             pick = rng.sample(range(n_windows), min(config.batch, n_windows))
             split = rng.randint(t // 4, 3 * t // 4)
+            if splits is not None:
+                split = torch.tensor([split if splits[j] is None else splits[j] for j in pick])
             loss, _, _ = transfer_loss(layer, q_all[pick], k_all[pick], scale, split, config.split_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
