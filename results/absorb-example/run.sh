@@ -1,20 +1,21 @@
 #!/bin/bash
-# The absorb -> generate exchange on SmolLM2 (about 6 minutes on 2 CPU cores); writes exchange.md next to this file.
-# Run from the repository root with the environment active: bash results/absorb-example/run.sh
-# facts.txt: incontext.tasks.facts make_people(2, random.Random(123)) and facts_prompt with the same generator.
-# The absorb folder (adapted/) holds absorb.json and the PEFT adapter only (a few MB): generate puts it back on
+# The absorb -> generate exchange on SmolLM2 (about 3-6 minutes on 2 CPU cores); writes DIR/exchange.md.
+# Run from the repository root with the environment active: bash results/absorb-example/run.sh [DIR]
+# DIR (default results/absorb-example) holds facts.txt, the passage, and questions.txt, one "question|answer" per
+# line: every fact of the passage except the worked example's, as the facts task asks it.
+#   results/absorb-example: incontext.tasks.facts make_people(2, random.Random(123)) and facts_prompt with the
+#     same generator (two people);
+#   results/absorb-example/one-person: the same with make_people(1, random.Random(123)).
+# The absorb folder (DIR/adapted/) holds absorb.json and the PEFT adapter only (a few MB): generate puts it back on
 # the base model, so the exchange can be re-run from the committed folder without absorbing again.
 set -u
 export PYTHONWARNINGS="ignore::FutureWarning"  # a transformers deprecation notice would name a local path
-D=results/absorb-example
+D=${1:-results/absorb-example}
 MODEL=${MODEL:-smollm2}  # any model name `incontext generate` takes (a tiny one to try the script)
 OUT=$D/exchange.md
-# every fact of the passage except the worked example's (Dalniol Louthixciom's pet), as the facts task asks it
-QUESTIONS=("Where was Thealcrath Kandairkkon born?|Beaport" "What is Thealcrath Kandairkkon's job?|beekeeper"
-           "What is the name of Thealcrath Kandairkkon's pet?|Caszio" "In which year was Thealcrath Kandairkkon born?|1823"
-           "Where was Dalniol Louthixciom born?|Grisstead" "What is Dalniol Louthixciom's job?|potter"
-           "In which year was Dalniol Louthixciom born?|1950")
-Q1=$'Q: Where was Thealcrath Kandairkkon born?\nA:'
+mapfile -t QUESTIONS < "$D/questions.txt"
+LAST=$((${#QUESTIONS[@]} - 1))
+Q1="Q: ${QUESTIONS[0]%|*}"$'\nA:'
 
 step() {  # step TITLE ARGS...: run `incontext ARGS...`, append the command, its output and its time; output in $output
     local title=$1; shift
@@ -38,10 +39,10 @@ for qa in "${QUESTIONS[@]}"; do
     if [[ $output == *"$a"* ]]; then right=$((right + 1)); echo "right" >> "$OUT"; else echo "wrong" >> "$OUT"; fi
     echo >> "$OUT"
 done
-for qa in "${QUESTIONS[0]}" "${QUESTIONS[5]}"; do
+for qa in "${QUESTIONS[0]}" "${QUESTIONS[LAST - 1]}"; do
     step "chat, base model (no passage): ${qa%|*}" generate --model "$MODEL" --chat --max-new-tokens 32 "${qa%|*}"
 done
-for qa in "${QUESTIONS[0]}" "${QUESTIONS[5]}"; do  # the teacher distill-lora learns from: the passage in the user turn
+for qa in "${QUESTIONS[0]}" "${QUESTIONS[LAST - 1]}"; do  # the teacher distill-lora learns from: the passage in the user turn
     step "chat, base model with the passage in the user turn: ${qa%|*}" generate --model "$MODEL" --chat \
         --max-new-tokens 32 "$(cat $D/facts.txt)"$'\n\n'"${qa%|*}"
 done
