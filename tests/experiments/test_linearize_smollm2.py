@@ -77,3 +77,7 @@ def test_facts_map_windows_hold_the_passage_then_its_questions_with_answers():
 def test_map_data_is_checked():
     with pytest.raises(ValueError, match="map_data"):
         LinearizeConfig(map_data="facts")
+    with pytest.raises(ValueError, match="facts_split=prompt needs map_data=plays\\+facts"):
+        LinearizeConfig(facts_split="prompt")
+    with pytest.raises(ValueError, match="facts_split"):
+        LinearizeConfig(map_data="plays+facts", facts_split="end")

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -29,10 +30,10 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..absorb import ICLCA
+from ..config import check_choices
 from ..interop.linearized import RECOVERY_FILE, RECOVERY_TARGETS, lora_alpha
 from ..interop.models import load_model
 from ..models import Transformer
-from ..config import check_choices
 from ..tasks.corpora import shakespeare_plays
 from ..tasks.facts import facts_prompt, make_people
 from ..tasks.text import ShakespeareConfig, split_plays
@@ -70,6 +71,8 @@ class LinearizeConfig:
 
     def __post_init__(self):
         check_choices(self)
+        if self.facts_split == "prompt" and self.map_data != "plays+facts":
+            raise ValueError("facts_split=prompt needs map_data=plays+facts (only facts windows have a prompt to split at)")
         check_settings(self, counts=("map_windows", "window_tokens", "n_features", "map_steps", "map_batch",
                                      "recovery_tokens", "recovery_batch", "recovery_windows", "lora_rank", "eval_windows",
                                      "conversion_prompt", "conversion_query"), rates=("map_lr", "lora_lr"))
@@ -194,6 +197,12 @@ def run(config: LinearizeConfig, out_dir: Path) -> Result:
     folder = out_dir / "feature_maps"
     tick = time.perf_counter()
     if (folder / "feature_maps.json").is_file() and read_options(folder)["layers_done"] == model.config.n_layer:
+        saved = read_options(folder)  # finished maps are reused (a re-run for the recovery) only if fitted alike
+        wanted = {"training": dataclasses.asdict(transfer), "data": MAP_DATA[config.map_data], "splits": splits}
+        mismatched = [key for key, value in wanted.items() if saved.get(key) != value]
+        if mismatched:
+            raise ValueError(f"{folder} holds finished maps fitted with other settings ({', '.join(mismatched)}); "
+                             "use a new --out")
         maps = load_feature_maps(folder)
     else:
         captures = capture_queries_keys(model, map_windows)
