@@ -18,3 +18,13 @@ def _threads():
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-300))
+
+
+class ByteCodec:
+    """A byte-level tokenizer (UTF-8 bytes as ids): enough for the text sources on tiny random models."""
+
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids):
+        return bytes(int(i) for i in ids).decode("utf-8")

@@ -158,6 +158,8 @@ DEMO_TINY = ["steps=2", "n_layer=1", "d_model=8", "n_head=2", "n_points=4", "d_i
     (["run", "linearize-smollm2", *sets("n_features=0")], "n_features must be >= 1"),
     (["run", "linearize-smollm2", *sets("map_lr=-1")], "map_lr > 0"),
     (["run", "linearize-smollm2", *sets("recovery_windows=0")], "recovery_windows must be >= 1"),
+    (["run", "linearize-smollm2", *sets("map_data=facts")], "map_data"),
+    (["run", "linearize-smollm2", *sets("facts_split=prompt")], "facts_split=prompt needs map_data=plays+facts"),
     (["run", "cgt-text", *sets("split_layer=abc")], "split_layer"),
 ])
 def test_bad_experiment_settings(capsys, tmp_path, args, fragment):

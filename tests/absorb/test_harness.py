@@ -4,17 +4,11 @@ import statistics
 import pytest
 import torch
 
+from conftest import ByteCodec
 from incontext.absorb.harness import agreement, compare, episode_score, score_query
 from incontext.models import Transformer, TransformerConfig
 from incontext.tasks import get_task
 from incontext.tasks.episodes import Episode, Query, get_episode_source
-
-
-class ByteCodec:
-    """A byte-level tokenizer: enough for the text sources on tiny random models."""
-
-    def encode(self, text):
-        return list(text.encode("utf-8"))
 
 
 def tiny(attention="softmax", vocab=256, **kw):

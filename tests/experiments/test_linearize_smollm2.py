@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from conftest import rel_error
+from conftest import ByteCodec, rel_error
 from incontext.absorb import ICLCA
 from incontext.experiments.linearize_smollm2 import LinearizeConfig, facts_windows, perplexity, recover
 from incontext.interop.linearized import RECOVERY_FILE, is_linearized_folder, load_linearized
@@ -48,16 +48,8 @@ def test_recovery_lowers_the_kl_and_loads_back_merged(tmp_path):
     assert perplexity(teacher, windows[:4]) > 1.0
 
 
-class _CharCodec:
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) % 256 for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids)
-
-
 def test_facts_map_windows_hold_the_passage_then_its_questions_with_answers():
-    codec = _CharCodec()
+    codec = ByteCodec()
     windows, prompts = facts_windows(codec, 3, 600, "maps-facts-0")
     assert windows.shape == (3, 600) and torch.equal(windows, facts_windows(codec, 3, 600, "maps-facts-0")[0])
     rng = random.Random("maps-facts-0-1")

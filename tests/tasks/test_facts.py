@@ -4,17 +4,10 @@ import re
 import pytest
 import torch
 
+from conftest import ByteCodec
 from incontext.tasks.episodes import get_episode_source
 from incontext.tasks.facts import ATTRIBUTES, facts_prompt, make_people
 from incontext.tasks.stories import HELDOUT_NAMES, TRAIN_NAMES
-
-
-class ByteCodec:
-    def encode(self, text):
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids):
-        return bytes(int(i) for i in ids).decode("utf-8")
 
 
 STATEMENT = re.compile(r"^(?P<name>\w+ \w+) (?:was born in (?:the year (?P<year>\d+)|(?P<place>\w+))|works as a (?P<job>\w+)"

@@ -2,6 +2,8 @@
 tiny random softmax model (loss and conversion error fall below FAVOR+ at equal feature count), resuming,
 and exact ICLCA on the linearized model in float64."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,8 +12,8 @@ from incontext.absorb import ICLCA, AdaptedModel, ICLCAApprox, SoftmaxFeaturePre
 from incontext.models import Cache, Transformer, TransformerConfig
 from incontext.ops.feature_maps import LearnedFeatures, attention_distillation_loss, attention_distillation_losses, log_kernel
 from incontext.train.attention_transfer import (
-    TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
-    save_feature_maps,
+    TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, load_finished_maps, model_scale,
+    read_options, save_feature_maps,
 )
 
 
@@ -143,6 +145,17 @@ def test_resuming_trains_as_an_uninterrupted_run(trained, tmp_path):
         fit_feature_maps(captures, TransferConfig(n_features=8), scale=1.0, folder=tmp_path, progress=False)
     with pytest.raises(ValueError, match="other options .*splits"):  # fixed splits are part of the options
         fit_feature_maps(captures, config, scale=model_scale(model), folder=tmp_path, progress=False, splits=[20] * 12)
+
+
+def test_finished_maps_are_reused_only_when_fitted_alike(trained, tmp_path):
+    model, _, config, folder, maps = trained
+    training = dataclasses.asdict(config)
+    loaded = load_finished_maps(folder, 2, {"training": training, "splits": None})
+    assert all(torch.equal(a.weight_q, b.weight_q) for a, b in zip(loaded, maps))
+    assert load_finished_maps(folder, 3, {"training": training}) is None  # not finished for a 3-layer model
+    assert load_finished_maps(tmp_path, 2, {"training": training}) is None  # nothing there
+    with pytest.raises(ValueError, match="other settings \\(training, splits\\)"):
+        load_finished_maps(folder, 2, {"training": {**training, "steps": 1}, "splits": [3] * 12})
 
 
 def test_fixed_splits_are_checked_and_used(trained, tmp_path):

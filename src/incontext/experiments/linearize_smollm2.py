@@ -38,7 +38,7 @@ from ..tasks.corpora import shakespeare_plays
 from ..tasks.facts import facts_prompt, make_people
 from ..tasks.text import ShakespeareConfig, split_plays
 from ..train.attention_transfer import (
-    TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale, read_options,
+    TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_finished_maps, model_scale, read_options,
 )
 from ..outputs import Result
 from .common import check_settings
@@ -119,9 +119,8 @@ def map_training_windows(tokenizer, names: list[str], config: "LinearizeConfig")
     n_facts = config.map_windows // 2
     plays = play_windows(tokenizer, names, config.map_windows - n_facts, config.window_tokens, f"maps-{config.seed}")
     facts, prompts = facts_windows(tokenizer, n_facts, config.window_tokens, f"maps-facts-{config.seed}")
-    splits = [None] * len(plays) + (prompts if config.facts_split == "prompt" else [None] * n_facts)
-    # interleaving does not matter: each step samples windows at random
-    return torch.cat([plays, facts]), (splits if config.facts_split == "prompt" else None)
+    splits = [None] * len(plays) + prompts if config.facts_split == "prompt" else None
+    return torch.cat([plays, facts]), splits  # the order does not matter: each step samples windows at random
 
 
 @torch.no_grad()
@@ -196,15 +195,10 @@ def run(config: LinearizeConfig, out_dir: Path) -> Result:
                               batch=config.map_batch, seed=config.seed)
     folder = out_dir / "feature_maps"
     tick = time.perf_counter()
-    if (folder / "feature_maps.json").is_file() and read_options(folder)["layers_done"] == model.config.n_layer:
-        saved = read_options(folder)  # finished maps are reused (a re-run for the recovery) only if fitted alike
-        wanted = {"training": dataclasses.asdict(transfer), "data": MAP_DATA[config.map_data], "splits": splits}
-        mismatched = [key for key, value in wanted.items() if saved.get(key) != value]
-        if mismatched:
-            raise ValueError(f"{folder} holds finished maps fitted with other settings ({', '.join(mismatched)}); "
-                             "use a new --out")
-        maps = load_feature_maps(folder)
-    else:
+    # finished maps are reused (a re-run for the recovery) only when fitted alike
+    maps = load_finished_maps(folder, model.config.n_layer, {"training": dataclasses.asdict(transfer),
+                                                              "data": MAP_DATA[config.map_data], "splits": splits})
+    if maps is None:
         captures = capture_queries_keys(model, map_windows)
         maps = fit_feature_maps(captures, transfer, scale=model_scale(model), folder=folder,
                                 extra={"model": "SmolLM2-135M-Instruct", "data": MAP_DATA[config.map_data]}, splits=splits)

@@ -133,6 +133,29 @@ def load_feature_maps(folder: str | Path, *, partial: bool = False) -> list[Lear
     return maps
 
 
+RESUME_KEYS = ("n_layer", "n_head", "dim", "n_features", "training", "splits")  # must match to resume a fit
+
+
+def differing_options(saved: dict, wanted: dict) -> list[str]:
+    """The keys of `wanted` whose saved value differs (a key absent from `saved` reads as None)."""
+    return [key for key, value in wanted.items() if saved.get(key) != value]
+
+
+def load_finished_maps(folder: str | Path, n_layer: int, wanted: dict) -> list[LearnedFeatures] | None:
+    """The maps saved in `folder` when all `n_layer` layers are fitted (None when there are none or only some); finished
+    maps whose saved options differ from `wanted` (e.g. the training settings) are refused, so they are never
+    reused for a run that asked for others."""
+    if not (Path(folder) / OPTIONS_FILE).is_file():
+        return None
+    saved = read_options(folder)
+    if saved["layers_done"] != n_layer:
+        return None
+    mismatched = differing_options(saved, wanted)
+    if mismatched:
+        raise ValueError(f"{folder} holds finished maps fitted with other settings ({', '.join(mismatched)}); use a new --out")
+    return load_feature_maps(folder)
+
+
 def fit_feature_maps(captures: list[tuple[torch.Tensor, torch.Tensor]], config: TransferConfig, *, scale: float,
                      folder: str | Path | None = None, progress: bool = True, extra: dict | None = None,
                      splits: list[int | None] | None = None) -> list[LearnedFeatures]:
@@ -153,8 +176,7 @@ def fit_feature_maps(captures: list[tuple[torch.Tensor, torch.Tensor]], config: 
     losses: list[dict] = []
     if folder is not None and (Path(folder) / OPTIONS_FILE).is_file():
         saved = read_options(folder)
-        mismatched = [key for key in ("n_layer", "n_head", "dim", "n_features", "training", "splits")
-                      if saved.get(key) != options.get(key)]
+        mismatched = differing_options(saved, {key: options.get(key) for key in RESUME_KEYS})
         if mismatched:
             raise ValueError(f"{folder} holds maps trained with other options ({', '.join(mismatched)}); use a new folder")
         maps, losses = load_feature_maps(folder, partial=True), saved.get("losses", [])
