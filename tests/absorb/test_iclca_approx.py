@@ -3,7 +3,7 @@ import torch
 
 from conftest import rel_error
 from incontext.absorb import ICLCAApprox, AdaptedModel, SoftmaxFeaturePrefix
-from incontext.models import Transformer, TransformerConfig
+from incontext.models import Cache, Transformer, TransformerConfig
 from incontext.ops.prefix_attention import FeaturePrefix, prefix_softmax_attention
 from incontext.ops.softmax_attention import softmax_attention_reference
 
@@ -68,3 +68,40 @@ def test_saves_loads_and_refuses_linear_models(tmp_path):
     linear = Transformer(TransformerConfig(vocab_size=52, d_model=16, n_head=2, n_layer=1, attention="linear"))
     with pytest.raises(ValueError, match="converts exactly"):
         ICLCAApprox().absorb(linear, tokens(0, 1, 4))
+
+
+@pytest.mark.parametrize("layers", ["0", "1", "0-1"])
+def test_a_hybrid_with_every_prompt_token_exact_is_the_prompted_model(layers):
+    model = softmax_model(4, n_layer=2)
+    prompt, query = tokens(7, 2, 13), tokens(8, 2, 6)
+    reference = model(torch.cat([prompt, query], 1))[:, 13:]
+    adapted = ICLCAApprox(16, exact_sinks=13, layers=layers).absorb(model, prompt)
+    assert rel_error(adapted(query), reference) < 1e-12
+
+
+def test_unconverted_layers_keep_the_prompts_exact_keys_and_values(tmp_path):
+    model = softmax_model(5, n_layer=3)
+    prompt, query = tokens(9, 1, 17), tokens(10, 1, 7)
+    every = ICLCAApprox(32, seed=2).absorb(model, prompt).state()
+    exact = Cache.empty(3)
+    model(prompt, cache=exact)
+    mixed = Cache(layers=[exact.layers[0], every.layers[1], exact.layers[2]], position=17)
+    hybrid = ICLCAApprox(32, seed=2, layers="1").absorb(model, prompt)
+    assert torch.equal(hybrid(query), model(query, cache=mixed))
+    full = ICLCAApprox(32, seed=2).absorb(model, prompt)(query)
+    assert not torch.equal(hybrid(query), full)
+    assert ICLCAApprox(32, seed=2, layers="0-2").absorb(model, prompt)(query).equal(full)
+    hybrid.save(tmp_path / "hybrid")
+    loaded = AdaptedModel.load(tmp_path / "hybrid")
+    assert loaded.converted == [1] and torch.equal(loaded(query), hybrid(query))
+
+
+@pytest.mark.parametrize("spec", ["", "x", "3-1", "-2", "1,,2", "0.5"])
+def test_bad_layer_lists_are_refused_in_one_line(spec):
+    with pytest.raises(ValueError, match="layers must be 'all' or a list"):
+        ICLCAApprox(layers=spec)
+
+
+def test_layers_outside_the_model_are_refused():
+    with pytest.raises(ValueError, match="layers must name at least one of the model's layers 0-1"):
+        ICLCAApprox(layers="1-2").absorb(softmax_model(6), tokens(0, 1, 5))

@@ -179,6 +179,11 @@ def test_approximate_conversion_with_learned_maps_saves_and_loads(trained, tmp_p
     assert isinstance(loaded, SoftmaxFeaturePrefix) and loaded.maps is not None
     query = tokens(4, 1, 6)
     assert torch.equal(loaded(query), adapted(query))
+    last = model.config.n_layer - 1  # a hybrid keeps only its converted layers' maps
+    hybrid = ICLCAApprox(features=str(folder), layers=str(last)).absorb(model, tokens(3, 1, 14))
+    assert list(hybrid.maps) == [str(last)]
+    hybrid.save(tmp_path / "hybrid")
+    assert torch.equal(AdaptedModel.load(tmp_path / "hybrid")(query), hybrid(query))
 
 
 def test_linearized_model_converts_exactly_in_float64(trained):

@@ -10,6 +10,10 @@ features="favor" draws FAVOR+ random features; features=<folder> uses learned pe
 attention distillation (train/attention_transfer.py), whose phi(q) . phi(k) targets the same exp(q.k * scale)
 with far less error on a pretrained model's large-norm queries and keys.
 
+layers="0-14" (say) converts only those layers; the others keep the prompt's exact keys and values. This hybrid
+trades memory for fidelity and locates where a conversion loses what the prompt carries (README: which layers cost
+the facts).
+
 Choices (specs/iclca.md): RoPE rotates keys and queries at their absolute positions before the feature map (the
 estimate then targets the rotated model's own scores; the query keeps positions M, M+1, ..., as absolute
 positions do); features are drawn once per layer, shared by heads, seeded, optionally orthogonal.
@@ -18,7 +22,7 @@ positions do); features are drawn once per layer, shared by heads, seeded, optio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import torch
 from torch import nn
@@ -33,10 +37,12 @@ from .iclca import ConversionError
 
 def convert_approximately(model: Transformer, prompt: torch.Tensor, *, n_features: int = 256,
                           orthogonal: bool = True, seed: int = 0, exact_sinks: int = 0,
-                          maps: list[LearnedFeatures] | None = None) -> Cache:
+                          maps: list[LearnedFeatures] | None = None,
+                          layers: Collection[int] | None = None) -> Cache:
     """Per layer, the prompt's keys/values as FAVOR+ sums (or sums of the learned `maps`, one per layer); the
     first `exact_sinks` prompt tokens stay exact keys (attention sinks: a token most heads attend to strongly
-    makes the random-feature estimate noisy)."""
+    makes the random-feature estimate noisy). With `layers`, only those layers convert; the others keep the
+    prompt's exact (k, v) cache."""
     c = model.config
     if c.attention != "softmax":
         raise ConversionError("the approximate conversion is for softmax attention; linear attention converts exactly (ICLCA)")
@@ -44,13 +50,18 @@ def convert_approximately(model: Transformer, prompt: torch.Tensor, *, n_feature
         raise ConversionError(f"the learned feature maps ({len(maps)} layers, {maps[0].n_head if maps else 0} heads of "
                               f"dim {maps[0].dim if maps else 0}) do not fit this model ({c.n_layer} layers, "
                               f"{c.n_head} heads of dim {c.dim_head})")
+    if layers is not None and (not layers or any(not 0 <= i < c.n_layer for i in layers)):
+        raise ConversionError(f"layers must name at least one of the model's layers 0-{c.n_layer - 1}, got {sorted(layers)}")
     cache = Cache.empty(c.n_layer)
     with torch.no_grad():
         model(prompt, cache=cache)
     scale = 1.0 / c.dim_head**0.5 if c.scale_attn else 1.0
     groups = c.n_head // c.kv_heads
-    layers = []
+    states = []
     for i, (k, v) in enumerate(cache.layers):
+        if layers is not None and i not in layers:
+            states.append((k, v))
+            continue
         projection, learned = None, None
         if maps is None:
             generator = torch.Generator().manual_seed(seed + i)
@@ -62,20 +73,28 @@ def convert_approximately(model: Transformer, prompt: torch.Tensor, *, n_feature
         k, v = k[:, :, exact_sinks:].repeat_interleave(groups, dim=1), v[:, :, exact_sinks:].repeat_interleave(groups, dim=1)
         with torch.no_grad():
             prefix = absorb_keys(k, v, projection, scale, learned=learned)
-        layers.append(prefix.extend(sink_k, sink_v) if exact_sinks else prefix)
-    return Cache(layers=layers, position=cache.position)
+        states.append(prefix.extend(sink_k, sink_v) if exact_sinks else prefix)
+    return Cache(layers=states, position=cache.position)
 
 
 class SoftmaxFeaturePrefix(AdaptedModel):
-    """The base softmax model plus, per layer, the prompt's random-feature sums."""
+    """The base softmax model plus, per layer, the prompt's feature sums (or, for layers left unconverted, its
+    exact keys and values)."""
 
     method = "iclca-approx"
 
     def __init__(self, base: Transformer, state: Cache):
         super().__init__(base)
-        learned = [prefix.learned for prefix in state.layers]
-        self.maps = nn.ModuleList(learned) if learned[0] is not None else None  # saved with the adapted model
+        converted = {i: prefix for i, prefix in enumerate(state.layers) if isinstance(prefix, FeaturePrefix)}
+        if not converted:
+            raise ConversionError("an approximate conversion needs at least one converted layer")
+        learned = {str(i): prefix.learned for i, prefix in converted.items() if prefix.learned is not None}
+        self.maps = nn.ModuleDict(learned) if learned else None  # saved with the adapted model
         for i, prefix in enumerate(state.layers):
+            if i not in converted:  # kept exact: the prompt's (k, v)
+                self.register_buffer(f"exact_k_{i}", prefix[0].clone())
+                self.register_buffer(f"exact_v_{i}", prefix[1].clone())
+                continue
             # clones: slices of the prompt's cache would share storage (and safetensors refuses to save views)
             self.register_buffer(f"prefix_kv_{i}", prefix.kv.clone())
             self.register_buffer(f"prefix_d_{i}", prefix.normalizer.clone())
@@ -85,15 +104,19 @@ class SoftmaxFeaturePrefix(AdaptedModel):
             if prefix.k is not None:  # exact sink tokens
                 self.register_buffer(f"sink_k_{i}", prefix.k.clone())
                 self.register_buffer(f"sink_v_{i}", prefix.v.clone())
+        self.converted = sorted(converted)
         self.position = state.position
 
+    def _layer_state(self, i: int):
+        if i not in self.converted:
+            return getattr(self, f"exact_k_{i}"), getattr(self, f"exact_v_{i}")
+        return FeaturePrefix(getattr(self, f"prefix_kv_{i}"), getattr(self, f"prefix_d_{i}"),
+                             getattr(self, f"prefix_scale_{i}"), getattr(self, f"projection_{i}", None),
+                             getattr(self, f"sink_k_{i}", None), getattr(self, f"sink_v_{i}", None),
+                             self.maps[str(i)] if self.maps is not None else None)
+
     def state(self) -> Cache:
-        layers = [FeaturePrefix(getattr(self, f"prefix_kv_{i}"), getattr(self, f"prefix_d_{i}"),
-                                getattr(self, f"prefix_scale_{i}"), getattr(self, f"projection_{i}", None),
-                                getattr(self, f"sink_k_{i}", None), getattr(self, f"sink_v_{i}", None),
-                                self.maps[i] if self.maps is not None else None)
-                  for i in range(self.base.config.n_layer)]
-        return Cache(layers=layers, position=self.position)
+        return Cache(layers=[self._layer_state(i) for i in range(self.base.config.n_layer)], position=self.position)
 
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, cache=self.state())
@@ -105,17 +128,26 @@ class SoftmaxFeaturePrefix(AdaptedModel):
         return self.base.generate(query, max_new_tokens, cache=self.state(), **kwargs)
 
     def extra_state(self) -> dict[str, Any]:
-        sinks = list(self.sink_k_0.shape) if hasattr(self, "sink_k_0") else None
-        maps = {"n_head": self.maps[0].n_head, "dim": self.maps[0].dim, "n_features": self.maps[0].n_features} if self.maps else None
-        return {"position": self.position, "kv_shape": list(self.prefix_kv_0.shape), "learned": maps,
-                "projection_shape": list(self.projection_0.shape) if maps is None else None, "sink_shape": sinks}
+        first = self.converted[0]
+        sink = getattr(self, f"sink_k_{first}", None)
+        maps = self.maps[str(first)] if self.maps is not None else None
+        learned = {"n_head": maps.n_head, "dim": maps.dim, "n_features": maps.n_features} if maps is not None else None
+        exact = [i for i in range(self.base.config.n_layer) if i not in self.converted]
+        return {"position": self.position, "kv_shape": list(getattr(self, f"prefix_kv_{first}").shape),
+                "learned": learned, "projection_shape": None if learned else list(getattr(self, f"projection_{first}").shape),
+                "sink_shape": list(sink.shape) if sink is not None else None, "exact_layers": exact,
+                "exact_shape": list(getattr(self, f"exact_k_{exact[0]}").shape) if exact else None}
 
     @classmethod
     def empty(cls, base: Transformer, extra: dict[str, Any]) -> "SoftmaxFeaturePrefix":
         b, h, m, d = extra["kv_shape"]
         sinks, learned = extra.get("sink_shape"), extra.get("learned")
+        exact = set(extra.get("exact_layers") or ())  # saves from before hybrids convert every layer
         layers = []
-        for _ in range(base.config.n_layer):  # placeholders; the saved tensors are loaded into them
+        for i in range(base.config.n_layer):  # placeholders; the saved tensors are loaded into them
+            if i in exact:
+                layers.append((torch.zeros(extra["exact_shape"]), torch.zeros(extra["exact_shape"])))
+                continue
             maps = LearnedFeatures(learned["n_head"], learned["dim"], learned["n_features"], scale=1.0) if learned else None
             layers.append(FeaturePrefix(torch.zeros(b, h, m, d), torch.zeros(b, h, m), torch.zeros(b, h, 1),
                                         None if learned else torch.zeros(extra["projection_shape"]),
@@ -123,16 +155,36 @@ class SoftmaxFeaturePrefix(AdaptedModel):
         return cls(base, Cache(layers=layers, position=extra["position"]))
 
 
+def parse_layers(spec: str | int) -> list[int] | None:
+    """"all" -> None (every layer); "0-9,20" -> [0, ..., 9, 20]. One-line ValueError on anything else."""
+    text = str(spec).replace(" ", "")
+    if text == "all":
+        return None
+    chosen: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            first, last = int(low), int(high) if high else int(low)
+            if first < 0 or last < first:
+                raise ValueError
+            chosen.update(range(first, last + 1))
+    except ValueError:
+        raise ValueError(f"iclca-approx: layers must be 'all' or a list of layers and ranges like '0-9,20', "
+                         f"got {spec!r}") from None
+    return sorted(chosen)
+
+
 class ICLCAApprox(AbsorbMethod):
     """Approximate prompt conversion for softmax attention through FAVOR+ random features (features="favor")
     or learned feature maps (features=<folder saved by train/attention_transfer.py>; n_features then comes from
-    the maps)."""
+    the maps); layers="all" or a list like "0-14" (the others keep the prompt's exact keys and values)."""
 
     name = "iclca-approx"
 
     def __init__(self, n_features: int = 256, orthogonal: bool = True, seed: int = 0, exact_sinks: int = 0,
-                 features: str = "favor"):
+                 features: str = "favor", layers: str = "all"):
         self.n_features, self.orthogonal, self.seed, self.exact_sinks = n_features, orthogonal, seed, exact_sinks
+        self.layers = parse_layers(layers)
         self.features = str(features)
         self.maps = None if self.features == "favor" else load_feature_maps(Path(self.features))
 
@@ -146,5 +198,6 @@ class ICLCAApprox(AbsorbMethod):
 
     def _absorb(self, model, prompt, loss_mask, train_queries) -> SoftmaxFeaturePrefix:
         state = convert_approximately(model, prompt, n_features=self.n_features, orthogonal=self.orthogonal,
-                                      seed=self.seed, exact_sinks=self.exact_sinks, maps=self.maps)
+                                      seed=self.seed, exact_sinks=self.exact_sinks, maps=self.maps,
+                                      layers=self.layers)
         return SoftmaxFeaturePrefix(model, state)
