@@ -1,6 +1,7 @@
 """The linearize-smollm2 pieces at toy size: LoRA recovery lowers the KL to the softmax model, and the saved
 recovery loads back (LoRA merged) into the same model that exact ICLCA converts."""
 
+import dataclasses
 import json
 import random
 
@@ -10,12 +11,18 @@ from safetensors.torch import save_file
 
 from conftest import ByteCodec, rel_error
 from incontext.absorb import ICLCA
-from incontext.experiments.linearize_smollm2 import LinearizeConfig, facts_windows, perplexity, recover
+from incontext.experiments.linearize_smollm2 import (
+    LinearizeConfig, conversion_pairs, facts_windows, perplexity, play_windows, recover, tuned_conversion_maps,
+)
 from incontext.interop.linearized import RECOVERY_FILE, is_linearized_folder, load_linearized
 from incontext.models import Transformer, TransformerConfig
 from incontext.tasks.episodes import get_episode_source
+from incontext.tasks.corpora import shakespeare_plays
 from incontext.tasks.facts import facts_prompt, make_people
-from incontext.train.attention_transfer import TransferConfig, capture_queries_keys, fit_feature_maps, linearize, model_scale
+from incontext.tasks.text import ShakespeareConfig, split_plays
+from incontext.train.attention_transfer import (
+    TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, model_scale,
+)
 
 
 def test_recovery_lowers_the_kl_and_loads_back_merged(tmp_path):
@@ -73,3 +80,54 @@ def test_map_data_is_checked():
         LinearizeConfig(facts_split="prompt")
     with pytest.raises(ValueError, match="facts_split"):
         LinearizeConfig(map_data="plays+facts", facts_split="end")
+
+
+def tiny_byte_llama():
+    torch.manual_seed(0)
+    config = TransformerConfig(vocab_size=256, n_layer=2, d_model=32, n_head=4, n_kv_head=2, positions="rope",
+                               norm="rmsnorm", mlp="swiglu", bias=False)
+    return Transformer(config).eval().requires_grad_(False)
+
+
+def test_conversion_pairs_are_passages_then_questions_and_play_windows_from_own_seeds():
+    codec = ByteCodec()
+    config = LinearizeConfig(map_data="plays+facts", window_tokens=600, conversion_windows=8, conversion_prompt=300)
+    names = split_plays(ShakespeareConfig(), shakespeare_plays())[0]
+    pairs = conversion_pairs(codec, names, config)
+    assert len(pairs) == 8 and all(len(p) + len(q) == 600 for p, q in pairs)
+    rng = random.Random("conversion-facts-0-2")
+    people = make_people(2, rng)
+    text, pairs_asked, _ = facts_prompt(people, rng)
+    question, _ = pairs_asked[0][0].question(pairs_asked[0][1])
+    assert codec.decode(pairs[2][0].tolist()) == text and codec.decode(pairs[2][1].tolist()).startswith(question)
+    assert all(len(p) == 300 for p, _ in pairs[6:])  # 3/4 facts, then play windows split after conversion_prompt
+    source = get_episode_source("facts", people=2)
+    evaluation = {codec.decode(e.prompt.tolist()) for seed in (0, 10_000) for e in source.episodes(20, seed, tokenizer=codec)}
+    assert not evaluation & {codec.decode(p.tolist()) for p, _ in pairs[:6]}
+    assert len(conversion_pairs(codec, names, LinearizeConfig(window_tokens=600, conversion_windows=4,
+                                                              conversion_prompt=300))[0][0]) == 300  # plays only
+    with pytest.raises(ValueError, match="conversion_steps must be an integer >= 0"):
+        LinearizeConfig(conversion_steps=-1)
+    with pytest.raises(ValueError, match="conversion_prompt"):
+        LinearizeConfig(window_tokens=64, conversion_prompt=64)
+
+
+def test_tuned_conversion_maps_are_saved_and_reused_only_when_tuned_alike(tmp_path, monkeypatch):
+    import incontext.experiments.linearize_smollm2 as experiment
+
+    codec, model = ByteCodec(), tiny_byte_llama()
+    names = split_plays(ShakespeareConfig(), shakespeare_plays())[0]
+    windows = play_windows(codec, names, 4, 64, "fit")
+    maps = fit_feature_maps(capture_queries_keys(model, windows), TransferConfig(n_features=8, steps=5),
+                            scale=model_scale(model), folder=tmp_path / "feature_maps", progress=False)
+    config = LinearizeConfig(window_tokens=64, conversion_windows=4, conversion_prompt=40, conversion_steps=3,
+                             conversion_batch=2)
+    tuned, losses = tuned_conversion_maps(model, maps, codec, names, config, tmp_path / "conversion_maps")
+    assert len(losses) == 3 and not torch.equal(tuned[0].weight_q, maps[0].weight_q)  # a copy is tuned
+    assert torch.equal(maps[0].weight_q, load_feature_maps(tmp_path / "feature_maps")[0].weight_q)
+    monkeypatch.setattr(experiment, "tune_maps_for_conversion", lambda *a, **k: pytest.fail("tuned again"))
+    again, losses_again = tuned_conversion_maps(model, maps, codec, names, config, tmp_path / "conversion_maps")
+    assert losses_again == losses and torch.equal(again[1].weight_k, tuned[1].weight_k)
+    with pytest.raises(ValueError, match="other settings \\(conversion\\)"):
+        tuned_conversion_maps(model, maps, codec, names, dataclasses.replace(config, conversion_lr=0.01),
+                              tmp_path / "conversion_maps")

@@ -12,8 +12,8 @@ from incontext.absorb import ICLCA, AdaptedModel, ICLCAApprox, SoftmaxFeaturePre
 from incontext.models import Cache, Transformer, TransformerConfig
 from incontext.ops.feature_maps import LearnedFeatures, attention_distillation_loss, attention_distillation_losses, log_kernel
 from incontext.train.attention_transfer import (
-    TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_feature_maps, load_finished_maps, model_scale,
-    read_options, save_feature_maps,
+    TransferConfig, capture_queries_keys, conversion_kl, fit_feature_maps, linearize, load_feature_maps, load_finished_maps,
+    model_scale, read_options, save_feature_maps, tune_maps_for_conversion,
 )
 
 
@@ -229,3 +229,46 @@ def test_linearize_refuses_maps_that_do_not_fit(trained):
         linearize(linear, maps)
     with pytest.raises(ValueError, match="do not fit"):
         convert_approximately(model, tokens(1, 1, 4), maps=maps[:1])
+
+
+def test_conversion_kl_is_the_kl_of_the_approximately_converted_model(trained):
+    model, _, _, folder, _ = trained
+    model = model.double()
+    try:
+        maps = [m.double() for m in load_feature_maps(folder)]
+        prompt, query = tokens(40, 1, 19), tokens(41, 1, 7)
+        converted = ICLCAApprox(features=str(folder)).absorb(model, prompt)
+        converted.maps.double()
+        log_converted = torch.log_softmax(converted(query), -1)
+        target = torch.log_softmax(model(torch.cat([prompt, query], 1))[:, 19:], -1)
+        plain = (target.exp() * (target - log_converted)).sum(-1).mean()
+        assert abs(conversion_kl(model, maps, prompt, query).item() - plain.item()) < 1e-12 * max(1.0, plain.item())
+    finally:
+        model.float()
+
+
+def test_end_to_end_tuning_lowers_the_conversion_kl_and_leaves_the_model_alone(trained):
+    model, _, _, folder, _ = trained
+    weights = {name: p.clone() for name, p in model.state_dict().items()}
+    pairs = [(w[:30], w[30:]) for w in tokens(200, 16, 44)]  # training pairs (other seeds than the fit's windows)
+    held_out = [(w[:30], w[30:]) for w in tokens(300, 6, 44)]
+
+    def mean_kl(maps, which):
+        with torch.no_grad():
+            return sum(conversion_kl(model, maps, p[None], q[None]).item() for p, q in which) / len(which)
+
+    runs = []
+    for _ in range(2):
+        maps = load_feature_maps(folder)
+        before = (mean_kl(maps, pairs), mean_kl(maps, held_out))
+        losses = tune_maps_for_conversion(model, maps, pairs, steps=40, lr=0.01, batch=4, seed=1, progress=False)
+        runs.append(maps)
+    assert len(losses) == 40
+    after = (mean_kl(maps, pairs), mean_kl(maps, held_out))
+    assert after[0] < 0.8 * before[0] and after[1] < before[1], (before, after)
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][0].state_dict().values(), runs[1][0].state_dict().values()))
+    assert all(torch.equal(p, weights[name]) for name, p in model.state_dict().items())
+    assert not any(p.requires_grad for p in model.parameters()) or all(p.requires_grad for p in model.parameters())
+    assert not any(p.requires_grad for m in maps for p in m.parameters())
+    with pytest.raises(ValueError, match="needs pairs"):
+        tune_maps_for_conversion(model, maps, [], steps=1, lr=0.01, batch=1)

@@ -6,6 +6,9 @@
    own seeds, never the evaluation's or validation's), and fit one learned
    Hedgehog-style map per layer and head (train/attention_transfer.py). The maps are saved under
    <out>/feature_maps (resumable); `incontext run iclca-approx` reads them for its learned-feature rows.
+   With conversion_steps > 0 the maps are then tuned end to end for the approximate conversion (a copy, saved
+   under <out>/conversion_maps): KL(prompted || converted) on the query tokens of (prompt, query) pairs, facts
+   passages with their Q/A and training-play windows, from seeds of their own (train/attention_transfer.py).
 2. Linearize: every softmax attention replaced by linear attention through the maps (same weights).
 3. Recover: a LoRA (peft) on the attention projections, plus the maps, trained to match the softmax model's
    next-token distributions (KL) on other training-play windows; saved as <out>/recovery.safetensors.
@@ -16,6 +19,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import random
@@ -39,6 +43,7 @@ from ..tasks.facts import facts_prompt, make_people
 from ..tasks.text import ShakespeareConfig, split_plays
 from ..train.attention_transfer import (
     TransferConfig, capture_queries_keys, fit_feature_maps, linearize, load_finished_maps, model_scale, read_options,
+    save_feature_maps, tune_maps_for_conversion,
 )
 from ..outputs import Result
 from .common import check_settings
@@ -65,8 +70,12 @@ class LinearizeConfig:
     lora_rank: int = 8
     lora_lr: float = 2e-3
     eval_windows: int = 16  # held-out-play windows for perplexity
-    conversion_prompt: int = 128  # exact-conversion check: prompt and query tokens from a held-out play
-    conversion_query: int = 32
+    conversion_prompt: int = 128  # exact-conversion check's prompt (held-out play); also where tuning splits play pairs
+    conversion_query: int = 32  # exact-conversion check's query tokens
+    conversion_steps: int = 0  # end-to-end tuning of a copy of the maps for the approximate conversion (0: none)
+    conversion_windows: int = 64  # (prompt, query) pairs for the tuning: 3/4 facts with map_data=plays+facts, the rest plays
+    conversion_lr: float = 0.003  # the tuning's Adam learning rate
+    conversion_batch: int = 4  # pairs per tuning step
     seed: int = 0
 
     def __post_init__(self):
@@ -75,7 +84,12 @@ class LinearizeConfig:
             raise ValueError("facts_split=prompt needs map_data=plays+facts (only facts windows have a prompt to split at)")
         check_settings(self, counts=("map_windows", "window_tokens", "n_features", "map_steps", "map_batch",
                                      "recovery_tokens", "recovery_batch", "recovery_windows", "lora_rank", "eval_windows",
-                                     "conversion_prompt", "conversion_query"), rates=("map_lr", "lora_lr"))
+                                     "conversion_prompt", "conversion_query", "conversion_windows", "conversion_batch"),
+                       rates=("map_lr", "lora_lr", "conversion_lr"))
+        if not isinstance(self.conversion_steps, int) or self.conversion_steps < 0:
+            raise ValueError(f"conversion_steps must be an integer >= 0, got {self.conversion_steps!r}")
+        if self.conversion_prompt >= self.window_tokens:
+            raise ValueError(f"conversion_prompt ({self.conversion_prompt}) must be shorter than window_tokens ({self.window_tokens})")
 
 
 def play_windows(tokenizer, names: list[str], n: int, length: int, seed: str) -> torch.Tensor:
@@ -121,6 +135,38 @@ def map_training_windows(tokenizer, names: list[str], config: "LinearizeConfig")
     facts, prompts = facts_windows(tokenizer, n_facts, config.window_tokens, f"maps-facts-{config.seed}")
     splits = [None] * len(plays) + prompts if config.facts_split == "prompt" else None
     return torch.cat([plays, facts]), splits  # the order does not matter: each step samples windows at random
+
+
+def conversion_pairs(tokenizer, names: list[str], config: "LinearizeConfig") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(prompt, query) pairs for tuning the maps end to end: facts passages (prompt) with their Q/A (query), 3/4 of
+    them with map_data=plays+facts, and training-play windows split after conversion_prompt tokens; seeds of their
+    own (never the evaluation's, validation's or the maps' fit's)."""
+    n_facts = 3 * config.conversion_windows // 4 if config.map_data == "plays+facts" else 0
+    pairs = []
+    if n_facts:
+        facts, prompts = facts_windows(tokenizer, n_facts, config.window_tokens, f"conversion-facts-{config.seed}")
+        pairs += [(window[:m], window[m:]) for window, m in zip(facts, prompts)]
+    plays = play_windows(tokenizer, names, config.conversion_windows - n_facts, config.window_tokens, f"conversion-{config.seed}")
+    return pairs + [(window[:config.conversion_prompt], window[config.conversion_prompt:]) for window in plays]
+
+
+def tuned_conversion_maps(model: Transformer, maps: list, tokenizer, names: list[str], config: "LinearizeConfig",
+                          folder: Path) -> tuple[list, list[float]]:
+    """A copy of `maps` tuned end to end for the conversion and saved in `folder`, or the finished copy there when
+    it was tuned alike from the same fit (a different one: one-line error)."""
+    settings = {key: getattr(config, key) for key in ("conversion_steps", "conversion_windows", "conversion_lr",
+                                                        "conversion_batch", "conversion_prompt", "seed")}
+    fitted = read_options(folder.parent / "feature_maps")
+    wanted = {**{key: fitted.get(key) for key in ("training", "data", "splits")}, "conversion": settings}
+    done = load_finished_maps(folder, model.config.n_layer, wanted)
+    if done is not None:
+        return done, read_options(folder)["conversion_losses"]
+    tuned = copy.deepcopy(maps)
+    losses = tune_maps_for_conversion(model, tuned, conversion_pairs(tokenizer, names, config), steps=config.conversion_steps,
+                                      lr=config.conversion_lr, batch=config.conversion_batch, seed=config.seed)
+    options = {key: value for key, value in fitted.items() if key not in ("layers_done", "losses")}
+    save_feature_maps(tuned, folder, {**options, "conversion": settings, "conversion_losses": losses})
+    return tuned, losses
 
 
 @torch.no_grad()
@@ -205,6 +251,12 @@ def run(config: LinearizeConfig, out_dir: Path) -> Result:
         del captures
     seconds["feature maps"] = round(time.perf_counter() - tick, 1)
     map_losses = read_options(folder)["losses"]
+    conversion = None
+    if config.conversion_steps:
+        tick = time.perf_counter()
+        _, conversion_losses = tuned_conversion_maps(model, maps, codec, train_plays, config, out_dir / "conversion_maps")
+        seconds["conversion tuning"] = round(time.perf_counter() - tick, 1)
+        conversion = {"folder": "conversion_maps", "kl": conversion_losses}
 
     tick = time.perf_counter()
     eval_windows = play_windows(codec, heldout_plays, config.eval_windows, config.window_tokens, f"eval-{config.seed}")
@@ -232,7 +284,8 @@ def run(config: LinearizeConfig, out_dir: Path) -> Result:
     results = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, float32)",
                "data": {"training": f"maps: {MAP_DATA[config.map_data]}; recovery: Shakespeare training plays", "evaluation": f"held-out plays {heldout_plays}"},
                "perplexity": ppl, "perplexity_ratio_after": ppl["linearized, after recovery"] / ppl["SmolLM2 (softmax)"],
-               "feature_map_losses": map_losses, "recovery_kl": recovery_losses, "exact_conversion": exactness,
+               "feature_map_losses": map_losses, "conversion_tuning": conversion, "recovery_kl": recovery_losses,
+               "exact_conversion": exactness,
                "seconds": {**seconds, "total": round(time.perf_counter() - start, 1)}}
     return Result(results, tables={"table.md": lambda r: table(r, config)})
 
@@ -248,6 +301,12 @@ def table(results: dict, config: LinearizeConfig) -> str:
     for key, label in (("linear", "all (linearized)"), ("converted", "before a split (conversion)")):
         lines.append(f"| {label} | {sum(l['before'][key] for l in map_losses) / len(map_losses):.4f} | "
                      f"{sum(l['after'][key] for l in map_losses) / len(map_losses):.4f} |")
+    if results.get("conversion_tuning"):
+        kl = results["conversion_tuning"]["kl"]
+        first, last = kl[: min(10, len(kl))], kl[-min(10, len(kl)):]
+        lines += ["", f"Maps tuned end to end for the approximate conversion (conversion_maps/, {len(kl)} steps): KL per "
+                  f"query token {sum(first) / len(first):.3f} (first {len(first)} steps) -> {sum(last) / len(last):.3f} "
+                  f"(last {len(last)})"]
     lines += ["", f"Exact ICLCA on the recovered linearized model ({config.conversion_prompt}-token prompt, "
               f"{config.conversion_query}-token query; relative logits error vs the prompted linearized model):", "",
               "| dtype | converted | without prompt |", "|---|---|---|"]

@@ -7,7 +7,11 @@
    all keys through the features (a linearized model) and keys before a random split through the features, the
    rest exact (the approximate conversion of a prompt). Saved after every layer (safetensors + JSON of the
    options and losses), so an interrupted run resumes at the next layer.
-3. `linearize`: the same weights in a linear-attention Transformer that uses the maps; exact ICLCA applies to it.
+3. `tune_maps_for_conversion` (optional): the fitted maps trained further end to end, so that the approximate
+   conversion of a prompt (its keys through the maps, the query exact) gives the prompted model's next-token
+   distributions on the query. The per-layer fit sees each layer's inputs from the exact model; in use, the errors
+   of earlier layers' conversions reach the later layers and compound (README: which layers cost the facts).
+4. `linearize`: the same weights in a linear-attention Transformer that uses the maps; exact ICLCA applies to it.
 
     captures = capture_queries_keys(model, windows)
     maps = fit_feature_maps(captures, TransferConfig(), scale=model_scale(model), folder="maps")
@@ -29,8 +33,9 @@ from tqdm.auto import tqdm
 
 from ..config import from_dict, to_dict
 from ..fileio import durable_replace, strict_json, write_text_atomic
-from ..models import Transformer, TransformerConfig
+from ..models import Cache, Transformer, TransformerConfig
 from ..ops import apply_rope, rope_cos_sin
+from ..ops.prefix_attention import absorb_keys
 from ..ops.feature_maps import LearnedFeatures, attention_distillation_loss, attention_distillation_losses
 
 MAPS_FILE, OPTIONS_FILE = "feature_maps.safetensors", "feature_maps.json"
@@ -214,6 +219,61 @@ def fit_feature_maps(captures: list[tuple[torch.Tensor, torch.Tensor]], config: 
             save_feature_maps(maps, folder, {**options, "losses": losses})
     bar.close()
     return maps
+
+
+def conversion_kl(model: Transformer, maps: list[LearnedFeatures], prompt: torch.Tensor, query: torch.Tensor,
+                  target: torch.Tensor | None = None) -> torch.Tensor:
+    """KL(prompted || converted) per query token, mean over the query's tokens: the prompt (1, M) runs exactly and its
+    keys/values go through `maps` (differentiable in them), the query (1, T) attends to it so; `target`, the prompted
+    model's log-probabilities on the query, is computed when not given."""
+    c = model.config
+    groups = c.n_head // c.kv_heads
+    with torch.no_grad():
+        if target is None:
+            target = torch.log_softmax(model(torch.cat([prompt, query], 1))[:, prompt.shape[1]:], -1)
+        cache = Cache.empty(c.n_layer)
+        model(prompt, cache=cache)
+    states = [absorb_keys(k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), None, model_scale(model),
+                          learned=maps[i]) for i, (k, v) in enumerate(cache.layers)]
+    log_converted = torch.log_softmax(model(query, cache=Cache(layers=states, position=cache.position)), -1)
+    return torch.nn.functional.kl_div(log_converted.flatten(0, 1), target.flatten(0, 1), log_target=True,
+                                      reduction="batchmean")
+
+
+def tune_maps_for_conversion(model: Transformer, maps: list[LearnedFeatures], pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                             *, steps: int, lr: float, batch: int, seed: int = 0, progress: bool = True) -> list[float]:
+    """Train `maps` (in place; the model stays frozen) by Adam on conversion_kl over (prompt (M,), query (T,)) pairs,
+    `batch` pairs a step drawn at random (seeded), gradients clipped to norm 1. Returns the loss per step."""
+    if not pairs or steps < 1 or batch < 1 or not lr > 0:
+        raise ValueError(f"tune_maps_for_conversion needs pairs, steps >= 1, batch >= 1 and lr > 0; got {len(pairs)} "
+                         f"pairs, steps={steps}, batch={batch}, lr={lr}")
+    frozen = [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(False)
+    with torch.no_grad():  # the prompted model's targets, once
+        targets = [torch.log_softmax(model(torch.cat([p, q])[None])[:, len(p):], -1) for p, q in pairs]
+    params = [p for layer in maps for p in layer.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.Adam(params, lr=lr)
+    rng = random.Random(f"conversion-{seed}")
+    losses = []
+    try:
+        for _ in tqdm(range(steps), desc="conversion tuning", disable=not progress):
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for j in rng.sample(range(len(pairs)), min(batch, len(pairs))):
+                loss = conversion_kl(model, maps, pairs[j][0][None], pairs[j][1][None], targets[j]) / min(batch, len(pairs))
+                loss.backward()  # one pair at a time: prompts differ in length
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            losses.append(total)
+    finally:
+        for p, flag in zip(model.parameters(), frozen):
+            p.requires_grad_(flag)
+        for p in params:
+            p.requires_grad_(False)
+    return losses
 
 
 def linearize(model: Transformer, maps: list[LearnedFeatures], *, linear_impl: str = "chunked") -> Transformer:
