@@ -6,7 +6,8 @@ plays), the relative logits error against the prompted model of
 (a) the query without the prompt and (b) the query after absorbing the prompt into m FAVOR+ features, for
 several m, with and without keeping the first prompt token exact (an attention sink), and (c) the same through
 learned feature maps (one row per saved map folder, trained by `incontext run linearize-smollm2` on the
-Shakespeare training plays, and for the second folder also on facts passages with their questions). Plus greedy
+Shakespeare training plays, for the second folder also on facts passages with their questions, and the third
+the second's maps tuned end to end for the conversion). Plus greedy
 continuations of fact prompts, like the paper's tables 3-5. Paper (GPT-2): 16.56% without the prompt, 9.17%
 converted.
 """
@@ -49,7 +50,8 @@ class ApproxConfig:
     orthogonal: bool = True
     # folders of learned feature maps (train/attention_transfer.py), one row per folder and exact-sink setting
     learned: list[str] = field(default_factory=lambda: ["results/linearize-smollm2/feature_maps",
-                                                        "results/linearize-smollm2-facts/feature_maps"])
+                                                        "results/linearize-smollm2-facts/feature_maps",
+                                                        "results/linearize-smollm2-facts/conversion_maps"])
     new_tokens: int = 12
     seed: int = 0
 
