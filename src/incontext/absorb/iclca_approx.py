@@ -29,7 +29,7 @@ from torch import nn
 
 from ..models import Cache, Transformer
 from ..ops.feature_maps import LearnedFeatures, draw_favor_projection
-from ..ops.prefix_attention import FeaturePrefix, absorb_keys
+from ..ops.prefix_attention import FeaturePrefix, absorb_layer
 from .base import AbsorbMethod, AdaptedModel
 from ..train.attention_transfer import load_feature_maps
 from .iclca import ConversionError
@@ -69,11 +69,9 @@ def convert_approximately(model: Transformer, prompt: torch.Tensor, *, n_feature
                                                dtype=k.dtype).to(k.device)
         else:
             learned = maps[i].to(device=k.device, dtype=k.dtype)
-        sink_k, sink_v = k[:, :, :exact_sinks], v[:, :, :exact_sinks]
-        k, v = k[:, :, exact_sinks:].repeat_interleave(groups, dim=1), v[:, :, exact_sinks:].repeat_interleave(groups, dim=1)
         with torch.no_grad():
-            prefix = absorb_keys(k, v, projection, scale, learned=learned)
-        states.append(prefix.extend(sink_k, sink_v) if exact_sinks else prefix)
+            states.append(absorb_layer(k, v, scale=scale, groups=groups, exact_sinks=exact_sinks,
+                                       projection=projection, learned=learned))
     return Cache(layers=states, position=cache.position)
 
 

@@ -78,6 +78,18 @@ def absorb_keys(k: torch.Tensor, v: torch.Tensor, projection: torch.Tensor | Non
                          learned=learned)
 
 
+def absorb_layer(k: torch.Tensor, v: torch.Tensor, *, scale: float, groups: int = 1, exact_sinks: int = 0,
+                 projection: torch.Tensor | None = None, learned: LearnedFeatures | None = None) -> FeaturePrefix:
+    """One layer's cached prompt keys/values (B, H_kv, M, d), rotated, as a FeaturePrefix: the first `exact_sinks`
+    tokens stay exact keys, the rest are repeated to the query heads (GQA) and absorbed into feature sums (the one
+    path of the approximate conversion, used by absorb/iclca_approx and by the end-to-end tuning of learned maps)."""
+    sink_k, sink_v = k[:, :, :exact_sinks], v[:, :, :exact_sinks]
+    rest_k = k[:, :, exact_sinks:].repeat_interleave(groups, dim=1)
+    rest_v = v[:, :, exact_sinks:].repeat_interleave(groups, dim=1)
+    prefix = absorb_keys(rest_k, rest_v, projection, scale, learned=learned)
+    return prefix.extend(sink_k, sink_v) if exact_sinks else prefix
+
+
 def prefix_softmax_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, prefix: FeaturePrefix
 ) -> torch.Tensor:

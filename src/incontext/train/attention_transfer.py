@@ -35,7 +35,7 @@ from ..config import from_dict, to_dict
 from ..fileio import durable_replace, strict_json, write_text_atomic
 from ..models import Cache, Transformer, TransformerConfig
 from ..ops import apply_rope, rope_cos_sin
-from ..ops.prefix_attention import absorb_keys
+from ..ops.prefix_attention import absorb_layer
 from ..ops.feature_maps import LearnedFeatures, attention_distillation_loss, attention_distillation_losses
 
 MAPS_FILE, OPTIONS_FILE = "feature_maps.safetensors", "feature_maps.json"
@@ -233,8 +233,8 @@ def conversion_kl(model: Transformer, maps: list[LearnedFeatures], prompt: torch
             target = torch.log_softmax(model(torch.cat([prompt, query], 1))[:, prompt.shape[1]:], -1)
         cache = Cache.empty(c.n_layer)
         model(prompt, cache=cache)
-    states = [absorb_keys(k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), None, model_scale(model),
-                          learned=maps[i]) for i, (k, v) in enumerate(cache.layers)]
+    states = [absorb_layer(k, v, scale=model_scale(model), groups=groups, learned=maps[i])
+              for i, (k, v) in enumerate(cache.layers)]
     log_converted = torch.log_softmax(model(query, cache=Cache(layers=states, position=cache.position)), -1)
     return torch.nn.functional.kl_div(log_converted.flatten(0, 1), target.flatten(0, 1), log_target=True,
                                       reduction="batchmean")
