@@ -243,6 +243,8 @@ def test_absorb_may_rewrite_its_own_folder(llama, tmp_path, capsys):
     (["--method", "dynamic-eval", "--prompt", PROMPT, "--set", "speed=2"], "options: learning_rate, n_steps"),
     (["--method", "dynamic-eval", "--prompt", PROMPT, "--set", "speed"], "must look like OPTION=VALUE"),
     (["--method", "magic", "--prompt", PROMPT], "unknown absorb method 'magic'"),
+    (["--method", "iclca-approx", "--prompt", PROMPT, "--set", "layers=x"], "layers must be 'all' or a list"),
+    (["--method", "iclca-approx", "--prompt", PROMPT, "--set", "layers=50-60"], "layers must name at least one of the model's layers"),
 ])
 def test_bad_absorb_input_is_one_line_and_writes_nothing(argv, message, llama, tmp_path, capsys):
     (tmp_path / "EMPTY").write_text("")

@@ -160,6 +160,10 @@ DEMO_TINY = ["steps=2", "n_layer=1", "d_model=8", "n_head=2", "n_points=4", "d_i
     (["run", "linearize-smollm2", *sets("recovery_windows=0")], "recovery_windows must be >= 1"),
     (["run", "linearize-smollm2", *sets("map_data=facts")], "map_data"),
     (["run", "linearize-smollm2", *sets("facts_split=prompt")], "facts_split=prompt needs map_data=plays+facts"),
+    (["run", "linearize-smollm2", *sets("conversion_steps=-1")], "conversion_steps must be an integer >= 0"),
+    (["run", "linearize-smollm2", *sets("conversion_lr=0")], "conversion_lr > 0"),
+    (["run", "linearize-smollm2", *sets("conversion_windows=0")], "conversion_windows must be >= 1"),
+    (["run", "linearize-smollm2", *sets("conversion_prompt=256")], "conversion_prompt (256) must be shorter than window_tokens"),
     (["run", "cgt-text", *sets("split_layer=abc")], "split_layer"),
 ])
 def test_bad_experiment_settings(capsys, tmp_path, args, fragment):
