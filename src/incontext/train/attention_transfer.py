@@ -221,18 +221,25 @@ def fit_feature_maps(captures: list[tuple[torch.Tensor, torch.Tensor]], config: 
     return maps
 
 
+def prompt_cache(model: Transformer, prompt: torch.Tensor) -> Cache:
+    """The exact model's cache after the prompt (1, M): what a conversion absorbs (it does not depend on the maps)."""
+    cache = Cache.empty(model.config.n_layer)
+    with torch.no_grad():
+        model(prompt, cache=cache)
+    return cache
+
+
 def conversion_kl(model: Transformer, maps: list[LearnedFeatures], prompt: torch.Tensor, query: torch.Tensor,
-                  target: torch.Tensor | None = None) -> torch.Tensor:
+                  target: torch.Tensor | None = None, cache: Cache | None = None) -> torch.Tensor:
     """KL(prompted || converted) per query token, mean over the query's tokens: the prompt (1, M) runs exactly and its
     keys/values go through `maps` (differentiable in them), the query (1, T) attends to it so; `target`, the prompted
-    model's log-probabilities on the query, is computed when not given."""
+    model's log-probabilities on the query, and `cache`, the prompt's `prompt_cache`, are computed when not given."""
     c = model.config
     groups = c.n_head // c.kv_heads
-    with torch.no_grad():
-        if target is None:
+    if target is None:
+        with torch.no_grad():
             target = torch.log_softmax(model(torch.cat([prompt, query], 1))[:, prompt.shape[1]:], -1)
-        cache = Cache.empty(c.n_layer)
-        model(prompt, cache=cache)
+    cache = prompt_cache(model, prompt) if cache is None else cache
     states = [absorb_layer(k, v, scale=model_scale(model), groups=groups, learned=maps[i])
               for i, (k, v) in enumerate(cache.layers)]
     log_converted = torch.log_softmax(model(query, cache=Cache(layers=states, position=cache.position)), -1)
@@ -251,18 +258,20 @@ def tune_maps_for_conversion(model: Transformer, maps: list[LearnedFeatures], pa
     model.requires_grad_(False)
     with torch.no_grad():  # the prompted model's targets, once
         targets = [torch.log_softmax(model(torch.cat([p, q])[None])[:, len(p):], -1) for p, q in pairs]
+    # the prompts' exact caches, once (they do not depend on the maps; 30 layers x 160 tokens of SmolLM2 K/V: ~8 MB a pair)
+    caches = [prompt_cache(model, p[None]) for p, _ in pairs]
     params = [p for layer in maps for p in layer.parameters()]
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.Adam(params, lr=lr)
     rng = random.Random(f"conversion-{seed}")
-    losses = []
+    losses, per_step = [], min(batch, len(pairs))
     try:
         for _ in tqdm(range(steps), desc="conversion tuning", disable=not progress):
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for j in rng.sample(range(len(pairs)), min(batch, len(pairs))):
-                loss = conversion_kl(model, maps, pairs[j][0][None], pairs[j][1][None], targets[j]) / min(batch, len(pairs))
+            for j in rng.sample(range(len(pairs)), per_step):
+                loss = conversion_kl(model, maps, pairs[j][0][None], pairs[j][1][None], targets[j], caches[j]) / per_step
                 loss.backward()  # one pair at a time: prompts differ in length
                 total += loss.item()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
