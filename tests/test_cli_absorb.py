@@ -165,7 +165,7 @@ def test_generate_from_an_absorb_folder_follows_the_adapted_models_argmax(method
                                            "peft_adapter/adapter_model.safetensors"]
         adapted = PeftReference(llama, out)
     else:
-        adapted = AdaptedModel.load(out)
+        adapted = AdaptedModel.load(out, base=loaded.model)
     assert sorted(record["files"]) == sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     query = loaded.tokenizer.encode(QUESTION)
     printed = generate(capsys, llama, "--adapted", str(out), "--max-new-tokens", "10", QUESTION)

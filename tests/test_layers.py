@@ -1,6 +1,6 @@
 """The package's layering: a module imports only from its own layer or the layers below it.
 
-    ops, tasks, config, fileio, outputs, stats  <  models  <  tint, train  <  absorb  <  interop  <  experiments  <  cli
+    ops, tasks, runtime, config, fileio, outputs, stats  <  models  <  tint, train  <  absorb  <  interop  <  experiments  <  cli
 
 Imports are read from the source (relative and absolute `incontext.` imports, also inside functions)."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import incontext
 
-LAYER = {"ops": 0, "tasks": 0, "config": 0, "fileio": 0, "outputs": 0, "stats": 0, "models": 1, "tint": 2, "train": 2, "absorb": 3,
+LAYER = {"ops": 0, "tasks": 0, "runtime": 0, "config": 0, "fileio": 0, "outputs": 0, "stats": 0, "models": 1, "tint": 2, "train": 2, "absorb": 3,
          "interop": 4, "experiments": 5, "cli": 6, "cli_absorb": 6, "cli_compare": 6, "cli_catalog": 6}
 ROOT = Path(incontext.__file__).parent
 

@@ -154,22 +154,29 @@ def absorb(args) -> int:
 
 
 def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
-    """The distilled adapter as a PEFT folder on the Llama or GPT-2 export of the base, where there is one."""
-    from .interop.hf import to_hf_gpt2, to_hf_llama
-    from .interop.lora_export import save_peft_adapter
+    """The distilled adapter as a PEFT folder for the family's own transformers class: directly on the Hugging Face
+    backend, through the export of our Transformer (the first family in the table that takes it) otherwise."""
+    from .interop.families import export_family
+    from .interop.lora_export import save_hf_backend_adapter, save_peft_adapter
 
-    family = "llama" if model.config.mlp == "swiglu" else "gpt2"
-    try:
-        hf_base = (to_hf_llama if family == "llama" else to_hf_gpt2)(model)
-    except ValueError as error:  # e.g. linear attention: no transformers counterpart
-        if folder.is_dir():
-            shutil.rmtree(folder)
-        return {"written": False, "reason": str(error)}
-    save_peft_adapter(adapted, hf_base, folder, family)
+    if getattr(model, "backend", "incontext") == "hf":
+        if model.family is None:
+            return {"written": False, "reason": f"model_type {model.config.model_type!r} is not in the families table"}
+        save_hf_backend_adapter(adapted, model, folder)
+        family, cls = model.family.model_type, type(model.hf).__name__
+    else:
+        try:
+            chosen, hf_base = export_family(model)
+        except ValueError as error:  # e.g. linear attention: no transformers counterpart
+            if folder.is_dir():
+                shutil.rmtree(folder)
+            return {"written": False, "reason": str(error)}
+        save_peft_adapter(adapted, hf_base, folder, chosen.model_type)
+        family, cls = chosen.model_type, type(hf_base).__name__
     return {"written": True, "family": family, "folder": PEFT_FOLDER, "query_position": adapted.offset,
             "sha256": sha256_file(folder / "adapter_model.safetensors"),
-            "load": f"PeftModel.from_pretrained(<the {family} export of the base, e.g. to_hf_{family}(model)>, "
-                    f"'{PEFT_FOLDER}'); queries at positions from query_position on"}
+            "load": f"PeftModel.from_pretrained(<the base as transformers' {cls}>, '{PEFT_FOLDER}'); "
+                    f"queries at positions from query_position on"}
 
 
 # ----------------------------------------------------------------------------- generate
@@ -204,7 +211,7 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     if base_config != to_dict(model.config):
         raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
     try:
-        return AdaptedModel.load(folder)
+        return AdaptedModel.load(folder, base=model)
     except (RuntimeError, KeyError, TypeError, FileNotFoundError) as error:  # safetensors / load_state_dict complaints
         raise ValueError(f"--adapted {folder} is corrupt ({str(error).splitlines()[0]})") from None
 

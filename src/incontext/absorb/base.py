@@ -23,6 +23,8 @@ from torch import nn
 from ..config import from_dict, to_dict
 from ..fileio import sha256_file
 from ..models import Cache, Transformer, TransformerConfig
+from ..models.lm import copy_cache, internals_reason, is_causal_lm
+from ..runtime import dtype_name, parse_dtype
 
 _ADAPTED: dict[str, type["AdaptedModel"]] = {}
 _METHODS: dict[str, type["AbsorbMethod"]] = {}
@@ -38,7 +40,7 @@ class AdaptedModel(nn.Module, ABC):
         if getattr(cls, "method", None):
             _ADAPTED[cls.method] = cls
 
-    def __init__(self, base: Transformer):
+    def __init__(self, base: nn.Module):
         super().__init__()
         self.base = base
 
@@ -68,33 +70,50 @@ class AdaptedModel(nn.Module, ABC):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_model(self, str(folder / "adapted.safetensors"))
-        dtype = str(next(self.base.parameters()).dtype).removeprefix("torch.")
-        description = {"method": self.method, "dtype": dtype, "base_config": to_dict(self.base.config),
+        dtype = dtype_name(next(self.base.parameters()).dtype)
+        backend = getattr(self.base, "backend", "incontext")
+        description = {"method": self.method, "dtype": dtype, "backend": backend, "base_config": to_dict(self.base.config),
                        "extra": self.extra_state(), "sha256": sha256_file(folder / "adapted.safetensors")}
         (folder / "adapted.json").write_text(json.dumps(description, indent=2))
         return folder
 
     @staticmethod
-    def load(folder: str | Path) -> "AdaptedModel":
+    def load(folder: str | Path, base: nn.Module | None = None) -> "AdaptedModel":
+        """The adapted model saved in `folder`. A model of the Hugging Face backend needs its `base` (a copy of it
+        receives the saved tensors); ours is rebuilt from the saved config."""
         folder = Path(folder)
         if not (folder / "adapted.json").is_file():
             raise FileNotFoundError(f"{folder} holds no adapted model (adapted.json is missing)")
-        description = json.loads((folder / "adapted.json").read_text())
+        try:
+            description = json.loads((folder / "adapted.json").read_text())
+        except (ValueError, UnicodeDecodeError):
+            raise ValueError(f"{folder / 'adapted.json'} is not valid JSON") from None
+        if not isinstance(description, dict) or not isinstance(description.get("method"), str):
+            raise ValueError(f"{folder / 'adapted.json'} is not an adapted model's description")
         cls = _ADAPTED.get(description["method"])
         if cls is None:
             raise ValueError(f"unknown absorb method {description['method']!r}; known: {sorted(_ADAPTED)}")
-        dtype = getattr(torch, description.get("dtype", "float32"))
-        base = Transformer(from_dict(TransformerConfig, description["base_config"])).to(dtype)
-        model = cls.empty(base, description["extra"]).to(dtype)
+        dtype = parse_dtype(description.get("dtype", "float32"))
+        if description.get("backend", "incontext") == "incontext":
+            base_model = Transformer(from_dict(TransformerConfig, description["base_config"])).to(dtype)
+            if base is not None:
+                base_model = base_model.to(next(base.parameters()).device)
+        else:
+            if base is None:
+                raise ValueError(f"{folder} was absorbed into a Hugging Face model: load it with its base model")
+            import copy
+
+            base_model = copy.deepcopy(base)
+        model = cls.empty(base_model, description["extra"]).to(device=next(base_model.parameters()).device, dtype=dtype)
         weights = folder / "adapted.safetensors"
         if "sha256" in description and sha256_file(weights) != description["sha256"]:  # older saves have none
             raise ValueError(f"{weights} is corrupt: its sha256 differs from the one recorded in adapted.json")
-        load_model(model, str(weights))
+        load_model(model, str(weights), device=str(next(model.parameters()).device))
         return model.eval()
 
 
 def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 class AbsorbMethod(ABC):
@@ -112,10 +131,27 @@ class AbsorbMethod(ABC):
         if getattr(cls, "name", None):
             _METHODS[cls.name] = cls
 
+    needs_internals: ClassVar[bool] = False  # runs on our Transformer (model.as_transformer()), not the protocol alone
+
+    def runs_on(self, model: nn.Module) -> nn.Module:
+        """The model the method works on: `model` itself, or for a method that needs our internals its conversion
+        to our Transformer (ValueError naming why there is none)."""
+        if self.needs_internals and is_causal_lm(model):
+            return model.as_transformer()
+        return model
+
     def unsupported(self, model: nn.Module) -> str | None:
-        """None when the method applies to `model`, else why not (e.g. "needs linear attention")."""
-        if not isinstance(model, Transformer):
-            return f"needs a Transformer, got {type(model).__name__}"
+        """None when the method applies to `model` (either backend), else why not (e.g. "needs linear attention")."""
+        if self.needs_internals and is_causal_lm(model):
+            reason = internals_reason(model)
+            if reason is not None:
+                return reason
+        return self.check_model(self.runs_on(model))
+
+    def check_model(self, model: nn.Module) -> str | None:
+        """What the method needs of the model it runs on (see `runs_on`); subclasses narrow it."""
+        if not is_causal_lm(model):
+            return f"needs a causal LM, got {type(model).__name__}"
         return None
 
     def absorb(self, model: nn.Module, prompt: torch.Tensor, *, loss_mask: torch.Tensor | None = None,
@@ -127,6 +163,7 @@ class AbsorbMethod(ABC):
         reason = self.unsupported(model)
         if reason is not None:
             raise ValueError(f"{self.name} does not apply to this model: {reason}")
+        model = self.runs_on(model)
         prompt = check_prompt(model, prompt)
         if loss_mask is not None:
             loss_mask = loss_mask.to(torch.bool)
@@ -226,18 +263,16 @@ class PromptInContext(AdaptedModel):
 
     method = "keep-prompt"
 
-    def __init__(self, base: Transformer, prompt: torch.Tensor):
+    def __init__(self, base: nn.Module, prompt: torch.Tensor):
         super().__init__(base)
         self.register_buffer("prompt", prompt)
         self._cache: Cache | None = None
 
     def prompt_cache(self) -> Cache:
         if self._cache is None:
-            cache = Cache.empty(self.base.config.n_layer)
             with torch.no_grad():
-                self.base(self.prompt, cache=cache)
-            self._cache = cache
-        return Cache(layers=list(self._cache.layers), position=self._cache.position)
+                self._cache = self.base.prefill(self.prompt)
+        return copy_cache(self._cache)
 
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, cache=self.prompt_cache())
@@ -255,7 +290,7 @@ class PromptInContext(AdaptedModel):
 
     @classmethod
     def empty(cls, base, extra):
-        return cls(base, torch.zeros(extra["prompt_shape"], dtype=torch.long))
+        return cls(base, torch.zeros(extra["prompt_shape"], dtype=torch.long, device=next(base.parameters()).device))
 
 
 class BaseAlone(AdaptedModel):

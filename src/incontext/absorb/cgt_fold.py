@@ -25,6 +25,7 @@ import torch
 
 from ..models.cgt import CGT
 from ..models.cgt_adapter import CGTAdapter
+from ..models.lm import is_causal_lm
 from ..models.transformer import Transformer
 from .base import AbsorbMethod, AdaptedModel, BaseAlone
 
@@ -70,7 +71,8 @@ def biased_copy(base: Transformer) -> Transformer:
     """A copy of `base` with biases on every linear (zero where base has none): room for the folded shifts."""
     if base.config.bias:
         return copy.deepcopy(base).eval()
-    folded = Transformer(dataclasses.replace(base.config, bias=True)).to(next(base.parameters()).dtype)
+    reference = next(base.parameters())
+    folded = Transformer(dataclasses.replace(base.config, bias=True)).to(device=reference.device, dtype=reference.dtype)
     missing, unexpected = folded.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected and all(name.endswith(".bias") for name in missing), (missing, unexpected)
     with torch.no_grad():
@@ -107,12 +109,13 @@ class CGTFold(AbsorbMethod):
 
     def __init__(self, adapter: str = ""):
         self.adapter = str(adapter)
+        self.needs_internals = bool(self.adapter)  # the adapter guides our Transformer
         self._loaded: tuple[int, CGTAdapter] | None = None  # (id of the base, its adapter)
 
-    def unsupported(self, model) -> str | None:
+    def check_model(self, model) -> str | None:
         if isinstance(model, (CGT, CGTAdapter)):
             return None
-        if isinstance(model, Transformer) and self.adapter:
+        if is_causal_lm(model) and self.adapter:
             try:
                 self._adapter_for(model)
             except (OSError, ValueError) as error:

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..models import Cache, Transformer
+from ..models import Cache
+from ..models.lm import CausalLM, copy_cache, is_causal_lm
 from .base import AbsorbMethod, AdaptedModel
 
 # linear layers of a Transformer block a LoRA can target (fused qkv and, for SwiGLU, fused gate/up)
@@ -40,7 +41,7 @@ LORA_TARGETS = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
 class LoRASpec:
     rank: int
     alpha: float
-    modules: tuple[str, ...]  # full module names in the Transformer, e.g. "blocks.0.attn.qkv"
+    modules: tuple[str, ...]  # full module names in the CausalLM, e.g. "blocks.0.attn.qkv"
 
     @property
     def scaling(self) -> float:
@@ -59,7 +60,7 @@ class DistilledLoRA(AdaptedModel):
 
     method = "distill-lora"
 
-    def __init__(self, base: Transformer, spec: LoRASpec, offset: int, merged: bool):
+    def __init__(self, base: CausalLM, spec: LoRASpec, offset: int, merged: bool):
         super().__init__(base)
         self.spec, self.offset, self.merged = spec, offset, merged
         self.history: dict[str, Any] = {}  # training record of absorb(); not saved
@@ -67,8 +68,9 @@ class DistilledLoRA(AdaptedModel):
             self.factors = nn.Module()
             for name in spec.modules:
                 linear = base.get_submodule(name)
-                self.factors.register_buffer(_factor_key(name, "A"), linear.weight.new_zeros(spec.rank, linear.in_features))
-                self.factors.register_buffer(_factor_key(name, "B"), linear.weight.new_zeros(linear.out_features, spec.rank))
+                n_in, n_out = linear_shape(linear)
+                self.factors.register_buffer(_factor_key(name, "A"), linear.weight.new_zeros(spec.rank, n_in))
+                self.factors.register_buffer(_factor_key(name, "B"), linear.weight.new_zeros(n_out, spec.rank))
         else:
             inject_lora(base, spec, None)
 
@@ -110,19 +112,29 @@ class DistilledLoRA(AdaptedModel):
         return cls(base, spec, extra["offset"], extra["merged"])
 
 
-def lora_spec(model: Transformer, rank: int, alpha: float, targets: tuple[str, ...], layers: range | None = None) -> LoRASpec:
-    """A LoRA on the `targets` (see LORA_TARGETS) of the given blocks (all by default)."""
-    layers = range(model.config.n_layer) if layers is None else layers
-    return LoRASpec(int(rank), float(alpha), tuple(f"blocks.{i}.{t}" for i in layers for t in targets))
+def lora_spec(model: CausalLM, rank: int, alpha: float, targets: tuple[str, ...], layers: range | None = None) -> LoRASpec:
+    """A LoRA on the `targets` (roles, see LORA_TARGETS) of the given blocks (all by default); the backend names
+    the modules (our fused linears, or the family's own modules from the families table)."""
+    return LoRASpec(int(rank), float(alpha), model.lora_modules(tuple(targets), layers))
 
 
-def inject_lora(model: Transformer, spec: LoRASpec, generator: torch.Generator | None) -> list[nn.Parameter]:
+def linear_shape(module: nn.Module) -> tuple[int, int]:
+    """(in, out) features of a linear layer: nn.Linear, or transformers' Conv1D (weight stored (in, out))."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    weight = module.weight
+    return weight.shape[0], weight.shape[1]
+
+
+def inject_lora(model: CausalLM, spec: LoRASpec, generator: torch.Generator | None) -> list[nn.Parameter]:
     """peft LoRA layers (dropout 0) on the named linears of `model`, in place, everything else frozen;
     initialised as peft does (A ~ kaiming-uniform(a=sqrt(5)), B = 0), from `generator` when given. Returns the
     factors."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=list(spec.modules))
+    conv1d = any(not isinstance(model.get_submodule(name), nn.Linear) for name in spec.modules)  # GPT-2: (in, out)
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=list(spec.modules),
+                        fan_in_fan_out=conv1d)
     with torch.random.fork_rng(devices=[]):  # peft initialises from the global generator; leave it untouched
         inject_adapter_in_model(config, model)
     for name, p in model.named_parameters():
@@ -141,13 +153,13 @@ def init_lora_factors(factors, generator: torch.Generator) -> None:
         b.zero_()
 
 
-def injected_factors(model: Transformer, spec: LoRASpec) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def injected_factors(model: CausalLM, spec: LoRASpec) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     layers = {name: model.get_submodule(name) for name in spec.modules}
     return {name: (layer.lora_A["default"].weight, layer.lora_B["default"].weight) for name, layer in layers.items()}
 
 
 @torch.no_grad()
-def merge_lora(model: Transformer, spec: LoRASpec) -> None:
+def merge_lora(model: CausalLM, spec: LoRASpec) -> None:
     """W <- W + scaling B A in each of spec's modules, and peft's layers replaced by the plain linears, in place."""
     for name in spec.modules:
         parent_name, child = name.rsplit(".", 1)
@@ -257,14 +269,14 @@ class DistillLoRA(AbsorbMethod):
         self.codec = codec
         return self
 
-    def unsupported(self, model) -> str | None:
-        if not isinstance(model, Transformer):
-            return f"needs a token-input causal LM (an incontext Transformer), got {type(model).__name__}"
+    def check_model(self, model) -> str | None:
+        if not is_causal_lm(model):
+            return f"needs a token-input causal LM, got {type(model).__name__}"
         if not model.config.tokens:
             return "needs a token-input causal LM; this model reads vectors"
         return None
 
-    def _absorb(self, model: Transformer, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
+    def _absorb(self, model: CausalLM, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
                 train_queries: list[torch.Tensor] | None) -> DistilledLoRA:
         """`loss_mask` is ignored (the student matches the teacher everywhere); `train_queries` must never be
         evaluation queries."""
@@ -466,8 +478,7 @@ def _log_probs(logits: torch.Tensor) -> torch.Tensor:
 
 def _copy(cache: Cache, batch: int = 1) -> Cache:
     """A cache of the same context that a forward pass can extend without touching `cache`, for `batch` rows."""
-    layers = [tuple(t.expand(batch, *t.shape[1:]) for t in layer) for layer in cache.layers]
-    return Cache(layers=layers, position=cache.position)
+    return copy_cache(cache, batch)
 
 
 def _sample(model, cache, last_logits, n, length, temperature, generator):
@@ -477,7 +488,9 @@ def _sample(model, cache, last_logits, n, length, temperature, generator):
     logits = last_logits.expand(n, -1)
     tokens, targets = [], []
     for _ in range(length):
-        token = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=generator)
+        # drawn on the CPU from the method's CPU generator: the same draws whatever device the model is on
+        probs = torch.softmax(logits.float() / temperature, -1).cpu()
+        token = torch.multinomial(probs, 1, generator=generator).to(logits.device)
         logits = model(token, cache=cache)[:, -1]
         tokens.append(token)
         targets.append(logits)

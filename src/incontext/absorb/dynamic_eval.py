@@ -28,7 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..models import Cache, Transformer
+from ..models import Cache
+from ..models.lm import CausalLM, is_causal_lm
 from .base import AbsorbMethod, AdaptedModel, PromptInContext
 from .distill_lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
 from .param_groups import select_groups, selected_parameters, untie
@@ -39,7 +40,7 @@ class UpdatedWeights(AdaptedModel):
 
     method = "updated-weights"
 
-    def __init__(self, base: Transformer, offset: int = 0):
+    def __init__(self, base: CausalLM, offset: int = 0):
         super().__init__(base)
         self.offset = offset
 
@@ -112,7 +113,7 @@ def training_sequences(prompt: torch.Tensor, loss_mask: torch.Tensor | None, sep
     return _with_targets(*split_documents(ids, None if loss_mask is None else loss_mask[0], separator))
 
 
-def _adapted(updated: Transformer, prompt: torch.Tensor, keep_prompt: bool, separator: list[int] | None) -> AdaptedModel:
+def _adapted(updated: CausalLM, prompt: torch.Tensor, keep_prompt: bool, separator: list[int] | None) -> AdaptedModel:
     if keep_prompt:
         adapted = UpdatedWithPrompt(updated, prompt)
         adapted.prompt_cache()  # the prompt's pass belongs to absorbing, not to the first query
@@ -127,7 +128,7 @@ def full_mask(ids: torch.Tensor) -> torch.Tensor:
     return keep
 
 
-def masked_lm_loss(model: Transformer, ids: torch.Tensor, targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+def masked_lm_loss(model: CausalLM, ids: torch.Tensor, targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
     """Cross-entropy of the tokens `targets` marks ((T,) bool; position 0 cannot be one), predicted from
     their prefix; summed or averaged over those tokens."""
     logits = model(ids[None])[0]
@@ -135,17 +136,17 @@ def masked_lm_loss(model: Transformer, ids: torch.Tensor, targets: torch.Tensor,
     return F.cross_entropy(logits[:-1][keep], ids[1:][keep], reduction=reduction)
 
 
-def trainable_parameters(model: Transformer, n_top_layers: int | None) -> list[torch.nn.Parameter]:
+def trainable_parameters(model: CausalLM, n_top_layers: int | None) -> list[torch.nn.Parameter]:
     """All parameters, or those of the top n blocks plus the final norm (the head stays: it is tied to the
     embeddings in most models here)."""
     if n_top_layers is None:
         return list(model.parameters())
     check_top_layers(model, n_top_layers)
-    blocks = model.blocks[model.config.n_layer - n_top_layers:]
-    return [p for block in blocks for p in block.parameters()] + list(model.norm_f.parameters())
+    blocks = model.layer_modules()[model.config.n_layer - n_top_layers:]
+    return [p for block in blocks for p in block.parameters()] + list(model.final_norm_module().parameters())
 
 
-def check_top_layers(model: Transformer, n_top_layers: int | None) -> None:
+def check_top_layers(model: CausalLM, n_top_layers: int | None) -> None:
     if n_top_layers is not None and not (isinstance(n_top_layers, int) and 1 <= n_top_layers <= model.config.n_layer):
         raise ValueError(f"n_top_layers must lie in [1, {model.config.n_layer}], got {n_top_layers!r}")
 
@@ -161,11 +162,11 @@ def check_sgd_options(learning_rate, n_steps, reduction, optimizer) -> None:
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
 
 
-def prompt_sgd(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor] | None = None, *,
+def prompt_sgd(model: CausalLM, sequences: list[torch.Tensor], targets: list[torch.Tensor] | None = None, *,
                learning_rate: float, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
                n_top_layers: int | None = None, lora_rank: int | None = None, lora_alpha: float | None = None,
                lora_targets: tuple[str, ...] = ("attn.qkv", "attn.out"), seed: int = 0,
-               params: str | list[str] | None = None) -> tuple[Transformer, list[float]]:
+               params: str | list[str] | None = None) -> tuple[CausalLM, list[float]]:
     """Dynamic evaluation: `n_steps` optimizer steps on a copy of `model`, each on the loss of all `sequences`
     (summed over sequences; within one, summed or averaged over its target tokens), exact gradients.
     Plain SGD reproduces Krause et al. / TinT's R-dyn; AdamW is offered for pretrained LMs. With `lora_rank`,
@@ -264,10 +265,14 @@ class DynamicEval(AbsorbMethod):
         self.lora = {"lora_rank": lora_rank, "lora_alpha": lora_alpha, "seed": seed,
                      "lora_targets": (lora_targets,) if isinstance(lora_targets, str) else tuple(lora_targets)}
 
-    def unsupported(self, model) -> str | None:
-        if not isinstance(model, Transformer) or not model.config.tokens:
+    def check_model(self, model) -> str | None:
+        if not is_causal_lm(model) or not model.config.tokens:
             return "needs a token-input causal LM"
         return None
+
+    @property
+    def needs_internals(self) -> bool:
+        return self.params is not None  # parameter groups are our Transformer's
 
     def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
         sequences, masks = training_sequences(prompt, loss_mask, self.separator, "dynamic evaluation")
@@ -292,7 +297,7 @@ class LabelLossGradient:
         return layout.write(tokens, dst, layout.slot(tokens, dst) * self.keep[:, None].to(tokens.dtype))
 
 
-def tint_simulate(model: Transformer, ids: torch.Tensor, targets: torch.Tensor | None, config):
+def tint_simulate(model: CausalLM, ids: torch.Tensor, targets: torch.Tensor | None, config):
     """The simulator on one sequence, trained on its target tokens (the training segment ends at the last
     target; None: every token); returns (simulator, logits of its second forward, updated prefixes)."""
     from ..tint import TinT
@@ -309,7 +314,7 @@ def tint_simulate(model: Transformer, ids: torch.Tensor, targets: torch.Tensor |
     return sim, logits, banks
 
 
-def tint_update(model: Transformer, sequences: list[torch.Tensor], targets: list[torch.Tensor | None], config) -> Transformer:
+def tint_update(model: CausalLM, sequences: list[torch.Tensor], targets: list[torch.Tensor | None], config) -> CausalLM:
     """TinT's step on the sequences (one simulator pass each): the updates read back from the prefixes are
     summed (one step of a summed loss) into a copy of the auxiliary model."""
     if len(sequences) == 1:
@@ -348,8 +353,10 @@ class TinTStep(AbsorbMethod):
 
         return ["keep_prompt", "separator"] + [f.name for f in dataclasses.fields(TintConfig)]
 
-    def unsupported(self, model) -> str | None:
-        if not isinstance(model, Transformer) or not model.config.tokens:
+    needs_internals = True
+
+    def check_model(self, model) -> str | None:
+        if not is_causal_lm(model) or not model.config.tokens:
             return "needs a token-input causal LM"
         from ..tint.simulator import _check_auxiliary
 

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from ..models import Cache, Transformer
+from ..models import Cache
+from ..models.lm import is_causal_lm
 from ..models.transformer import pick_next_token
 from .base import AdaptedModel
 
@@ -36,17 +37,17 @@ def context_room(model: nn.Module, n_query: int) -> int | None:
 def stream_tokens(model: nn.Module, ids: list[int], max_new_tokens: int, *, greedy: bool = True,
                   temperature: float = 1.0, top_k: int | None = None, stop_ids: Iterable[int] = (),
                   generator: torch.Generator | None = None) -> Iterator[int]:
-    """Yields up to max_new_tokens tokens continuing `ids` (a Transformer or an AdaptedModel), one at a time;
+    """Yields up to max_new_tokens tokens continuing `ids` (a causal LM of either backend or an AdaptedModel), one at a time;
     stops before yielding a token of `stop_ids`."""
     if not ids:
         raise ValueError("generation needs at least one token to continue")
     stop = set(stop_ids)
     if isinstance(model, AdaptedModel):
         cache, run = model.query_cache(), model.base
-    elif isinstance(model, Transformer):
+    elif is_causal_lm(model):
         cache, run = Cache.empty(model.config.n_layer), model
     else:
-        raise TypeError(f"stream_tokens needs a Transformer or an AdaptedModel, got {type(model).__name__}")
+        raise TypeError(f"stream_tokens needs a causal LM or an AdaptedModel, got {type(model).__name__}")
     sequence = torch.tensor([ids], device=next(model.parameters()).device)
     logits = (run(sequence, cache=cache) if cache is not None else model(sequence))[:, -1]
     for step in range(max_new_tokens):

@@ -309,7 +309,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                     calibration = None if calibration_query is None else \
                         choice_scores(adapted(calibration_query.inputs[None])[0], calibration_query)
                 record.absorb_ms.append(absorb_ms)
-                record.kept_bytes.append(adapted.kept_bytes(model))
+                record.kept_bytes.append(adapted.kept_bytes(instances[name].runs_on(model)))
                 record.peak_bytes.append(peak.peak)
                 scores = [score_query(source.metric, out, q, calibration) for out, q in zip(outs, queries)]
                 record.episode_scores.append(episode_score(source.metric, scores))

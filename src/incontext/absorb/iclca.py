@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..models import Cache, Transformer
+from ..models.lm import is_causal_lm
 from ..ops import apply_rope, rope_cos_sin
 from .base import AbsorbMethod, AdaptedModel
 
@@ -121,10 +122,11 @@ class ICLCA(AbsorbMethod):
     name = "iclca"
     needs = "linear attention"
     batched = True
+    needs_internals = True
 
-    def unsupported(self, model) -> str | None:
-        if not isinstance(model, Transformer):
-            return f"needs linear attention (a Transformer), got {type(model).__name__}"
+    def check_model(self, model) -> str | None:
+        if not is_causal_lm(model):
+            return f"needs linear attention (a causal LM), got {type(model).__name__}"
         try:
             check_exactly_convertible(model)
         except ConversionError as error:

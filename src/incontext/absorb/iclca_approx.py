@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..models import Cache, Transformer
+from ..models.lm import is_causal_lm
 from ..ops.feature_maps import LearnedFeatures, draw_favor_projection
 from ..ops.prefix_attention import FeaturePrefix, absorb_layer
 from .base import AbsorbMethod, AdaptedModel
@@ -189,8 +190,10 @@ class ICLCAApprox(AbsorbMethod):
     needs = "softmax attention"
     batched = True
 
-    def unsupported(self, model) -> str | None:
-        if not isinstance(model, Transformer) or model.config.attention != "softmax":
+    needs_internals = True
+
+    def check_model(self, model) -> str | None:
+        if not is_causal_lm(model) or getattr(model.config, "attention", None) != "softmax":
             return "needs softmax attention; linear attention converts exactly (iclca)"
         return None
 

@@ -82,7 +82,7 @@ def from_hf_gpt2(hf_model) -> Transformer:
     sd = hf_model.state_dict()
     ours = {mine: sd[theirs].T if transposed else sd[theirs] for mine, theirs, transposed in _gpt2_names(config.n_layer)}
     ours["lm_head.weight"] = sd.get("lm_head.weight", sd["transformer.wte.weight"])
-    return load_into_new(config, ours, next(hf_model.parameters()).dtype)
+    return load_into_new(config, ours, next(hf_model.parameters()).dtype).to(next(hf_model.parameters()).device)
 
 
 def to_hf_gpt2(model: Transformer):
@@ -123,7 +123,7 @@ def to_hf_gpt2(model: Transformer):
     sd = model.state_dict()
     theirs = {hf_name: sd[mine].T if transposed else sd[mine] for mine, hf_name, transposed in _gpt2_names(c.n_layer)}
     theirs["lm_head.weight"] = sd["lm_head.weight"]
-    hf_model = GPT2LMHeadModel(hf_config).to(next(model.parameters()).dtype)
+    hf_model = GPT2LMHeadModel(hf_config).to(next(model.parameters()).dtype).to(next(model.parameters()).device)
     _load_strict(hf_model, theirs)
     return hf_model
 
@@ -142,39 +142,68 @@ def _rope_theta(hf_config) -> float:
     return float(theta)
 
 
-def config_from_llama(hf_config) -> TransformerConfig:
-    _require(hf_config.hidden_act == "silu", f"Llama hidden_act {hf_config.hidden_act!r}: only silu (SwiGLU) is supported")
-    _require(
-        bool(getattr(hf_config, "attention_bias", False)) == bool(getattr(hf_config, "mlp_bias", False)),
-        "attention_bias and mlp_bias differ; our bias option covers both",
-    )
+def _sliding_limit(hf_config) -> int | None:
+    """The sliding window where some layer of the model attends through one (Mistral, Qwen2 with
+    use_sliding_window), else None: up to that many tokens sliding attention equals full attention."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
+def config_from_llama(hf_config, *, bias: bool | None = None) -> TransformerConfig:
+    """Our config for a Llama-style model (Llama, Mistral, Qwen2, Phi-3): RoPE, RMSNorm, SwiGLU. `bias`: whether
+    any of the block's linears has a bias (the others then get zero biases, which change nothing). A sliding
+    window caps the context: within it, sliding attention is full attention."""
+    _require(hf_config.hidden_act == "silu", f"hidden_act {hf_config.hidden_act!r}: only silu (SwiGLU) is supported")
+    _require(float(getattr(hf_config, "partial_rotary_factor", 1.0) or 1.0) == 1.0,
+             "partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
+    if bias is None:
+        bias = bool(getattr(hf_config, "attention_bias", False)) or bool(getattr(hf_config, "mlp_bias", False))
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    max_len = hf_config.max_position_embeddings
+    window = _sliding_limit(hf_config)
+    if window is not None:
+        max_len = min(max_len, window)
     return TransformerConfig(
         n_layer=hf_config.num_hidden_layers,
         n_head=hf_config.num_attention_heads,
-        n_kv_head=hf_config.num_key_value_heads,
+        n_kv_head=getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads,
         d_model=hf_config.hidden_size,
         head_dim=head_dim,
         d_mlp=hf_config.intermediate_size,
         vocab_size=hf_config.vocab_size,
-        max_seq_len=hf_config.max_position_embeddings,
+        max_seq_len=max_len,
         positions="rope",
         rope_theta=_rope_theta(hf_config),
         norm="rmsnorm",
         norm_eps=hf_config.rms_norm_eps,
         mlp="swiglu",
-        bias=bool(getattr(hf_config, "attention_bias", False)),
+        bias=bias,
         scale_attn=True,
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        attn_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
+        attn_dropout=float(getattr(hf_config, "attention_dropout", 0.0) or 0.0),
         init_std=hf_config.initializer_range,
     )
 
 
+def _with_zero_bias(sd: dict[str, torch.Tensor], name: str, rows: int, like: torch.Tensor) -> torch.Tensor:
+    return sd[name] if name in sd else like.new_zeros(rows)
+
+
 def from_hf_llama(hf_model) -> Transformer:
-    """Our Transformer with the weights of a transformers LlamaForCausalLM."""
-    config = config_from_llama(hf_model.config)
+    """Our Transformer with the weights of a Llama-style transformers model: LlamaForCausalLM, MistralForCausalLM,
+    Qwen2ForCausalLM (separate q/k/v and gate/up projections) or Phi3ForCausalLM (fused qkv_proj and gate_up_proj,
+    the same row order as ours). Missing biases (Qwen2's o_proj and MLP) become zeros."""
     sd = hf_model.state_dict()
+    bias = any(k.endswith("_proj.bias") for k in sd)
+    config = config_from_llama(hf_model.config, bias=bias)
+    _require(not any(".q_norm." in k or ".k_norm." in k for k in sd), "per-head q/k RMSNorm (Qwen3) has no counterpart")
     ours: dict[str, torch.Tensor] = {
         "tok_emb.weight": sd["model.embed_tokens.weight"],
         "norm_f.weight": sd["model.norm.weight"],
@@ -184,16 +213,19 @@ def from_hf_llama(hf_model) -> Transformer:
         h, b = f"model.layers.{i}.", f"blocks.{i}."
         ours[b + "norm1.weight"] = sd[h + "input_layernorm.weight"]
         ours[b + "norm2.weight"] = sd[h + "post_attention_layernorm.weight"]
-        ours[b + "attn.qkv.weight"] = torch.cat([sd[h + f"self_attn.{p}_proj.weight"] for p in "qkv"])
-        ours[b + "attn.out.weight"] = sd[h + "self_attn.o_proj.weight"]
-        ours[b + "mlp.fc_in.weight"] = torch.cat([sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"]])
-        ours[b + "mlp.fc_out.weight"] = sd[h + "mlp.down_proj.weight"]
-        if config.bias:
-            ours[b + "attn.qkv.bias"] = torch.cat([sd[h + f"self_attn.{p}_proj.bias"] for p in "qkv"])
-            ours[b + "attn.out.bias"] = sd[h + "self_attn.o_proj.bias"]
-            ours[b + "mlp.fc_in.bias"] = torch.cat([sd[h + "mlp.gate_proj.bias"], sd[h + "mlp.up_proj.bias"]])
-            ours[b + "mlp.fc_out.bias"] = sd[h + "mlp.down_proj.bias"]
-    return load_into_new(config, ours, next(hf_model.parameters()).dtype)
+        fused = h + "self_attn.qkv_proj.weight" in sd
+        parts = {"qkv": ["self_attn.qkv_proj"] if fused else [f"self_attn.{p}_proj" for p in "qkv"],
+                 "out": ["self_attn.o_proj"],
+                 "fc_in": ["mlp.gate_up_proj"] if fused else ["mlp.gate_proj", "mlp.up_proj"],
+                 "fc_out": ["mlp.down_proj"]}
+        where = {"qkv": "attn.qkv", "out": "attn.out", "fc_in": "mlp.fc_in", "fc_out": "mlp.fc_out"}
+        for key, names in parts.items():
+            weights = [sd[h + n + ".weight"] for n in names]
+            ours[b + where[key] + ".weight"] = torch.cat(weights)
+            if bias:
+                ours[b + where[key] + ".bias"] = torch.cat([_with_zero_bias(sd, h + n + ".bias", w.shape[0], w)
+                                                            for n, w in zip(names, weights)])
+    return load_into_new(config, ours, next(hf_model.parameters()).dtype).to(next(hf_model.parameters()).device)
 
 
 def to_hf_llama(model: Transformer):
@@ -253,7 +285,7 @@ def to_hf_llama(model: Transformer):
                 h + f"mlp.up_proj.{kind}": up,
                 h + f"mlp.down_proj.{kind}": sd[b + f"mlp.fc_out.{kind}"],
             })
-    hf_model = LlamaForCausalLM(hf_config).to(next(model.parameters()).dtype)
+    hf_model = LlamaForCausalLM(hf_config).to(next(model.parameters()).dtype).to(next(model.parameters()).device)
     _load_strict(hf_model, theirs)
     return hf_model
 

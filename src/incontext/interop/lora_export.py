@@ -61,7 +61,10 @@ def hf_lora_factors(adapted: DistilledLoRA, family: str | None = None) -> tuple[
     """The adapter's factors named as in transformers' LlamaForCausalLM ("llama") or GPT2LMHeadModel ("gpt2";
     default: llama for SwiGLU models), and whether they need fan_in_fan_out."""
     c = adapted.base.config
-    family = family or ("llama" if c.mlp == "swiglu" else "gpt2")
+    if family is None:
+        from .families import export_family
+
+        family = export_family(adapted.base)[0].model_type
     if family not in ("llama", "gpt2"):
         raise ValueError(f"family must be 'llama' or 'gpt2', got {family!r}")
     q_rows, kv_rows = c.n_head * c.dim_head, c.kv_heads * c.dim_head
@@ -90,6 +93,19 @@ def peft_adapter_model(adapted: DistilledLoRA, hf_base, family: str | None = Non
     with the distilled adapter, as a PeftModel; hf_base gets the LoRA layers in place."""
     factors, fan_in_fan_out = hf_lora_factors(adapted, family)
     return attach_lora(hf_base, factors, adapted.spec.rank, adapted.spec.alpha, fan_in_fan_out=fan_in_fan_out)
+
+
+def save_hf_backend_adapter(adapted: DistilledLoRA, base_lm, folder: str | Path) -> Path:
+    """The adapter of a distilled LoRA trained on the Hugging Face backend (peft layers on the family's own modules
+    of `base_lm`, the unchanged model it was absorbed into) as a PEFT folder for
+    `PeftModel.from_pretrained(<the family's transformers model>, folder)`."""
+    import copy
+
+    factors = {name.removeprefix("hf."): (b.detach(), a.detach(), None) for name, (a, b) in adapted.lora_factors().items()}
+    fan_in_fan_out = bool(base_lm.family and base_lm.family.fan_in_fan_out)
+    peft_model = attach_lora(copy.deepcopy(base_lm.hf), factors, adapted.spec.rank, adapted.spec.alpha,
+                             fan_in_fan_out=fan_in_fan_out)
+    return save_adapter(peft_model, folder)
 
 
 def save_peft_adapter(adapted: DistilledLoRA, hf_base, folder: str | Path, family: str | None = None) -> Path:
@@ -144,7 +160,59 @@ def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
     except (SafetensorError, OSError, ValueError) as error:
         raise ValueError(f"{folder}: adapter_model.safetensors is corrupt ({str(error).splitlines()[0]})") from None
 
-    family = "llama" if model.config.mlp == "swiglu" else "gpt2"
+    if getattr(model, "backend", "incontext") == "hf":
+        factors = _hf_backend_factors(folder, tensors, model, rank)
+    else:
+        factors = _our_factors(folder, tensors, model, rank)
+
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    spec = LoRASpec(rank, alpha, tuple(sorted(factors, key=order.__getitem__)))
+    dtype = next(model.parameters()).dtype
+    adapted = DistilledLoRA(copy.deepcopy(model), spec, offset, merged=True)
+    stored = adapted.lora_factors()
+    with torch.no_grad():
+        for name, (a, b) in factors.items():
+            stored[name][0].copy_(a)
+            stored[name][1].copy_(b)
+            weight = adapted.base.get_submodule(name).weight
+            delta = spec.scaling * (b.to(dtype) @ a.to(dtype))  # as peft's merge: W + (alpha / r) B A
+            weight += delta if isinstance(adapted.base.get_submodule(name), torch.nn.Linear) else delta.T  # Conv1D: (in, out)
+    return adapted.eval()
+
+
+def _hf_backend_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: int) -> dict[str, tuple]:
+    """Module of the wrapped transformers model -> (A, B), from a PEFT folder saved for that family."""
+    from ..absorb.distill_lora import linear_shape
+
+    pieces: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        name, dot, factor = key.rpartition(".lora_")
+        if not (dot and key.startswith("base_model.model.") and factor in ("A.weight", "B.weight")):
+            raise ValueError(f"{folder}: tensor {key!r} is not a LoRA factor")
+        pieces.setdefault("hf." + name.removeprefix("base_model.model."), {})[factor[0]] = value
+    if not pieces:
+        raise ValueError(f"{folder}: the adapter holds no LoRA factors")
+    factors = {}
+    for name, found in pieces.items():
+        try:
+            layer = model.get_submodule(name)
+        except AttributeError:
+            raise ValueError(f"{folder} was made for another base model (this one has no {name.removeprefix('hf.')})") from None
+        if sorted(found) != ["A", "B"]:
+            raise ValueError(f"{folder}: {name.removeprefix('hf.')} lacks one of its two factors")
+        n_in, n_out = linear_shape(layer)
+        a, b = found["A"], found["B"]
+        if a.shape != (rank, n_in) or b.shape != (n_out, rank):
+            raise ValueError(f"{folder} was made for another base model ({name.removeprefix('hf.')}: factors "
+                             f"{tuple(a.shape)} and {tuple(b.shape)} do not fit {n_out} x {n_in} at rank {rank})")
+        factors[name] = (a.to(layer.weight.device), b.to(layer.weight.device))
+    return factors
+
+
+def _our_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: int) -> dict[str, tuple]:
+    """Fused module of our Transformer -> (A, B), from a PEFT folder for its Llama or GPT-2 export (the adapter's
+    own module names tell which)."""
+    family = "gpt2" if any(k.startswith("base_model.model.transformer.h.") for k in tensors) else "llama"
     prefix, parts = ("base_model.model.model.layers.", _LLAMA_PARTS) if family == "llama" else \
         ("base_model.model.transformer.h.", _GPT2_PARTS)
     pieces: dict[str, dict[int, dict[str, torch.Tensor]]] = {}  # our module -> part -> {"A", "B"}
@@ -157,7 +225,6 @@ def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
         pieces.setdefault(f"blocks.{index}.{module}", {}).setdefault(part, {})[factor[0]] = value
     if not pieces:
         raise ValueError(f"{folder}: the adapter holds no LoRA factors")
-
     factors = {}
     for name, found in pieces.items():
         try:
@@ -174,17 +241,5 @@ def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
         if a.shape != (rank, linear.in_features) or b.shape != (linear.out_features, rank):
             raise ValueError(f"{folder} was made for another base model ({name}: factors {tuple(a.shape)} and "
                              f"{tuple(b.shape)} do not fit a {linear.out_features} x {linear.in_features} weight at rank {rank})")
-        factors[name] = (a, b)
-
-    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
-    spec = LoRASpec(rank, alpha, tuple(sorted(factors, key=order.__getitem__)))
-    dtype = next(model.parameters()).dtype
-    adapted = DistilledLoRA(copy.deepcopy(model), spec, offset, merged=True)
-    stored = adapted.lora_factors()
-    with torch.no_grad():
-        for name, (a, b) in factors.items():
-            stored[name][0].copy_(a)
-            stored[name][1].copy_(b)
-            weight = adapted.base.get_submodule(name).weight
-            weight += spec.scaling * (b.to(dtype) @ a.to(dtype))  # as peft's merge: W + (alpha / r) B A
-    return adapted.eval()
+        factors[name] = (a.to(linear.weight.device), b.to(linear.weight.device))
+    return factors

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-MODEL_CHOICES = "smollm2 (the shipped pretrained SmolLM2-135M-Instruct), a run folder or checkpoint of ours " \
+MODEL_CHOICES = "smollm2 (the shipped pretrained SmolLM2-135M-Instruct), gemma3-270m (the shipped Gemma-3-270M), a run folder or checkpoint of ours " \
                 "(holding state.json), a linearize-smollm2 result folder (the linearized SmolLM2), " \
                 "or a local Hugging Face model folder (holding config.json)"
 
@@ -44,22 +44,40 @@ class HFCodec:
 
 @dataclass
 class LoadedModel:
-    model: Any  # our Transformer (or CGT for a CGT run)
+    model: Any  # a causal LM of either backend (our Transformer, HFCausalLM), or a CGT for a CGT run
     tokenizer: Any | None  # a codec (encode/decode), None for models of synthetic tasks
     task: Any | None  # the training task of a run of ours
     description: str
-    hf_name: str | None = None  # "smollm2" or the HF folder, for exporting adapters
+    family: str | None = None  # the Hugging Face model_type the weights came from (families table), if any
 
 
-def load_model(spec: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Resolves a model name or folder (see MODEL_CHOICES); one-line errors for anything else."""
+def load_model(spec: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = torch.float32) -> LoadedModel:
+    """Resolves a model name or folder (see MODEL_CHOICES) onto `device` in `dtype` (runtime.resolve_runtime
+    checks both); one-line errors for anything else. Hugging Face folders load on the Hugging Face backend
+    (transformers' own model and cache); `smollm2` and runs of ours on our Transformer."""
+    from ..runtime import resolve_runtime
+
+    runtime = resolve_runtime(device, dtype)
+    loaded = _load(spec, runtime.dtype)
+    loaded.model = loaded.model.to(runtime.device)
+    return loaded
+
+
+def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
     if str(spec) == "smollm2":
         from .hf import from_hf_llama
         from .pretrained import load_smollm2
 
         hf_model, tokenizer = load_smollm2(dtype)
         return LoadedModel(from_hf_llama(hf_model).eval(), HFCodec(tokenizer), None,
-                           "SmolLM2-135M-Instruct (pretrained, Llama architecture)", "smollm2")
+                           "SmolLM2-135M-Instruct (pretrained, Llama architecture)", "llama")
+    if str(spec) == "gemma3-270m":
+        from .hf_backend import HFCausalLM
+        from .pretrained import load_gemma3_270m
+
+        hf_model, tokenizer = load_gemma3_270m(dtype)
+        return LoadedModel(HFCausalLM(hf_model.eval()).eval(), HFCodec(tokenizer), None,
+                           "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"unknown model {str(spec)!r}: give {MODEL_CHOICES}")
@@ -68,7 +86,7 @@ def load_model(spec: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
     if is_linearized_folder(path):
         from .linearized import load_linearized
 
-        smollm2 = load_model("smollm2", dtype)
+        smollm2 = _load("smollm2", dtype)
         return LoadedModel(load_linearized(path, smollm2.model), smollm2.tokenizer, None,
                            f"SmolLM2-135M-Instruct linearized by learned feature maps ({path})", None)
     if (path / "config.json").is_file() and not (path / "state.json").is_file():
@@ -89,23 +107,33 @@ def load_model(spec: str | Path, dtype: torch.dtype = torch.float32) -> LoadedMo
 def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .hf import from_hf_gpt2, from_hf_llama
+    from .families import FAMILIES
+    from .hf_backend import HFCausalLM
 
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    converters = {"llama": from_hf_llama, "gpt2": from_hf_gpt2}
-    if model_type not in converters:
-        raise ValueError(f"{path}: model_type {model_type!r} is not supported; supported: {', '.join(converters)}")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{path / 'config.json'} is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path / 'config.json'} is not a JSON object")
+    model_type = config.get("model_type")
     from transformers.utils import logging
 
-    bar = logging.is_progress_bar_enabled()
+    bar, verbosity = logging.is_progress_bar_enabled(), logging.get_verbosity()
     logging.disable_progress_bar()  # no "Loading weights" bar on stderr: errors stay one line
+    logging.set_verbosity_error()
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise ValueError(f"{path}: transformers cannot load this model ({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
     finally:
+        logging.set_verbosity(verbosity)
         if bar:
             logging.enable_progress_bar()
     try:
         codec = HFCodec(AutoTokenizer.from_pretrained(path))
-    except (OSError, ValueError):
+    except (OSError, ValueError, TypeError):
         codec = None  # a model without tokenizer files: synthetic tasks only
-    return LoadedModel(converters[model_type](hf_model).eval(), codec, None, f"Hugging Face {model_type} model {path}", str(path))
+    known = "" if model_type in FAMILIES else " (not in the families table: LoRA targets and conversion unknown)"
+    return LoadedModel(HFCausalLM(hf_model.eval()).eval(), codec, None,
+                       f"Hugging Face {model_type} model {path}{known}", model_type)

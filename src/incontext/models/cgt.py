@@ -381,7 +381,8 @@ class CGT(nn.Module):
     def x_only_transformer(self) -> Transformer:
         """The ordinary Transformer of width d_x with this model's x weights and every T = I (no context):
         the base model that a folded context (absorb/cgt_fold.py) or a LoRA adapter modifies."""
-        model = Transformer(self.config.transformer_config()).to(self.pos_emb.weight.dtype)
+        model = Transformer(self.config.transformer_config()).to(device=self.pos_emb.weight.device,
+                                                                   dtype=self.pos_emb.weight.dtype)
         model.load_state_dict(x_only_state_dict(self), strict=True)
         return model.eval()
 

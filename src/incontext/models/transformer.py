@@ -360,6 +360,29 @@ class Transformer(nn.Module):
                 scale = 1.0 / math.sqrt(2 * self.config.n_layer) if name.endswith(("attn.out.weight", "fc_out.weight")) else 1.0
                 nn.init.normal_(p, 0.0, std * scale, generator=generator)
 
+    # ------------------------------------------------------------------ the causal-LM protocol (models/lm.py)
+    backend = "incontext"
+
+    def prefill(self, ids: torch.Tensor) -> "Cache":
+        """The state after `ids` ((B, M) ids or (B, M, d) vectors): K/V (or linear state) per layer."""
+        cache = Cache.empty(self.config.n_layer)
+        self(ids, cache=cache)
+        return cache
+
+    def lora_modules(self, roles: tuple[str, ...], layers: range | None = None) -> tuple[str, ...]:
+        """Module names of the LoRA roles (attn.qkv, attn.out, mlp.fc_in, mlp.fc_out) in the given blocks."""
+        layers = range(self.config.n_layer) if layers is None else layers
+        return tuple(f"blocks.{i}.{role}" for i in layers for role in roles)
+
+    def layer_modules(self) -> list[nn.Module]:
+        return list(self.blocks)
+
+    def final_norm_module(self) -> nn.Module:
+        return self.norm_f
+
+    def as_transformer(self) -> "Transformer":
+        return self
+
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings and self.config.positions == "learned":

@@ -202,7 +202,8 @@ def _first_non_finite_state(model: torch.nn.Module, optimizer: torch.optim.Optim
                     if isinstance(v, torch.Tensor) and v.is_floating_point()]
     if not tensors:
         return None
-    finite = torch.stack([torch.isfinite(t).all() for _, t in tensors]).cpu()
+    # AdamW keeps `step` on the CPU while the weights may sit on a GPU: one flag per tensor, gathered on the CPU
+    finite = torch.stack([torch.isfinite(t).all().cpu() for _, t in tensors])
     return None if bool(finite.all()) else tensors[int((~finite).nonzero()[0])][0]
 
 

@@ -1,0 +1,147 @@
+"""The Hugging Face backend: any `AutoModelForCausalLM` behind the causal-LM protocol (models/lm.py).
+
+    lm = HFCausalLM(AutoModelForCausalLM.from_pretrained(folder))
+    cache = lm.prefill(prompt)                  # transformers' own DynamicCache, held per layer in our Cache
+    logits = lm(query, cache=copy_cache(cache)) # tokens after the prompt; the prompt's state is not changed
+    logits = lm(query, position_offset=M)       # positions M.. without a cache (updated-weights methods)
+
+The wrapped model is `lm.hf`; peft LoRA layers go onto its own modules (`lm.lora_modules(roles)` names them
+from the families table), so a distilled adapter saves as a plain PEFT folder for the family's own class.
+Methods that need our internals run on `lm.as_transformer()`, an exact conversion where the family allows.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..models import Cache
+from .families import Family, family
+
+
+@dataclass
+class HFConfigView:
+    """What the harness and the methods read of a model's config."""
+
+    model_type: str
+    n_layer: int
+    vocab_size: int
+    max_seq_len: int | None
+    tokens: bool = True
+
+
+class HFLayerState:
+    """One layer's cached keys and values (B, H_kv, S, D) and how many tokens it has seen (sliding windows keep
+    only their last ones). Never written in place: a continuing forward replaces it."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, seen: int):
+        self.keys, self.values, self.seen = keys, values, seen
+
+    def expand_batch(self, batch: int) -> "HFLayerState":
+        return HFLayerState(self.keys.expand(batch, *self.keys.shape[1:]),
+                            self.values.expand(batch, *self.values.shape[1:]), self.seen)
+
+
+class HFCausalLM(nn.Module):
+    backend = "hf"
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        self.hf = hf_model
+        c = hf_model.config
+        self.family: Family | None = family(c.model_type)
+        self.config = HFConfigView(model_type=c.model_type, n_layer=c.num_hidden_layers, vocab_size=c.vocab_size,
+                                   max_seq_len=getattr(c, "max_position_embeddings", None))
+        self._converted: dict[str, nn.Module] = {}
+        # transformers >= 5.24 calls the cache argument `cache` (past_key_values before)
+        self._cache_arg = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
+
+    def __deepcopy__(self, memo):
+        """A copy of the wrapped model (for weight updates); the cached conversion is not copied."""
+        converted, self._converted = self._converted, {}
+        try:
+            clone = HFCausalLM.__new__(HFCausalLM)
+            memo[id(self)] = clone
+            for key, value in self.__dict__.items():
+                clone.__dict__[key] = {} if key == "_converted" else copy.deepcopy(value, memo)
+            return clone
+        finally:
+            self._converted = converted
+
+    # ------------------------------------------------------------------ running
+
+    def forward(self, inputs: torch.Tensor, *, cache: Cache | None = None, position_offset: int = 0) -> torch.Tensor:
+        if inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"token inputs must be integer ids of shape (B, T); got {tuple(inputs.shape)} {inputs.dtype}")
+        if cache is not None and len(cache.layers) != self.config.n_layer:
+            raise ValueError(f"the cache has {len(cache.layers)} layers but the model has {self.config.n_layer}")
+        start = cache.position if cache is not None else position_offset
+        batch, length = inputs.shape
+        limit = self.config.max_seq_len
+        if limit is not None and start + length > limit:
+            raise ValueError(f"positions up to {start + length} exceed the model's context ({limit})")
+        positions = torch.arange(start, start + length, device=inputs.device)[None].expand(batch, -1)
+        if cache is None:
+            return self.hf(input_ids=inputs, position_ids=positions, use_cache=False).logits
+        past = self._hf_cache(cache)
+        out = self.hf(input_ids=inputs, position_ids=positions, use_cache=True, **{self._cache_arg: past})
+        grown = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        cache.layers = [HFLayerState(layer.keys, layer.values, getattr(layer, "cumulative_length", layer.keys.shape[-2]))
+                        for layer in grown.layers]
+        cache.position = start + length
+        return out.logits
+
+    def _hf_cache(self, cache: Cache):
+        from transformers import DynamicCache
+
+        hf_cache = DynamicCache(config=self.hf.config)
+        states = cache.layers
+        if all(s is None for s in states):
+            return hf_cache
+        if len(hf_cache.layers) != len(states):
+            raise ValueError(f"the cache has {len(states)} layers; transformers' cache for this model has {len(hf_cache.layers)}")
+        for layer, state in zip(hf_cache.layers, states):
+            layer.lazy_initialization(state.keys, state.values)
+            layer.keys, layer.values = state.keys, state.values
+            if hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = state.seen
+        return hf_cache
+
+    def prefill(self, ids: torch.Tensor) -> Cache:
+        cache = Cache.empty(self.config.n_layer)
+        self(ids, cache=cache)
+        return cache
+
+    # ------------------------------------------------------------------ structure (from the families table)
+
+    def _family(self, what: str) -> Family:
+        if self.family is None:
+            from .families import FAMILIES
+
+            raise ValueError(f"{what}: model_type {self.config.model_type!r} is not in the families table "
+                             f"({', '.join(FAMILIES)})")
+        return self.family
+
+    def lora_modules(self, roles: tuple[str, ...], layers: range | None = None) -> tuple[str, ...]:
+        f = self._family("LoRA targets")
+        layers = range(self.config.n_layer) if layers is None else layers
+        return tuple(f"hf.{f.blocks}.{i}.{name}" for i in layers for role in roles for name in f.lora[role])
+
+    def layer_modules(self) -> list[nn.Module]:
+        return list(self.hf.get_submodule(self._family("the model's blocks").blocks))
+
+    def final_norm_module(self) -> nn.Module:
+        return self.hf.get_submodule(self._family("the model's final norm").final_norm)
+
+    def as_transformer(self) -> nn.Module:
+        """Our Transformer with these weights (converted once, exactly); ValueError naming why not."""
+        if "ours" not in self._converted:
+            f = self._family("conversion to our Transformer")
+            if not f.converts:
+                raise ValueError(f"model_type {f.model_type} does not convert to our Transformer: {f.no_conversion}")
+            self._converted["ours"] = f.to_ours(self.hf).eval()
+        return self._converted["ours"]

@@ -1,0 +1,117 @@
+"""Device, dtype and autocast, decided in one place and passed down (nanoGPT's four lines, with one-line errors).
+
+    runtime = resolve_runtime("cuda", "bfloat16")     # the CLI's --device / --dtype
+    model = model.to(runtime.device, runtime.dtype)
+    with runtime.autocast():                           # training: float32 weights, bf16/fp16 matmuls
+        loss = model(x).sum()
+
+Inference commands (demo, compare, absorb, generate, run, eval) load the model's weights in `dtype`;
+training keeps float32 master weights and runs the forward in `autocast()` when dtype is bfloat16/float16.
+Every generator and tensor below the CLI follows the model's device (`generator_for`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DEVICE_CHOICES = "cpu, cuda or cuda:N"
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ValueError(f"dtype {name} is not one of {', '.join(DTYPES)}")
+        return name
+    key = str(name).removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_device(name: str | torch.device) -> torch.device:
+    """cpu, cuda or cuda:N, and CUDA only where such a device exists."""
+    text = str(name)
+    kind, _, index = text.partition(":")
+    if kind == "cpu" and not index:
+        return torch.device("cpu")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"device {text!r} is not {DEVICE_CHOICES}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {text}: no CUDA device is available here (use --device cpu)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device {text}: there are only {torch.cuda.device_count()} CUDA devices")
+    return torch.device(text)
+
+
+def _supported(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None when a linear layer and a softmax run in `dtype` on `device`, else why not."""
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bfloat16 support"
+    try:
+        x = torch.ones(2, 4, device=device, dtype=dtype)
+        torch.softmax(torch.nn.functional.linear(x, x), -1).sum().item()
+    except (RuntimeError, TypeError) as error:
+        return str(error).splitlines()[0]
+    return None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype  # the weights' dtype for inference; the autocast dtype for training (weights stay float32)
+
+    @property
+    def amp(self) -> bool:
+        """Mixed precision (autocast) applies: a half dtype."""
+        return self.dtype in (torch.bfloat16, torch.float16)
+
+    def autocast(self):
+        """torch.autocast for half dtypes (training with float32 weights), else nothing."""
+        if not self.amp:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def generator(self, seed: int) -> torch.Generator:
+        return generator_for(self.device, seed)
+
+    def describe(self) -> str:
+        return f"{self.device} {dtype_name(self.dtype)}"
+
+
+def resolve_runtime(device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32") -> Runtime:
+    """The runtime of `--device` / `--dtype`; one-line ValueError for a device that is not there, an unknown
+    dtype, or a dtype the device cannot compute in."""
+    torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
+    reason = _supported(torch_device, torch_dtype)
+    if reason is not None:
+        raise ValueError(f"dtype {dtype_name(torch_dtype)} is not supported on {torch_device}: {reason}")
+    return Runtime(torch_device, torch_dtype)
+
+
+def generator_for(device: torch.device | str, seed: int) -> torch.Generator:
+    """A seeded generator on `device` (torch.multinomial and friends need one on the tensor's device). Same
+    seed, same device: same numbers; CPU and CUDA generators draw different streams."""
+    return torch.Generator(device=torch.device(device)).manual_seed(int(seed))
+
+
+def device_of(module: torch.nn.Module) -> torch.device:
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+def dtype_of(module: torch.nn.Module) -> torch.dtype:
+    for tensor in module.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.float32
