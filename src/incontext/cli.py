@@ -83,10 +83,18 @@ def _compare(spec, out: Path) -> dict:
     return results
 
 
+def _runtime(args: argparse.Namespace):
+    """--device / --dtype checked once, before any file is written or model loaded (runtime.resolve_runtime)."""
+    from .runtime import resolve_runtime
+
+    return resolve_runtime(args.device, args.dtype)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .cli_compare import CompareSpec
 
-    spec = CompareSpec(**{k: v for k, v in DEMO.items()})
+    _runtime(args)
+    spec = CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype)
     print("demo: absorbing a prompt of invented facts into SmolLM2-135M with every method that applies to a softmax "
           "LM; learning rates chosen on validation episodes (this takes a few minutes on 2 CPU cores)")
     _compare(spec, args.out or DEFAULT_OUT / "demo")
@@ -101,9 +109,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else []
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    _runtime(args)
     spec = CompareSpec(model=args.model, task=args.task, methods=methods, episodes=args.episodes, seed=args.seed,
                        task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),
-                       validation_episodes=args.validation_episodes)
+                       validation_episodes=args.validation_episodes, device=args.device, dtype=args.dtype)
     _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}")
     return 0
 
@@ -122,6 +131,7 @@ def cmd_absorb(args: argparse.Namespace) -> int:
     missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out)) if not value]
     if missing:
         raise ValueError(f"absorb needs {', '.join(missing)} (or --list)")
+    _runtime(args)
     from .cli_absorb import absorb
 
     return absorb(args)
@@ -130,11 +140,26 @@ def cmd_absorb(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from .cli_absorb import generate
 
+    _runtime(args)
     return generate(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    _run_experiment(args.experiment, args.set, args.out)
+    _runtime(args)
+    overrides = list(args.set)
+    from .experiments import get_experiment
+
+    fields = {f.name for f in dataclasses.fields(get_experiment(args.experiment).config_class)}
+    for flag, key, default in (("--device", "device", "cpu"), ("--dtype", "dtype", "float32")):
+        value = getattr(args, key)
+        if value == default:
+            continue
+        if key in fields:
+            overrides.append(f"{key}={value}")
+        else:
+            raise ValueError(f"{flag} {value}: experiment {args.experiment} has no {key} setting "
+                             f"(it runs on the CPU in float32)")
+    _run_experiment(args.experiment, overrides, args.out)
     return 0
 
 
@@ -160,28 +185,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_device(device: str) -> None:
-    """cpu, cuda or cuda:N, and CUDA only where there is a device (a one-line error instead of a traceback)."""
-    kind, _, index = device.partition(":")
-    if kind == "cpu" and not index:
-        return
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise ValueError(f"--device {device!r} is not cpu, cuda or cuda:N")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA device is available here (use --device cpu)")
-    if index and int(index) >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: there are only {torch.cuda.device_count()} CUDA devices")
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from .train import evaluate_checkpoint, resolve_checkpoint
     from .train.checkpoint import read_state
 
-    _check_device(args.device)
+    runtime = _runtime(args)
     checkpoint = resolve_checkpoint(args.checkpoint)
-    metrics = evaluate_checkpoint(checkpoint, device=args.device)
+    metrics = evaluate_checkpoint(checkpoint, device=str(runtime.device), dtype=runtime.dtype)
     step = read_state(checkpoint)["step"]
     print(f"checkpoint {checkpoint} (step {step})")
     print(json.dumps(metrics if args.full else _scalars(metrics), indent=2))
@@ -260,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def add_runtime(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"],
+                       help="the model's weights and compute dtype (default float32)")
+
     def add_common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field (repeatable), e.g. --set steps=500 --set seed=1")
@@ -275,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         "table.md and compare.png. The earlier regression demo is `incontext run regression-demo`.",
     )
     demo.add_argument("--out", type=Path, default=None, help="output folder (default: runs/demo)")
+    add_runtime(demo)
     demo.set_defaults(func=cmd_demo)
 
     comparer = sub.add_parser(
@@ -299,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="choose a method option on validation episodes, e.g. --tune dynamic-eval.learning_rate=1e-5,1e-4")
     comparer.add_argument("--validation-episodes", type=int, default=8, help="episodes for --tune (default 8)")
     comparer.add_argument("--out", type=Path, default=None, help="output folder (default: runs/compare-MODEL-TASK)")
+    add_runtime(comparer)
     comparer.set_defaults(func=cmd_compare)
 
     absorber = sub.add_parser(
@@ -320,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     absorber.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                           help="a method option (repeatable), e.g. --set steps=32 --set learning_rate=1e-3")
     absorber.add_argument("--out", type=Path, default=None, help="output folder (new, empty, or an earlier absorb folder)")
+    add_runtime(absorber)
     absorber.set_defaults(func=cmd_absorb)
 
     generator = sub.add_parser(
@@ -339,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     generator.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
     generator.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
     generator.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    add_runtime(generator)
     generator.set_defaults(func=cmd_generate)
 
     trainer = sub.add_parser(
@@ -363,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Rebuild the model and task from a checkpoint's saved config and re-run "
                                "the evaluation that training logged (same held-out sequences).")
     evaluator.add_argument("checkpoint", type=Path, help="a checkpoint folder, or a run folder (uses its latest)")
-    evaluator.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add_runtime(evaluator)
     evaluator.add_argument("--full", action="store_true", help="also print list-valued metrics (per position/example)")
     evaluator.set_defaults(func=cmd_eval)
 
@@ -371,6 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-h", "--help", action=_RunHelp, help="list the experiments, or with EXPERIMENT its config keys")
     run.add_argument("experiment", help="experiment name")
     add_common(run)
+    add_runtime(run)
     run.set_defaults(func=cmd_run)
 
     lister = sub.add_parser("list", help="list tasks and experiments")

@@ -25,6 +25,7 @@ from .absorb.generation import context_room, stream_tokens
 from .config import parse_overrides, to_dict
 from .fileio import sha256_file
 from .interop.models import load_model
+from .runtime import device_of, generator_for
 
 ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
 PEFT_FOLDER = "peft_adapter"
@@ -98,7 +99,7 @@ def absorb(args) -> int:
         method = get_absorb_method(args.method, **options)
     except TypeError as error:  # a value of the wrong kind for the method's constructor
         raise ValueError(f"{args.method}: bad option value ({error})") from None
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, args.device, args.dtype)
     model = loaded.model
     reason = method.unsupported(model)
     if reason is not None:
@@ -115,7 +116,7 @@ def absorb(args) -> int:
                          "(and the question needs room after it)")
 
     start = time.perf_counter()
-    adapted = method.absorb(model, torch.tensor(ids))
+    adapted = method.absorb(model, torch.tensor(ids, device=device_of(model)))
     seconds = time.perf_counter() - start
 
     out = args.out
@@ -136,7 +137,7 @@ def absorb(args) -> int:
     record = {
         "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
         "model_fingerprint": model_fingerprint(model), "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
-        "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3),
+        "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
         "files": written + [ABSORB_RECORD],
     }
     if peft_note is not None:
@@ -246,7 +247,7 @@ def generate(args) -> int:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.text:
         raise ValueError("TEXT is empty: give the text to continue")
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, args.device, args.dtype)
     codec = _codec(loaded, args.model)
     runner = loaded.model if args.adapted is None else load_adapted(args.adapted, loaded.model, args.model)
     stop = set()
@@ -264,7 +265,7 @@ def generate(args) -> int:
     if room is not None and room < 1:
         raise ValueError(f"the text has {len(ids)} tokens: no room is left in the model's context")
     new_tokens = args.max_new_tokens if room is None else min(args.max_new_tokens, room)
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = generator_for(device_of(loaded.model), args.seed)  # same seed, same device: same sample
     produced, shown = [], ""
     for token in stream_tokens(runner, ids, new_tokens, greedy=not args.sample,
                                temperature=args.temperature or 1.0, top_k=args.top_k, stop_ids=stop,

@@ -32,6 +32,8 @@ class CompareSpec:
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     tune: dict[str, list[Any]] = field(default_factory=dict)  # "method.option" -> candidate values
     validation_episodes: int = 8
+    device: str = "cpu"
+    dtype: str = "float32"
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -80,7 +82,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     for name, options in method_options.items():
         get_absorb_method(method_name(name), **options)  # unknown options fail here
     start = time.perf_counter()
-    loaded = loaded or load_model(spec.model)
+    loaded = loaded or load_model(spec.model, spec.device, spec.dtype)
     load_s = time.perf_counter() - start
     tuning = {}
     validation = source.episodes(spec.validation_episodes, spec.seed + VALIDATION_SEED_OFFSET,
@@ -111,6 +113,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         "queries": sum(len(e.queries) for e in episodes), "seed": spec.seed,
         "mean_prompt_tokens": sum(e.prompt.shape[0] for e in episodes) / len(episodes),
         "tuning": tuning, "rows": rows, "model_load_s": load_s, "torch_threads": _threads(),
+        "device": spec.device, "dtype": spec.dtype, "backend": getattr(loaded.model, "backend", None),
         "command": command_line(spec),
     }
     if out_dir is not None:
@@ -133,6 +136,10 @@ def command_line(spec: CompareSpec) -> str:
     parts += [f"--tune {k}=" + ",".join(map(str, v)) for k, v in spec.tune.items()]
     if spec.tune and spec.validation_episodes != CompareSpec.validation_episodes:
         parts.append(f"--validation-episodes {spec.validation_episodes}")
+    if spec.device != "cpu":
+        parts.append(f"--device {spec.device}")
+    if spec.dtype != "float32":
+        parts.append(f"--dtype {spec.dtype}")
     return " ".join(parts)
 
 

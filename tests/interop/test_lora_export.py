@@ -121,7 +121,7 @@ def test_a_bad_or_foreign_adapter_is_refused_with_its_reason(tmp_path):
     with pytest.raises(ValueError, match="made for another base model"):
         load_peft_adapter(deeper_adapter, model, offset=20)
     gpt2 = tiny(torch.float32, positions="learned", norm="layernorm", mlp="gelu_tanh", bias=True, n_kv_head=None)
-    with pytest.raises(ValueError, match="is not a LoRA factor of a gpt2 model"):
+    with pytest.raises(ValueError, match="made for another base model"):  # a Llama adapter on a GPT-2-style model
         load_peft_adapter(folder, gpt2, offset=20)
     weights = folder / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])

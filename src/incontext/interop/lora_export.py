@@ -91,7 +91,7 @@ def hf_lora_factors(adapted: DistilledLoRA, family: str | None = None) -> tuple[
 def peft_adapter_model(adapted: DistilledLoRA, hf_base, family: str | None = None):
     """`hf_base` (the Hugging Face export of the model the adapter was distilled on, e.g. `to_hf_llama(model)`)
     with the distilled adapter, as a PeftModel; hf_base gets the LoRA layers in place."""
-    factors, fan_in_fan_out = hf_lora_factors(adapted, family)
+    factors, fan_in_fan_out = hf_lora_factors(adapted, family or hf_base.config.model_type)
     return attach_lora(hf_base, factors, adapted.spec.rank, adapted.spec.alpha, fan_in_fan_out=fan_in_fan_out)
 
 

@@ -24,6 +24,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from ..runtime import Runtime
 from ..config import ConfigError
 from ..tasks.base import Batch, Task
 from ..fileio import strict_json
@@ -113,7 +114,7 @@ def evaluation_batches(task: Task, config: TrainConfig) -> list[Batch]:
 def autocast_context(config: TrainConfig, device: torch.device):
     mode = config.run.autocast
     if mode == "bf16" or (mode == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+        return Runtime(device, torch.bfloat16).autocast()  # the one place that builds autocast (runtime.py)
     return contextlib.nullcontext()
 
 
@@ -479,11 +480,15 @@ def load_for_eval(checkpoint: Path, device: str = "cpu") -> tuple[torch.nn.Modul
     return model.eval(), config
 
 
-def evaluate_checkpoint(checkpoint: Path, device: str = "cpu") -> dict[str, Any]:
-    """Re-run the evaluation that training logged, on the same held-out set."""
+def evaluate_checkpoint(checkpoint: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Re-run the evaluation that training logged, on the same held-out set (float32 weights; a half `dtype` runs
+    the forward in autocast, as training did)."""
     model, config = load_for_eval(checkpoint, device)
     task = config.build_task()
-    return evaluate(model, task, evaluation_batches(task, config), torch.device(device))
+    runtime = Runtime(torch.device(device), dtype)
+    if dtype == torch.float64:
+        model = model.double()
+    return evaluate(model, task, evaluation_batches(task, config), runtime.device, runtime.autocast())
 
 
 __all__ = [
