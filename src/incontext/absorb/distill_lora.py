@@ -384,6 +384,7 @@ class DistillLoRA(AbsorbMethod):
             out.append((torch.cat([student, tokens[:-1]]), _log_probs(logits)))
         return out
 
+    @torch.enable_grad()  # trains even when the caller runs under torch.no_grad()
     def _train(self, adapted: DistilledLoRA, sequences, generator) -> dict[str, Any]:
         params = [p for p in adapted.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=self.learning_rate, weight_decay=0.0)

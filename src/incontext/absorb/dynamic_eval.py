@@ -162,6 +162,7 @@ def check_sgd_options(learning_rate, n_steps, reduction, optimizer) -> None:
         raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
 
 
+@torch.enable_grad()  # descends even when the caller runs under torch.no_grad()
 def prompt_sgd(model: CausalLM, sequences: list[torch.Tensor], targets: list[torch.Tensor] | None = None, *,
                learning_rate: float, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
                n_top_layers: int | None = None, lora_rank: int | None = None, lora_alpha: float | None = None,

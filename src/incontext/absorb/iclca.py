@@ -20,12 +20,15 @@ reproduces as a negative control.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..models import Cache, Transformer
+from ..models import Cache
 from ..models.lm import is_causal_lm
+
+if TYPE_CHECKING:  # annotations only: the method runs on the model the protocol hands it
+    from ..models import Transformer
 from ..ops import apply_rope, rope_cos_sin
 from .base import AbsorbMethod, AdaptedModel
 

@@ -22,13 +22,16 @@ positions do); features are drawn once per layer, shared by heads, seeded, optio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Collection
+from typing import TYPE_CHECKING, Any, Collection
 
 import torch
 from torch import nn
 
-from ..models import Cache, Transformer
+from ..models import Cache
 from ..models.lm import is_causal_lm
+
+if TYPE_CHECKING:  # annotations only: the method runs on the model the protocol hands it
+    from ..models import Transformer
 from ..ops.feature_maps import LearnedFeatures, draw_favor_projection
 from ..ops.prefix_attention import FeaturePrefix, absorb_layer
 from .base import AbsorbMethod, AdaptedModel

@@ -23,17 +23,9 @@ import torch
 from ..absorb.cgt_fold import fold, lora_factors
 from ..models.cgt import CGT
 from ..models.cgt_adapter import CGTAdapter
+from .families import FAMILIES, to_family_factors
 from .hf import to_hf_gpt2, to_hf_llama
 from .lora_export import Factors, attach_lora, save_adapter
-
-_HF_NAMES = {"attn.qkv": "attn.c_attn", "mlp.fc_in": "mlp.c_fc"}
-
-
-def _hf_module(name: str) -> str:
-    """blocks.{i}.attn.qkv -> transformer.h.{i}.attn.c_attn"""
-    _, index, rest = name.split(".", 2)
-    return f"transformer.h.{index}.{_HF_NAMES[rest]}"
-
 
 def save_folded_gpt2(model: CGT, y: torch.Tensor, folder: str | Path) -> Path:
     """The model with context y folded in, saved as a transformers GPT2LMHeadModel checkpoint."""
@@ -54,7 +46,8 @@ def lora_adapter_model(model: CGT, y: torch.Tensor, base_hf_model=None):
     factors = lora_factors(model, y.to(model.pos_emb.weight.dtype))
     base = base_hf_model if base_hf_model is not None else to_hf_gpt2(model.x_only_transformer())
     rank = model.config.rank
-    return attach_lora(base, {_hf_module(name): f for name, f in factors.items()}, rank, rank, fan_in_fan_out=True)
+    hf_factors = to_family_factors("gpt2", model.config.transformer_config(), factors)
+    return attach_lora(base, hf_factors, rank, rank, fan_in_fan_out=FAMILIES["gpt2"].fan_in_fan_out)
 
 
 def save_lora_adapter(model: CGT, y: torch.Tensor, folder: str | Path) -> Path:
@@ -67,20 +60,8 @@ def save_lora_adapter(model: CGT, y: torch.Tensor, folder: str | Path) -> Path:
 
 def llama_adapter_factors(adapter: CGTAdapter, y: torch.Tensor) -> Factors:
     """The folded context's LoRA factors (B, A, bias) named as in LlamaForCausalLM, fused projections split."""
-    c = adapter.base.config
-    q_rows, kv_rows = c.n_head * c.dim_head, c.kv_heads * c.dim_head
-    factors: Factors = {}
-    for name, (b_factor, a_factor, bias) in lora_factors(adapter, y.to(next(adapter.parameters()).dtype)).items():
-        _, index, module = name.split(".", 2)
-        layer = f"model.layers.{index}."
-        if module == "attn.qkv":
-            parts = zip((f"self_attn.{p}_proj" for p in "qkv"), b_factor.split([q_rows, kv_rows, kv_rows]),
-                        bias.split([q_rows, kv_rows, kv_rows]))
-        else:
-            parts = zip(("mlp.gate_proj", "mlp.up_proj"), b_factor.chunk(2), bias.chunk(2))
-        for part, rows, shift in parts:
-            factors[layer + part] = (rows, a_factor, shift)
-    return factors
+    factors = lora_factors(adapter, y.to(next(adapter.parameters()).dtype))
+    return to_family_factors("llama", adapter.base.config, factors)
 
 
 def llama_adapter_model(adapter: CGTAdapter, y: torch.Tensor, base_hf_model=None):

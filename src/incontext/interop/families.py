@@ -78,3 +78,44 @@ def export_family(model):
         except ValueError as error:
             reasons.append(f"{f.model_type}: {error}")
     raise ValueError("no Hugging Face family takes this model (" + "; ".join(reasons) + ")")
+
+
+# ----------------------------------------------------------------------------- LoRA factors between the layouts
+
+
+def split_rows(role: str, n_parts: int, config) -> list[int] | None:
+    """How the rows of our fused `role` linear split into the family's modules: [q, kv, kv] for a fused qkv,
+    halves for a fused [gate; up]; None when the family keeps the fusion (one module)."""
+    if n_parts == 1:
+        return None
+    if role == "attn.qkv":
+        q_rows, kv_rows = config.n_head * config.dim_head, config.kv_heads * config.dim_head
+        return [q_rows, kv_rows, kv_rows]
+    if role == "mlp.fc_in":
+        return [config.mlp_width, config.mlp_width]
+    raise ValueError(f"role {role} has no split into {n_parts} modules")
+
+
+def to_family_factors(model_type: str, config, factors: dict) -> dict:
+    """LoRA factors of our fused linears ("blocks.{i}.{role}" -> (B, A, bias or None)) named as in the family's
+    transformers class: a fused projection's update W + s B A is one LoRA per part with the same A and B (and
+    bias) split by rows."""
+    f = FAMILIES[model_type]
+    out = {}
+    for name, (b, a, bias) in factors.items():
+        _, index, role = name.split(".", 2)
+        names = f.lora[role]
+        rows = split_rows(role, len(names), config)
+        b_parts = [b] if rows is None else b.split(rows)
+        bias_parts = [bias] * len(names) if bias is None or rows is None else bias.split(rows)
+        for module, b_part, bias_part in zip(names, b_parts, bias_parts):
+            out[f"{f.blocks}.{index}.{module}"] = (b_part, a, bias_part)
+    return out
+
+
+def from_family_parts(model_type: str) -> tuple[str, dict[str, tuple[str, int]], dict[str, int]]:
+    """(the family's block path, its module -> (our role, part index), parts per role): the inverse of
+    `to_family_factors`'s naming, for reading an adapter back onto our fused linears."""
+    f = FAMILIES[model_type]
+    parts = {module: (role, i) for role, names in f.lora.items() for i, module in enumerate(names)}
+    return f.blocks, parts, {role: len(names) for role, names in f.lora.items()}

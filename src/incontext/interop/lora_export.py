@@ -58,34 +58,17 @@ def save_adapter(peft_model, folder: str | Path) -> Path:
 
 
 def hf_lora_factors(adapted: DistilledLoRA, family: str | None = None) -> tuple[Factors, bool]:
-    """The adapter's factors named as in transformers' LlamaForCausalLM ("llama") or GPT2LMHeadModel ("gpt2";
-    default: llama for SwiGLU models), and whether they need fan_in_fan_out."""
-    c = adapted.base.config
-    if family is None:
-        from .families import export_family
+    """The adapter's factors named as in the family's transformers class (families table; default: the first family
+    our base exports to), and whether they need fan_in_fan_out."""
+    from .families import FAMILIES, export_family, to_family_factors
 
+    if family is None:
         family = export_family(adapted.base)[0].model_type
-    if family not in ("llama", "gpt2"):
-        raise ValueError(f"family must be 'llama' or 'gpt2', got {family!r}")
-    q_rows, kv_rows = c.n_head * c.dim_head, c.kv_heads * c.dim_head
-    factors: Factors = {}
-    for name, (a, b) in adapted.lora_factors().items():
-        _, index, module = name.split(".", 2)
-        a, b = a.detach(), b.detach()
-        if family == "gpt2":
-            gpt2 = {"attn.qkv": "attn.c_attn", "attn.out": "attn.c_proj", "mlp.fc_in": "mlp.c_fc", "mlp.fc_out": "mlp.c_proj"}
-            factors[f"transformer.h.{index}.{gpt2[module]}"] = (b, a, None)
-            continue
-        layer = f"model.layers.{index}."
-        if module == "attn.qkv":
-            for part, rows in zip("qkv", b.split([q_rows, kv_rows, kv_rows])):
-                factors[f"{layer}self_attn.{part}_proj"] = (rows, a, None)
-        elif module == "mlp.fc_in":
-            for part, rows in zip(("gate", "up"), b.chunk(2)):
-                factors[f"{layer}mlp.{part}_proj"] = (rows, a, None)
-        else:
-            factors[layer + {"attn.out": "self_attn.o_proj", "mlp.fc_out": "mlp.down_proj"}[module]] = (b, a, None)
-    return factors, family == "gpt2"
+    if family not in FAMILIES or FAMILIES[family].to_hf is None:
+        raise ValueError(f"family must be one our Transformer exports to "
+                         f"({', '.join(f for f, v in FAMILIES.items() if v.to_hf)}), got {family!r}")
+    fused = {name: (b.detach(), a.detach(), None) for name, (a, b) in adapted.lora_factors().items()}
+    return to_family_factors(family, adapted.base.config, fused), FAMILIES[family].fan_in_fan_out
 
 
 def peft_adapter_model(adapted: DistilledLoRA, hf_base, family: str | None = None):
@@ -118,15 +101,6 @@ def save_peft_adapter(adapted: DistilledLoRA, hf_base, folder: str | Path, famil
 
 
 # ----------------------------------------------------------------------------- and back
-
-_LLAMA_PARTS = {"self_attn.q_proj": ("attn.qkv", 0), "self_attn.k_proj": ("attn.qkv", 1), "self_attn.v_proj": ("attn.qkv", 2),
-                "self_attn.o_proj": ("attn.out", 0), "mlp.gate_proj": ("mlp.fc_in", 0), "mlp.up_proj": ("mlp.fc_in", 1),
-                "mlp.down_proj": ("mlp.fc_out", 0)}
-_GPT2_PARTS = {"attn.c_attn": ("attn.qkv", 0), "attn.c_proj": ("attn.out", 0), "mlp.c_fc": ("mlp.fc_in", 0),
-               "mlp.c_proj": ("mlp.fc_out", 0)}
-_PARTS_PER_MODULE = {"llama": {"attn.qkv": 3, "attn.out": 1, "mlp.fc_in": 2, "mlp.fc_out": 1},
-                     "gpt2": {"attn.qkv": 1, "attn.out": 1, "mlp.fc_in": 1, "mlp.fc_out": 1}}
-
 
 def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
     """The inverse of `save_peft_adapter`: the PEFT folder of a distilled adapter, put back on (a copy of) `model`, the
@@ -212,9 +186,13 @@ def _hf_backend_factors(folder: Path, tensors: dict[str, torch.Tensor], model, r
 def _our_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: int) -> dict[str, tuple]:
     """Fused module of our Transformer -> (A, B), from a PEFT folder for its Llama or GPT-2 export (the adapter's
     own module names tell which)."""
-    family = "gpt2" if any(k.startswith("base_model.model.transformer.h.") for k in tensors) else "llama"
-    prefix, parts = ("base_model.model.model.layers.", _LLAMA_PARTS) if family == "llama" else \
-        ("base_model.model.transformer.h.", _GPT2_PARTS)
+    from .families import FAMILIES, from_family_parts
+
+    exported = [name for name, f in FAMILIES.items() if f.to_hf is not None]  # the layouts our exports write
+    family = next((name for name in exported if any(k.startswith(f"base_model.model.{FAMILIES[name].blocks}.")
+                                                    for k in tensors)), exported[0])
+    blocks, parts, parts_per_role = from_family_parts(family)
+    prefix = f"base_model.model.{blocks}."
     pieces: dict[str, dict[int, dict[str, torch.Tensor]]] = {}  # our module -> part -> {"A", "B"}
     for key, value in tensors.items():
         name, dot, factor = key.rpartition(".lora_")
@@ -231,7 +209,7 @@ def _our_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: in
             linear = model.get_submodule(name)
         except AttributeError:
             raise ValueError(f"{folder} was made for another base model (this one has no {name})") from None
-        n_parts = _PARTS_PER_MODULE[family][name.split(".", 2)[2]]
+        n_parts = parts_per_role[name.split(".", 2)[2]]
         if sorted(found) != list(range(n_parts)) or any(sorted(f) != ["A", "B"] for f in found.values()):
             raise ValueError(f"{folder}: the adapter does not cover all parts of {name} with both factors")
         a = found[0]["A"]
