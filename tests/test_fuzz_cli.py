@@ -137,6 +137,56 @@ def test_eval_device_is_checked(capsys, run_copy, tmp_path, device, fragment):
     check_refused(capsys, tmp_path, ["eval", run_copy, "--device", device], fragment)
 
 
+# ----------------------------------------------------------------------------- --device / --dtype on every command
+
+
+def runtime_commands(run_dir: Path, out: Path) -> dict[str, list[str]]:
+    """Each command that takes --device/--dtype, with arguments that would otherwise start real work."""
+    return {
+        "demo": ["demo", "--out", out / "demo"],
+        "compare": ["compare", "--model", run_dir, "--task", "linear_regression", "--episodes", "1", "--out", out / "compare"],
+        "absorb": ["absorb", "--model", run_dir, "--method", "keep-prompt", "--prompt", "x", "--out", out / "absorb"],
+        "generate": ["generate", "--model", run_dir, "hello"],
+        "run": ["run", "regression-demo", *sets(*DEMO_TINY), "--out", out / "run"],
+        "eval": ["eval", run_dir],
+    }
+
+
+RUNTIME_CASES = [
+    (["--device", "gpu"], "is not cpu, cuda"),
+    (["--device", "cuda:x"], "is not cpu, cuda"),
+    (["--device", "cpu:1"], "is not cpu, cuda"),
+    pytest.param(["--device", "cuda"], "no CUDA device", marks=NO_CUDA),
+    pytest.param(["--device", "cuda:3"], "no CUDA device", marks=NO_CUDA),
+    (["--dtype", "float8"], "invalid choice"),
+    (["--dtype", "int64"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize("command", ["demo", "compare", "absorb", "generate", "run", "eval"])
+@pytest.mark.parametrize("extra, fragment", RUNTIME_CASES)
+def test_every_command_checks_device_and_dtype_first(capsys, run_copy, tmp_path, command, extra, fragment):
+    args = runtime_commands(run_copy, tmp_path / "out")[command] + extra
+    check_refused(capsys, tmp_path, args, fragment)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["demo", "compare", "absorb", "generate", "run", "eval"])
+def test_a_dtype_the_device_cannot_compute_in_is_refused(capsys, run_copy, tmp_path, monkeypatch, command):
+    """float16 where the CPU build cannot run it (older torch builds): one line, nothing written."""
+    import incontext.runtime as runtime
+
+    monkeypatch.setattr(runtime, "_supported", lambda device, dtype: None if dtype != torch.float16 else
+                        '"addmm_impl_cpu_" not implemented for \'Half\'')
+    args = runtime_commands(run_copy, tmp_path / "out")[command] + ["--dtype", "float16"]
+    check_refused(capsys, tmp_path, args, "dtype float16 is not supported on cpu")
+
+
+def test_run_refuses_a_device_for_an_experiment_without_one(capsys, tmp_path):
+    check_refused(capsys, tmp_path, ["run", "regression-demo", "--dtype", "float64", "--out", tmp_path / "o"],
+                  "has no dtype setting")
+
+
 # ----------------------------------------------------------------------------- experiments (run / demo)
 
 DEMO_TINY = ["steps=2", "n_layer=1", "d_model=8", "n_head=2", "n_points=4", "d_in=2", "eval_sequences=8", "warmup=1"]

@@ -44,3 +44,24 @@ def test_pairwise_t_tests():
     t, p = scipy_stats.ttest_ind(groups["a"], groups["b"])
     assert tests["a vs b"] == pytest.approx({"t": t, "p": p}, rel=1e-12)
     assert pairwise_t_tests({"a": [1.0], "b": [2.0]}) == {}
+
+
+def test_t_quantile_without_scipy_matches_scipy(monkeypatch):
+    """Machines with only torch (the device check) use the table and the Cornish-Fisher series."""
+    import builtins
+
+    from scipy import stats as scipy_stats
+
+    from incontext.stats import t_quantile975
+
+    expected = {df: float(scipy_stats.t.ppf(0.975, df)) for df in (1, 2, 7, 30, 31, 45, 200, 5000)}
+    real = builtins.__import__
+
+    def no_scipy(name, *args, **kwargs):
+        if name.startswith("scipy"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_scipy)
+    for df, value in expected.items():
+        assert abs(t_quantile975(df) - value) < 2e-6, df

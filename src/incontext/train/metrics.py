@@ -56,7 +56,10 @@ def plot_losses(run_dir: Path, path: Path | None = None) -> Path | None:
     evals = [(r["step"], r["loss"]) for r in records if r["split"] == "eval" and "loss" in r]
     if not train and not evals:
         return None
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a machine with only torch, transformers and peft (the device check): no plot
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,0 +1,244 @@
+"""The device check: every absorb method through the harness on a GPU (both backends), training with a checkpoint
+and a bit-identical resume, bfloat16, and the absorb/generate commands, on tiny random models (nothing to
+download). Needs only torch, transformers and peft (PYTHONPATH=src, no install). Writes a JSON record.
+
+    PYTHONPATH=src python3 scripts/device_check.py --device cuda --out benchmarks/results/device_check.json
+    PYTHONPATH=src python3 scripts/device_check.py --device cpu --out /tmp/device_check_cpu.json   # dry run
+
+tests/test_cuda.py runs the same checks under pytest (marked `cuda`, skipped without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+SENTENCES = ["Ada Lovelace was born in London.", "Q: Where was Ada born?\nA: London", "Alan Turing works as a "
+             "mathematician and has a pet cat named Mat.", "What is the name of the pet? Born in the year 1815."]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+FAST = {"distill-lora": {"steps": 4, "n_continuations": 1, "continuation_tokens": 8, "progress": False},
+        "dynamic-eval": {"learning_rate": 1e-3}, "iclca-approx": {"n_features": 32}, "tint": {"rows_per_prefix": 4}}
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def tiny_hf_folder(folder: Path, model_type: str = "llama") -> Path:
+    """A random 2-layer model of the family with a byte-level BPE tokenizer and a chat template."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|im_start|>")
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(folder)
+    ids = {"eos_token_id": tok.eos_token_id, "bos_token_id": tok.bos_token_id}
+    common = dict(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True, **ids)
+    config = {"llama": lambda: transformers.LlamaConfig(**common),
+              "gemma3_text": lambda: transformers.Gemma3TextConfig(**common, head_dim=12, sliding_window=32)}[model_type]()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _compare_rows(folder: Path, device: str, dtype: str, backend: str, methods: list[str]) -> dict:
+    from incontext.absorb.harness import compare
+    from incontext.interop.models import load_model
+    from incontext.tasks.episodes import get_episode_source
+
+    loaded = load_model(str(folder), device, dtype)
+    model = loaded.model if backend == "hf" else loaded.model.as_transformer()
+    source = get_episode_source("facts", people=1)
+    episodes = source.episodes(2, 0, tokenizer=loaded.tokenizer, task=None)
+    rows = compare(model, source, episodes, {m: FAST.get(m, {}) for m in methods}, progress=False)
+    return {row["method"]: row for row in rows}
+
+
+@check
+def every_method_through_the_harness(device: str, work: Path) -> dict:
+    """All registered methods, both backends, on `device` and on the CPU: the same status, keep-prompt's
+    score equal, every applicable method ok."""
+    from incontext.absorb import absorb_methods
+
+    methods = [m for m in absorb_methods() if m != "cgt-fold"]  # cgt-fold: its own check (needs a CGT)
+    folder = tiny_hf_folder(work / "llama")
+    out = {}
+    for backend in ("incontext", "hf"):
+        here = _compare_rows(folder, device, "float32", backend, methods)
+        cpu = _compare_rows(folder, "cpu", "float32", backend, methods)
+        for name in methods:
+            status = here[name]["status"]
+            assert status == cpu[name]["status"], (backend, name, here[name].get("reason"), cpu[name].get("reason"))
+            assert status in ("ok", "n/a"), (backend, name, here[name].get("reason"))
+        keep_here, keep_cpu = here["keep-prompt"]["answer_logprob"]["mean"], cpu["keep-prompt"]["answer_logprob"]["mean"]
+        assert abs(keep_here - keep_cpu) < 1e-3 * max(1.0, abs(keep_cpu)), (keep_here, keep_cpu)
+        out[backend] = {name: here[name]["status"] if here[name]["status"] == "ok" else f"n/a: {here[name]['reason'][:80]}"
+                        for name in methods}
+    return out
+
+
+@check
+def bfloat16_through_the_harness(device: str, work: Path) -> dict:
+    methods = ["keep-prompt", "drop-prompt", "dynamic-eval", "distill-lora", "iclca-approx"]
+    folder = tiny_hf_folder(work / "llama-bf16")
+    out = {}
+    for backend in ("incontext", "hf"):
+        rows = _compare_rows(folder, device, "bfloat16", backend, methods)
+        assert all(rows[m]["status"] == "ok" for m in methods), {m: rows[m].get("reason") for m in methods}
+        out[backend] = {m: rows[m]["agreement"]["kl"] for m in methods}
+    return {"kl_to_keep_prompt": out}
+
+
+@check
+def hf_only_family_on_device(device: str, work: Path) -> dict:
+    """A family that does not convert (Gemma 3) runs keep/drop/dynamic-eval/distill-lora on the HF backend."""
+    methods = ["keep-prompt", "drop-prompt", "dynamic-eval", "distill-lora", "iclca-approx"]
+    rows = _compare_rows(tiny_hf_folder(work / "gemma3", "gemma3_text"), device, "float32", "hf", methods)
+    assert all(rows[m]["status"] == "ok" for m in methods[:4]), {m: rows[m].get("reason") for m in methods}
+    assert rows["iclca-approx"]["status"] == "n/a"
+    return {m: rows[m]["status"] for m in methods}
+
+
+@check
+def training_resumes_bit_identically(device: str, work: Path) -> dict:
+    from safetensors.torch import load_file
+
+    from incontext.train import load_config, train
+
+    tiny = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "task.name=linear_regression", "task.d_in=3",
+            "task.n_points=6", "schedule.total_steps=8", "schedule.warmup_steps=2", "run.batch_size=8", "run.eval_every=4",
+            "run.eval_sequences=16", "run.eval_batch_size=8", "run.checkpoint_every=4", "run.keep_checkpoints=3",
+            "run.log_every=1", "run.tensorboard=false", f"run.device={device.split(':')[0]}"]
+    out = {}
+    for autocast in ("none", "bf16"):
+        straight = work / f"train-{autocast}"
+        train(load_config(None, tiny + [f"run.autocast={autocast}", f"run.out_dir={straight}"]), progress=False)
+        resumed = work / f"resumed-{autocast}"
+        shutil.copytree(straight, resumed)
+        shutil.rmtree(resumed / "checkpoints" / "step_00000008")
+        (resumed / "checkpoints" / "latest").write_text("step_00000004\n")
+        train(load_config(None, tiny + [f"run.autocast={autocast}", f"run.out_dir={resumed}"]), resume=True, progress=False)
+        tensors = []
+        for run in (straight, resumed):
+            folder = run / "checkpoints" / "step_00000008"
+            tensors.append({**load_file(str(folder / "model.safetensors")), **{f"optim/{k}": v for k, v in
+                            load_file(str(folder / "optimizer.safetensors")).items()}})
+        assert tensors[0].keys() == tensors[1].keys()
+        assert all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0]), f"resume differs ({autocast})"
+        out[autocast] = f"{len(tensors[0])} tensors bit-identical after resume"
+    return out
+
+
+@check
+def cgt_fold_on_device(device: str, work: Path) -> dict:
+    from incontext.absorb import get_absorb_method
+    from incontext.models import CGT, CGTConfig
+
+    torch.manual_seed(0)
+    model = CGT(CGTConfig(n_layer=3, split_layer=2, d_x=32, n_head_x=4, d_y=16, n_head_y=2, vocab_size=50,
+                          max_seq_len=64)).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (12,))
+    query = torch.randint(0, model.config.vocab_size, (1, 6))
+    method = get_absorb_method("cgt-fold")
+    with torch.no_grad():
+        cpu = method.absorb(model, prompt)(query)
+        here = method.absorb(model.to(device), prompt.to(device))(query.to(device)).cpu()
+    error = float((here - cpu).abs().max() / cpu.abs().max())
+    assert error < 1e-4, error
+    return {"relative_error_vs_cpu": error}
+
+
+@check
+def absorb_and_generate_commands(device: str, work: Path) -> dict:
+    from incontext import cli
+
+    folder = tiny_hf_folder(work / "llama-cli")
+    out = {}
+    for method, options in (("distill-lora", ["steps=3", "progress=false"]), ("keep-prompt", []), ("dynamic-eval", [])):
+        target = work / f"absorb-{method}"
+        args = ["absorb", "--model", str(folder), "--method", method, "--prompt", "Ada Lovelace was born in London.",
+                "--out", str(target), "--device", device]
+        for option in options:
+            args += ["--set", option]
+        assert cli.main(args) == 0, method
+        assert cli.main(["generate", "--model", str(folder), "--adapted", str(target), "--device", device,
+                         "--max-new-tokens", "4", "--sample", "--seed", "1", "Q: Where was Ada born?\nA:"]) == 0
+        out[method] = sorted(p.name for p in target.iterdir())
+    return out
+
+
+def run_checks(device: str, only: list[str] | None = None) -> dict:
+    import transformers
+
+    record = {"device": device, "device_name": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else platform.processor() or "cpu",
+              "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+              "checks": {}}
+    try:
+        import peft
+
+        record["peft"] = peft.__version__
+    except ImportError:
+        record["peft"] = None
+    for fn in CHECKS:
+        if only and fn.__name__ not in only:
+            continue
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                details = fn(device, Path(tmp))
+                entry = {"status": "ok", "details": details}
+            except Exception as error:  # noqa: BLE001 - the record says what failed and goes on
+                entry = {"status": "failed", "error": f"{type(error).__name__}: {error}",
+                         "traceback": traceback.format_exc(limit=4)}
+        entry["seconds"] = round(time.perf_counter() - start, 2)
+        record["checks"][fn.__name__] = entry
+        print(f"{fn.__name__:40s} {entry['status']} ({entry['seconds']} s)", flush=True)
+    record["passed"] = all(c["status"] == "ok" for c in record["checks"].values())
+    return record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (a dry run)")
+    parser.add_argument("--out", type=Path, required=True, help="the JSON record to write (a new file)")
+    parser.add_argument("--only", nargs="*", help="names of checks to run (default all)")
+    args = parser.parse_args(argv)
+    if args.out.exists():
+        print(f"device_check: {args.out} exists; give a new file", file=sys.stderr)
+        return 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        record = {"device": args.device, "skipped": "no CUDA device here", "torch": torch.__version__}
+        print("device_check: no CUDA device here: every check skipped")
+    else:
+        record = run_checks(args.device, args.only)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2))
+    print(f"wrote {args.out}")
+    return 0 if record.get("passed", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
