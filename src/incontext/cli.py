@@ -120,7 +120,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_absorb(args: argparse.Namespace) -> int:
     if args.list:
         missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out),
-                                            ("--prompt", args.prompt), ("--prompt-file", args.prompt_file), ("--set", args.set))
+                                            ("--prompt", args.prompt), ("--prompt-file", args.prompt_file),
+                                            ("--prompts", args.prompts), ("--set", args.set))
                    if value]
         if missing:
             raise ValueError(f"--list takes no other options (got {', '.join(missing)})")
@@ -334,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     absorber.add_argument("--method", help="an absorb method (see --list)")
     absorber.add_argument("--prompt", default=None, help="the prompt text")
     absorber.add_argument("--prompt-file", type=Path, default=None, help="a UTF-8 file holding the prompt")
+    absorber.add_argument("--prompts", type=Path, default=None,
+                          help="a folder of prompt files (*.txt): one adapted model each, in --out/<name>/; "
+                          "torchrun --nproc_per_node N -m incontext.cli absorb ... shards them over N processes")
     absorber.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                           help="a method option (repeatable), e.g. --set steps=32 --set learning_rate=1e-3")
     absorber.add_argument("--out", type=Path, default=None, help="output folder (new, empty, or an earlier absorb folder)")

@@ -91,35 +91,61 @@ def _codec(loaded, spec: str):
 # ----------------------------------------------------------------------------- absorb
 
 
-def absorb(args) -> int:
-    prompt_text = read_prompt(args.prompt, args.prompt_file)
-    check_absorb_out(args.out)
+MANY_RECORD = "absorb-many.json"  # marks a folder of `absorb --prompts`: one absorb folder per prompt file
+
+
+def _prompt_ids(codec, text: str, model, spec: str, where: str) -> list[int]:
+    ids = codec.encode(text)
+    if not ids:
+        raise ValueError(f"{where} encodes to no tokens: there is nothing to absorb")
+    limit = max_context(model)
+    if limit is not None and len(ids) >= limit:
+        raise ValueError(f"{where} has {len(ids)} tokens; model {spec!r} reads at most {limit} "
+                         "(and the question needs room after it)")
+    return ids
+
+
+def _prepare(args, device: str):
+    """The method (options checked), the loaded model on `device` and its codec; one-line errors first."""
     options = parse_overrides(args.set, flat=True)
     try:
         method = get_absorb_method(args.method, **options)
     except TypeError as error:  # a value of the wrong kind for the method's constructor
         raise ValueError(f"{args.method}: bad option value ({error})") from None
-    loaded = load_model(args.model, args.device, args.dtype)
-    model = loaded.model
-    reason = method.unsupported(model)
+    loaded = load_model(args.model, device, args.dtype)
+    reason = method.unsupported(loaded.model)
     if reason is not None:
         raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
     codec = _codec(loaded, args.model)
     if isinstance(method, DistillLoRA):
         method.use_codec(codec)  # questions about the prompt, in the chat format too (a bare prompt has no queries)
-    ids = codec.encode(prompt_text)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens: there is nothing to absorb")
-    limit = max_context(model)
-    if limit is not None and len(ids) >= limit:
-        raise ValueError(f"the prompt has {len(ids)} tokens; model {args.model!r} reads at most {limit} "
-                         "(and the question needs room after it)")
+    return method, options, loaded, codec
 
+
+def absorb(args) -> int:
+    if getattr(args, "prompts", None) is not None:
+        return absorb_many(args)
+    prompt_text = read_prompt(args.prompt, args.prompt_file)
+    check_absorb_out(args.out)
+    method, options, loaded, codec = _prepare(args, args.device)
+    ids = _prompt_ids(codec, prompt_text, loaded.model, args.model, "the prompt")
+    record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out)
+    print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
+    print(f"wrote {args.out}: {', '.join(record['files'])}")
+    note = record.get("peft_adapter")
+    if note is not None and not note["written"]:
+        print(f"no PEFT adapter: {note['reason']}")
+    print(f"next: incontext generate --model {args.model} --adapted {args.out} \"...\"")
+    return 0
+
+
+def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int], out: Path) -> dict[str, Any]:
+    """Absorb one prompt and write its folder (adapted model or PEFT adapter, then absorb.json last)."""
+    model = loaded.model
     start = time.perf_counter()
     adapted = method.absorb(model, torch.tensor(ids, device=device_of(model)))
     seconds = time.perf_counter() - start
 
-    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     written, peft_note = [], None
     if isinstance(adapted, DistilledLoRA):  # the adapter alone (a few MB): generate puts it back on the base
@@ -146,11 +172,78 @@ def absorb(args) -> int:
     if history:
         record["history"] = history
     (out / ABSORB_RECORD).write_text(json.dumps(record, indent=2, default=str))
-    print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {seconds:.1f} s")
-    print(f"wrote {out}: {', '.join(record['files'])}")
-    if peft_note is not None and not peft_note["written"]:
-        print(f"no PEFT adapter: {peft_note['reason']}")
-    print(f"next: incontext generate --model {args.model} --adapted {out} \"...\"")
+    return record
+
+
+def prompt_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--prompts {folder}: no such folder")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".txt")
+    if not files:
+        raise ValueError(f"--prompts {folder} holds no .txt files (one prompt per file)")
+    return files
+
+
+def check_many_out(out: Path, stems: list[str]) -> None:
+    """A folder of `absorb --prompts` may be new, empty, or an earlier one (its marker present, only its own
+    per-prompt folders in it); each per-prompt folder is checked like a single absorb's."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / MANY_RECORD).is_file():
+        raise FileExistsError(f"--out {out} is not empty and not an earlier `absorb --prompts` folder (no {MANY_RECORD}); "
+                              "choose an empty or new folder")
+    for stem in stems:
+        check_absorb_out(out / stem)
+
+
+def absorb_many(args) -> int:
+    """One adapted model per prompt file of --prompts, into --out/<file stem>/; under torchrun each process takes
+    every world_size-th file (its shard), on its own GPU where --device is cuda; the outputs are the files one
+    process writes. The last step (rank 0, after all have finished) writes absorb-many.json."""
+    import os
+
+    from tqdm.auto import tqdm
+
+    from .train.distributed import init_distributed, shutdown
+
+    if args.prompt is not None or args.prompt_file is not None:
+        raise ValueError("give the prompts with exactly one of --prompt, --prompt-file and --prompts")
+    files = prompt_files(args.prompts)
+    check_many_out(args.out, [p.stem for p in files])
+    texts = {}
+    for path in files:
+        texts[path.stem] = read_prompt(None, path)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = args.device
+    if world > 1 and device == "cuda":
+        device = f"cuda:{local_rank}"  # one GPU per process
+    info = init_distributed(torch.device(device))
+    try:
+        method, options, loaded, codec = _prepare(args, device)
+        ids = {stem: _prompt_ids(codec, text, loaded.model, args.model, f"prompt file {stem}.txt")
+               for stem, text in texts.items()}  # every rank checks every file: all refuse alike, before writing
+        args.out.mkdir(parents=True, exist_ok=True)
+        mine = [p.stem for p in files][info.rank::info.world_size]
+        for stem in tqdm(mine, desc=f"absorb ({args.method})", disable=not info.is_main):
+            check_absorb_out(args.out / stem)
+            _absorb_into(method, options, loaded, args, texts[stem], ids[stem], args.out / stem)
+        info.barrier()
+        if info.is_main:
+            records = {stem: json.loads((args.out / stem / ABSORB_RECORD).read_text()) for stem in texts}
+            summary = {"method": args.method, "options": options, "model": args.model, "prompts": str(args.prompts),
+                       "processes": info.world_size,
+                       "adapted": {stem: {"folder": stem, "prompt_sha256": r["prompt_sha256"],
+                                          "prompt_tokens": r["prompt_tokens"], "absorb_seconds": r["absorb_seconds"]}
+                                   for stem, r in records.items()}}
+            (args.out / MANY_RECORD).write_text(json.dumps(summary, indent=2))
+            print(f"absorbed {len(files)} prompts into {loaded.description} with {args.method} "
+                  f"({info.world_size} process{'es' if info.world_size > 1 else ''}): {args.out}/<name>/ for each of "
+                  f"{', '.join(sorted(texts)[:5])}{', ...' if len(texts) > 5 else ''}")
+    finally:
+        shutdown(info)
     return 0
 
 

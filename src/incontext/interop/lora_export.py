@@ -12,6 +12,7 @@ GPT-2 keeps the fusion (c_attn), so its adapter maps one-to-one (fan_in_fan_out:
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -51,6 +52,11 @@ def save_adapter(peft_model, folder: str | Path) -> Path:
     with warnings.catch_warnings():  # peft mistakes the 1-D lora_B bias (lora_bias=True) for an unsharded tensor
         warnings.filterwarnings("ignore", message=".*LoRA tensor\\(s\\) have invalid shape.*")
         peft_model.save_pretrained(folder)
+    config_file = folder / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    if isinstance(config.get("target_modules"), list):  # peft writes a set: order it, so equal adapters are equal files
+        config["target_modules"] = sorted(config["target_modules"])
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return folder
 
 
