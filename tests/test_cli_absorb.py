@@ -306,3 +306,18 @@ def test_bad_peft_adapter_folders_are_one_line_errors(llama, other_llama, tmp_pa
     assert run(capsys, "generate", "--model", llama, "--adapted", str(out), QUESTION)[0] == 0
     (out / "absorb.json").write_text("{broken")
     refused(llama, "absorb.json is corrupt")
+
+
+@pytest.mark.parametrize("method, options", [("distill-lora", DISTILL), ("keep-prompt", [])])
+def test_an_adapted_folder_generates_in_another_dtype_of_the_same_model(method, options, llama, other_llama, tmp_path,
+                                                                       capsys):
+    """Absorbed in float32, talked to in bfloat16 or float64: the same model (its bf16-rounded fingerprint);
+    another model in bfloat16 is still refused."""
+    out = tmp_path / method
+    absorb(capsys, llama, out, method, *options)
+    for dtype in ("bfloat16", "float64"):
+        code, printed, err = run(capsys, "generate", "--model", llama, "--adapted", str(out), "--dtype", dtype,
+                                 "--max-new-tokens", "3", QUESTION)
+        assert code == 0 and printed.strip(), err
+    code, _, err = run(capsys, "generate", "--model", other_llama, "--adapted", str(out), "--dtype", "bfloat16", QUESTION)
+    assert code == 2 and "was absorbed into" in err

@@ -70,15 +70,18 @@ def check_absorb_out(out: Path) -> None:
                               "choose an empty or new folder")
 
 
-def model_fingerprint(model: torch.nn.Module) -> str:
+def model_fingerprint(model: torch.nn.Module, rounded: bool = False) -> str:
     """sha256 of every tensor's name, shape and 4096 evenly spaced values: tells models of one architecture apart
-    without hashing every weight."""
+    without hashing every weight. `rounded`: the values rounded to bfloat16 first, so the same model loaded in
+    float32, bfloat16 or float64 has one fingerprint."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().flatten()
-        sample = flat[:: max(1, flat.numel() // 4096)][:4096].to(torch.float64).cpu()
+        sample = flat[:: max(1, flat.numel() // 4096)][:4096]
+        if rounded and sample.is_floating_point():
+            sample = sample.to(torch.bfloat16)
         digest.update(f"{name}{tuple(tensor.shape)}".encode())
-        digest.update(sample.numpy().tobytes())
+        digest.update(sample.to(torch.float64).cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -162,7 +165,8 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
         shutil.rmtree(out / PEFT_FOLDER, ignore_errors=True)
     record = {
         "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
-        "model_fingerprint": model_fingerprint(model), "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
+        "model_fingerprint": model_fingerprint(model), "model_fingerprint_bf16": model_fingerprint(model, rounded=True),
+        "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
         "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
         "files": written + [ABSORB_RECORD],
     }
@@ -290,7 +294,10 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     absorbed_into = record.get("model", "another model")
     fingerprint = model_fingerprint(model)  # a folder saved without absorb.json is checked by its config alone
     if record.get("model_fingerprint", fingerprint) != fingerprint:
-        raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
+        same_in_another_dtype = ("model_fingerprint_bf16" in record
+                                 and record["model_fingerprint_bf16"] == model_fingerprint(model, rounded=True))
+        if not same_in_another_dtype:
+            raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
     if not (folder / ADAPTED_FILES[0]).is_file() and peft_note.get("written"):
         # folders written before query_position was recorded: distill-lora's queries start after the prompt
         return _load_peft(folder, {"query_position": record.get("prompt_tokens"), **peft_note}, model)
