@@ -218,3 +218,25 @@ def test_absorb_generate_and_the_adapter_in_peft(family_folder, tmp_path, capsys
     code, printed, err = run(capsys, "generate", "--model", folder, "--adapted", str(tmp_path / "keep"),
                              "--max-new-tokens", "5", QUESTION)
     assert code == 0, err
+
+
+def test_a_model_that_reads_bos_first_gets_it_before_every_sequence(family_folder):
+    """Gemma (and Llama 3) need their BOS: the backend puts it at position 0 before the prompt, or before a
+    prompt-free query whose positions go on from the absorbed prompt's; the caller sees only its tokens' logits."""
+    model_type, folder = family_folder
+    if model_type != "gemma3_text":
+        pytest.skip("one family is enough")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
+    lm = HFCausalLM(randomize64(hf, 7)).read_bos_first(1).eval()
+    ids = torch.randint(2, lm.config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(8))
+    with_bos = torch.cat([torch.ones(1, 1, dtype=torch.long), ids], 1)
+    with torch.no_grad():
+        assert (lm(ids) - hf(with_bos).logits[:, 1:]).abs().max() < 1e-10
+        cache = lm.prefill(ids[:, :20])
+        assert cache.position == 20 and (lm(ids[:, 20:], cache=copy_cache(cache)) - lm(ids)[:, 20:]).abs().max() < 1e-10
+        shifted = lm(ids[:, :5], position_offset=20)
+        positions = torch.tensor([[0] + list(range(21, 26))])
+        mask = torch.ones(1, 6, dtype=torch.long)  # without it transformers reads the jump 0 -> 21 as two sequences
+        reference = hf(with_bos[:, :6], position_ids=positions, attention_mask=mask).logits[:, 1:]
+        assert (shifted - reference).abs().max() < 1e-10
+    assert lm.config.max_seq_len == hf.config.max_position_embeddings - 1

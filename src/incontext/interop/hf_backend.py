@@ -57,6 +57,10 @@ class HFCausalLM(nn.Module):
         self.config = HFConfigView(model_type=c.model_type, n_layer=c.num_hidden_layers, vocab_size=c.vocab_size,
                                    max_seq_len=getattr(c, "max_position_embeddings", None))
         self._converted: dict[str, nn.Module] = {}
+        # a model whose tokenizer starts every text with BOS (Gemma, Llama 3) reads it first, always: at position 0,
+        # before the prompt or, without one, before the query (whose positions then go on from the absorbed
+        # prompt's); the protocol's positions do not count it (set by the loader: `read_bos_first`)
+        self.bos_id: int | None = None
         # transformers >= 5.24 calls the cache argument `cache` (past_key_values before)
         self._cache_arg = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
 
@@ -84,16 +88,31 @@ class HFCausalLM(nn.Module):
         limit = self.config.max_seq_len
         if limit is not None and start + length > limit:
             raise ValueError(f"positions up to {start + length} exceed the model's context ({limit})")
-        positions = torch.arange(start, start + length, device=inputs.device)[None].expand(batch, -1)
-        if cache is None:
-            return self.hf(input_ids=inputs, position_ids=positions, use_cache=False).logits
+        shift = 0 if self.bos_id is None else 1
+        positions = torch.arange(start + shift, start + shift + length, device=inputs.device)[None].expand(batch, -1)
+        fresh = cache is None or all(layer is None for layer in cache.layers)
+        if shift and fresh:  # the BOS goes first, at position 0; its logits are not the caller's
+            bos = torch.full((batch, 1), self.bos_id, dtype=inputs.dtype, device=inputs.device)
+            inputs = torch.cat([bos, inputs], 1)
+            positions = torch.cat([torch.zeros_like(positions[:, :1]), positions], 1)
+        drop = shift if fresh else 0
+        if cache is None:  # an explicit mask: transformers would read a jump in position_ids as packed sequences
+            mask = torch.ones(inputs.shape, dtype=torch.long, device=inputs.device)
+            return self.hf(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False).logits[:, drop:]
         past = self._hf_cache(cache)
         out = self.hf(input_ids=inputs, position_ids=positions, use_cache=True, **{self._cache_arg: past})
         grown = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         cache.layers = [HFLayerState(layer.keys, layer.values, getattr(layer, "cumulative_length", layer.keys.shape[-2]))
                         for layer in grown.layers]
         cache.position = start + length
-        return out.logits
+        return out.logits[:, drop:]
+
+    def read_bos_first(self, bos_id: int | None) -> "HFCausalLM":
+        """Every sequence starts with `bos_id` (None: nothing is added); the context loses one position to it."""
+        self.bos_id = bos_id
+        limit = getattr(self.hf.config, "max_position_embeddings", None)
+        self.config.max_seq_len = None if limit is None else limit - (bos_id is not None)
+        return self
 
     def _hf_cache(self, cache: Cache):
         from transformers import DynamicCache

@@ -42,6 +42,18 @@ class HFCodec:
         return self.tokenizer.eos_token_id
 
 
+def leading_bos(tokenizer) -> int | None:
+    """The BOS id when the tokenizer starts every text with it (Gemma, Llama 3), else None."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if tokenizer is None or bos is None:
+        return None
+    try:
+        ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    except (TypeError, ValueError, KeyError):
+        return None
+    return bos if ids and ids[0] == bos else None
+
+
 @dataclass
 class LoadedModel:
     model: Any  # a causal LM of either backend (our Transformer, HFCausalLM), or a CGT for a CGT run
@@ -76,7 +88,7 @@ def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
         from .pretrained import load_gemma3_270m
 
         hf_model, tokenizer = load_gemma3_270m(dtype)
-        return LoadedModel(HFCausalLM(hf_model.eval()).eval(), HFCodec(tokenizer), None,
+        return LoadedModel(HFCausalLM(hf_model.eval()).read_bos_first(leading_bos(tokenizer)).eval(), HFCodec(tokenizer), None,
                            "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
     path = Path(spec)
     if not path.exists():
@@ -131,9 +143,11 @@ def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
         if bar:
             logging.enable_progress_bar()
     try:
-        codec = HFCodec(AutoTokenizer.from_pretrained(path))
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        codec = HFCodec(tokenizer)
     except (OSError, ValueError, TypeError):
-        codec = None  # a model without tokenizer files: synthetic tasks only
+        tokenizer, codec = None, None  # a model without tokenizer files: synthetic tasks only
     known = "" if model_type in FAMILIES else " (not in the families table: LoRA targets and conversion unknown)"
-    return LoadedModel(HFCausalLM(hf_model.eval()).eval(), codec, None,
+    lm = HFCausalLM(hf_model.eval()).read_bos_first(leading_bos(tokenizer)).eval()
+    return LoadedModel(lm, codec, None,
                        f"Hugging Face {model_type} model {path}{known}", model_type)
