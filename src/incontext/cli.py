@@ -34,13 +34,15 @@ _METHODS_HELP = (  # (name, what it needs (the method's `needs`), what it does)
     ("keep-prompt", "a causal LM", "the reference: the prompt stays in the context as a K/V cache"),
     ("drop-prompt", "a causal LM", "the floor: the prompt is removed"),
     ("iclca", "linear attention", "exact conversion into bias terms"),
-    ("iclca-approx", "softmax attention",
+    ("iclca-approx", "softmax attention (our Transformer, or a Hugging Face family that converts to it)",
      "approximate conversion into FAVOR+ or learned feature sums (features=FOLDER; layers=0-14: only those layers)"),
-    ("dynamic-eval", "a token-input causal LM", "gradient steps on the prompt"),
-    ("tint", "a token-input causal LM that TinT can simulate", "a simulated SGD step on the prompt"),
+    ("dynamic-eval", "a token-input causal LM", "gradient steps on the prompt (params=GROUPS: our Transformer's groups)"),
+    ("tint", "a token-input causal LM that TinT can simulate (our Transformer, or a family that converts to it)",
+     "a simulated SGD step on the prompt"),
     ("cgt-fold", "a CGT model, or a CGT adapter trained on this model (option adapter=FOLDER)",
      "its context vector folded into the weights"),
-    ("distill-lora", "a token-input causal LM", "context distillation into a LoRA adapter (exported for peft)"),
+    ("distill-lora", "a token-input causal LM",
+     "context distillation into a LoRA adapter (a PEFT folder for the family's own transformers class)"),
 )
 
 

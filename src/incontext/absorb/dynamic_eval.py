@@ -336,7 +336,7 @@ class TinTStep(AbsorbMethod):
     """TinT's simulated SGD step(s) on the prompt; the auxiliary weights are read back from the prefixes."""
 
     name = "tint"
-    needs = "a token-input causal LM that TinT can simulate"
+    needs = "a token-input causal LM that TinT can simulate (our Transformer, or a family that converts to it)"
     uses_loss_mask = True
 
     def __init__(self, keep_prompt: bool = False, separator: list[int] | None = None, **tint_options):

@@ -190,7 +190,7 @@ class ICLCAApprox(AbsorbMethod):
         self.features = str(features)
         self.maps = None if self.features == "favor" else load_feature_maps(Path(self.features))
 
-    needs = "softmax attention"
+    needs = "softmax attention (our Transformer, or a Hugging Face family that converts to it)"
     batched = True
 
     needs_internals = True
