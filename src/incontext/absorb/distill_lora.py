@@ -322,7 +322,8 @@ class DistillLoRA(AbsorbMethod):
         questions = self._questions(model, prompt) if self.codec is not None and self.n_questions else []
         if self.contrast and questions:
             questions += contrastive_questions(questions, subjects(self.codec.decode(prompt.tolist())), self.n_questions)
-        plain = queries + [q for q in (torch.tensor(self.codec.encode(f"Q: {text}\nA:")) for text in questions)
+        device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
+        plain = queries + [q for q in (torch.tensor(self.codec.encode(f"Q: {text}\nA:"), device=device) for text in questions)
                            if q.shape[0] + self.answer_tokens < room]
         for query in plain:
             sequences.append(_answered(model, _copy(cache), query, min(self.answer_tokens, room - query.shape[0])))
@@ -340,7 +341,7 @@ class DistillLoRA(AbsorbMethod):
             sentences = [sentences[round(i * len(sentences) / self.n_questions)] for i in range(self.n_questions)]
         questions = []
         for sentence in sentences:
-            ids = torch.tensor(self.codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nQuestion:"))
+            ids = torch.tensor(self.codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nQuestion:"), device=prompt.device)
             if ids.shape[0] + 24 > model.config.max_seq_len:
                 continue
             cache = Cache.empty(model.config.n_layer)
@@ -351,7 +352,7 @@ class DistillLoRA(AbsorbMethod):
                 if "\n" in self.codec.decode([token]):
                     break
                 out.append(token)
-                logits = model(torch.tensor([[token]]), cache=cache)[0, -1]
+                logits = model(torch.tensor([[token]], device=prompt.device), cache=cache)[0, -1]
             question = self.codec.decode(out).strip()
             if question.endswith("?") and question not in questions:
                 questions.append(question)
@@ -365,15 +366,16 @@ class DistillLoRA(AbsorbMethod):
         template = codec.chat([{"role": "user", "content": f"{codec.decode(prompt.tolist()).strip()}\n\n{marker}"}],
                               add_generation_prompt=True)
         head, tail = template.split(marker)
-        head_ids = torch.tensor(codec.encode(head))
+        head_ids = torch.tensor(codec.encode(head), device=prompt.device)
         if head_ids.shape[0] + 64 > model.config.max_seq_len:
             return []
         head_cache = Cache.empty(model.config.n_layer)
         model(head_ids[None], cache=head_cache)
         out = []
         for question in questions:
-            student = torch.tensor(codec.encode(codec.chat([{"role": "user", "content": question}], add_generation_prompt=True)))
-            teacher = torch.tensor(codec.encode(question + tail))
+            student = torch.tensor(codec.encode(codec.chat([{"role": "user", "content": question}], add_generation_prompt=True)),
+                                   device=prompt.device)
+            teacher = torch.tensor(codec.encode(question + tail), device=prompt.device)
             n = min(self.chat_answer_tokens, room - student.shape[0],
                     model.config.max_seq_len - head_ids.shape[0] - teacher.shape[0])
             if n < 1:

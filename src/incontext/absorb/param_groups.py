@@ -68,7 +68,8 @@ def _qkv_rows(model: Transformer, groups: frozenset[str]) -> torch.Tensor | None
     sizes = {"q": c.n_head * c.dim_head, "k": c.kv_heads * c.dim_head, "v": c.kv_heads * c.dim_head}
     if all(g in groups for g in sizes):
         return None
-    return torch.cat([torch.full((n,), g in groups, dtype=torch.bool) for g, n in sizes.items()])
+    device = next(model.parameters()).device
+    return torch.cat([torch.full((n,), g in groups, dtype=torch.bool, device=device) for g, n in sizes.items()])
 
 
 def named_groups(model: Transformer, n_top_layers: int | None = None) -> list[tuple[str, str, nn.Parameter]]:
