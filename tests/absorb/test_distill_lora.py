@@ -8,6 +8,7 @@ from conftest import rel_error
 pytest.importorskip("peft")
 
 from incontext.absorb import AdaptedModel, DistilledLoRA, get_absorb_method  # noqa: E402
+from incontext.absorb import self_study  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 from incontext.models.cgt import CGT, CGTConfig  # noqa: E402
 
@@ -252,7 +253,8 @@ def test_chat_turns_teach_the_answer_given_with_the_prompt_in_the_user_turn():
     prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker."))
     method_ = method(chat_answer_tokens=6).use_codec(codec)
     with torch.no_grad():
-        (student, logp), = method_._chat_turns(model, prompt, ["Where was Abe born?"], room=100)
+        (student, logp), = self_study._chat_turns(model, prompt, ["Where was Abe born?"], 100, codec,
+                                                  method_.chat_answer_tokens)
     question = codec.encode(codec.chat([{"role": "user", "content": "Where was Abe born?"}], add_generation_prompt=True))
     assert student[: len(question)].tolist() == question
     answer = student[len(question):].tolist()
@@ -266,20 +268,15 @@ def test_chat_turns_teach_the_answer_given_with_the_prompt_in_the_user_turn():
     assert answer == reference[: n - 1].argmax(-1).tolist()  # greedy
 
 
-def test_a_codec_adds_questions_and_chat_turns():
+def test_a_codec_adds_questions_and_chat_turns(monkeypatch):
     model, codec = llama_like(seed=4, max_seq_len=400), CharCodec()
     prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker.\nBea has a cat named Tom."))
     questions = []
-    from incontext.absorb import distill_lora
-
-    original = distill_lora.DistillLoRA._questions
-    distill_lora.DistillLoRA._questions = lambda self, model, prompt: questions or original(self, model, prompt)
-    try:
-        plain = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
-        questions += ["Where was Abe born?", "What is Bea's pet called?"]
-        asked = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
-    finally:
-        distill_lora.DistillLoRA._questions = original
+    original = self_study._questions
+    monkeypatch.setattr(self_study, "_questions", lambda model, prompt, codec, n: questions or original(model, prompt, codec, n))
+    plain = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
+    questions += ["Where was Abe born?", "What is Bea's pet called?"]
+    asked = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
     assert asked["questions"] == asked["chat_turns"] == 2 and asked["recall_windows"] == plain["recall_windows"] > 0
     assert method(steps=2).absorb(model, prompt).history["pool"]["chat_turns"] == 0  # no codec: no chat turns
 
@@ -299,18 +296,12 @@ def test_contrastive_questions_ask_each_question_about_every_subject():
     assert contrastive_questions(questions[:2], names, limit=3) == contrastive_questions(questions[:2], names, 10)[:3]
 
 
-def test_contrast_adds_the_swapped_questions_to_the_pool():
+def test_contrast_adds_the_swapped_questions_to_the_pool(monkeypatch):
     model, codec = llama_like(seed=4, max_seq_len=400), CharCodec()
     prompt = torch.tensor(codec.encode("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss is a potter.\n"
                                        "Bea Voss has a cat."))
-    from incontext.absorb import distill_lora
-
-    original = distill_lora.DistillLoRA._questions
-    distill_lora.DistillLoRA._questions = lambda self, model, prompt: ["Where was Abe Lonn born?"]
-    try:
-        pools = [method(steps=1, contrast=contrast).use_codec(codec).absorb(model, prompt).history["pool"]
-                 for contrast in (False, True)]
-    finally:
-        distill_lora.DistillLoRA._questions = original
+    monkeypatch.setattr(self_study, "_questions", lambda model, prompt, codec, n: ["Where was Abe Lonn born?"])
+    pools = [method(steps=1, contrast=contrast).use_codec(codec).absorb(model, prompt).history["pool"]
+             for contrast in (False, True)]
     assert pools[0]["questions"] == pools[0]["chat_turns"] == 1
     assert pools[1]["questions"] == pools[1]["chat_turns"] == 2  # and "Where was Bea Voss born?"

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +29,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..models import Cache
-from ..models.lm import CausalLM, copy_cache, is_causal_lm
+from ..models.lm import CausalLM, is_causal_lm
 from .base import AbsorbMethod, AdaptedModel
+from .self_study import (QUESTION_WRITER, StudyOptions, _recall_windows, contrastive_questions,  # noqa: F401 (re-exported)
+                         subjects, teacher_sequences)
 
 # linear layers of a Transformer block a LoRA can target (fused qkv and, for SwiGLU, fused gate/up)
 LORA_TARGETS = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
@@ -171,14 +172,6 @@ def merge_lora(model: CausalLM, spec: LoRASpec) -> None:
 
 # ----------------------------------------------------------------------------- the method
 
-# A generic few-shot prompt that turns a sentence into a question about it (for a bare passage: the questions a
-# user may ask are not given, so the base model writes some; nothing here comes from a task's queries)
-QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion: When was the Eiffel Tower completed?\n\n"
-                   "Sentence: Marie Curie worked as a physicist.\nQuestion: What was Marie Curie's job?\n\n"
-                   "Sentence: The river Thames flows through London.\nQuestion: Which city does the Thames flow through?\n\n"
-                   "Sentence: Ada Lovelace was born in London.\nQuestion: Where was Ada Lovelace born?\n\n")
-
-
 class DistillLoRA(AbsorbMethod):
     """Distil the prompted model into a LoRA on the model without the prompt (see the module docstring).
 
@@ -261,6 +254,12 @@ class DistillLoRA(AbsorbMethod):
         self.autocast, self.merge, self.seed, self.progress = autocast, merge, seed, progress
         self.codec = None
 
+    def stage_options(self) -> StudyOptions:
+        return StudyOptions(window_tokens=self.window_tokens, n_continuations=self.n_continuations,
+                            continuation_tokens=self.continuation_tokens, answer_tokens=self.answer_tokens,
+                            n_questions=self.n_questions, contrast=self.contrast,
+                            chat_answer_tokens=self.chat_answer_tokens, temperature=self.temperature)
+
     def use_codec(self, codec) -> "DistillLoRA":
         """Gives the method the model's tokenizer (encode, decode; chat for chat turns): it then also trains on
         questions about the prompt (see the class docstring). Not an option: a tokenizer is no --set value."""
@@ -290,7 +289,7 @@ class DistillLoRA(AbsorbMethod):
         model.eval()
         start = time.perf_counter()
         try:
-            sequences, counts = self._teacher_targets(model, prompt, queries, generator)
+            sequences, counts = teacher_sequences(model, prompt, queries, self.stage_options(), self.codec, generator)
             spec = lora_spec(model, self.rank, self.alpha, self.target_modules)
             adapted = DistilledLoRA(copy.deepcopy(model), spec, offset=m, merged=False).eval()
         finally:
@@ -301,90 +300,6 @@ class DistillLoRA(AbsorbMethod):
         adapted.history.update(pool=counts, teacher_seconds=teacher_seconds,
                                train_seconds=time.perf_counter() - start - teacher_seconds)
         return adapted.merged_model() if self.merge else adapted
-
-    @torch.no_grad()
-    def _teacher_targets(self, model, prompt, queries, generator):
-        """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L
-        positions) pairs, and how many of each kind."""
-        m, max_len = prompt.shape[0], model.config.max_seq_len
-        cache = Cache.empty(model.config.n_layer)
-        prompt_logits = model(prompt[None], cache=cache)[0]
-        room = max_len - m
-        sequences, counts = [], {}
-        windows = _recall_windows(model, cache, prompt, min(self.window_tokens, m, room))
-        sequences += windows
-        counts["recall_windows"] = len(windows)
-        if self.n_continuations:
-            tokens, logits = _sample(model, cache, prompt_logits[-1], self.n_continuations,
-                                     min(self.continuation_tokens, room), self.temperature, generator)
-            sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
-        counts["continuations"] = self.n_continuations
-        questions = self._questions(model, prompt) if self.codec is not None and self.n_questions else []
-        if self.contrast and questions:
-            questions += contrastive_questions(questions, subjects(self.codec.decode(prompt.tolist())), self.n_questions)
-        device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
-        plain = queries + [q for q in (torch.tensor(self.codec.encode(f"Q: {text}\nA:"), device=device) for text in questions)
-                           if q.shape[0] + self.answer_tokens < room]
-        for query in plain:
-            sequences.append(_answered(model, _copy(cache), query, min(self.answer_tokens, room - query.shape[0])))
-        counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
-        chat = self._chat_turns(model, prompt, questions, room) if questions and hasattr(self.codec, "chat") else []
-        sequences += chat
-        counts["chat_turns"] = len(chat)
-        return sequences, counts
-
-    def _questions(self, model, prompt) -> list[str]:
-        """Questions the base model (without the prompt) writes about up to n_questions of the prompt's
-        sentences, spread evenly over the prompt."""
-        sentences = [s for s in _sentences(self.codec.decode(prompt.tolist())) if len(s.split()) >= 3]
-        if len(sentences) > self.n_questions:
-            sentences = [sentences[round(i * len(sentences) / self.n_questions)] for i in range(self.n_questions)]
-        questions = []
-        for sentence in sentences:
-            ids = torch.tensor(self.codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nQuestion:"), device=prompt.device)
-            if ids.shape[0] + 24 > model.config.max_seq_len:
-                continue
-            cache = Cache.empty(model.config.n_layer)
-            logits = model(ids[None], cache=cache)[0, -1]
-            out = []
-            for _ in range(24):  # greedy, to the end of the line
-                token = int(logits.argmax())
-                if "\n" in self.codec.decode([token]):
-                    break
-                out.append(token)
-                logits = model(torch.tensor([[token]], device=prompt.device), cache=cache)[0, -1]
-            question = self.codec.decode(out).strip()
-            if question.endswith("?") and question not in questions:
-                questions.append(question)
-        return questions
-
-    def _chat_turns(self, model, prompt, questions, room) -> list:
-        """Each question as a chat turn: the teacher reads the prompt and the question in the user turn and
-        answers greedily (to its end of turn); the student reads the question alone and learns the answer."""
-        codec, eos = self.codec, getattr(self.codec, "eos_token_id", None)
-        marker = "\u0000QUESTION\u0000"
-        template = codec.chat([{"role": "user", "content": f"{codec.decode(prompt.tolist()).strip()}\n\n{marker}"}],
-                              add_generation_prompt=True)
-        head, tail = template.split(marker)
-        head_ids = torch.tensor(codec.encode(head), device=prompt.device)
-        if head_ids.shape[0] + 64 > model.config.max_seq_len:
-            return []
-        head_cache = Cache.empty(model.config.n_layer)
-        model(head_ids[None], cache=head_cache)
-        out = []
-        for question in questions:
-            student = torch.tensor(codec.encode(codec.chat([{"role": "user", "content": question}], add_generation_prompt=True)),
-                                   device=prompt.device)
-            teacher = torch.tensor(codec.encode(question + tail), device=prompt.device)
-            n = min(self.chat_answer_tokens, room - student.shape[0],
-                    model.config.max_seq_len - head_ids.shape[0] - teacher.shape[0])
-            if n < 1:
-                continue
-            cache = _copy(head_cache)
-            first = model(teacher[None], cache=cache)[0, -1]
-            tokens, logits = _greedy(model, cache, first, n, eos)
-            out.append((torch.cat([student, tokens[:-1]]), _log_probs(logits)))
-        return out
 
     @torch.enable_grad()  # trains even when the caller runs under torch.no_grad()
     def _train(self, adapted: DistilledLoRA, sequences, generator) -> dict[str, Any]:
@@ -416,28 +331,6 @@ class DistillLoRA(AbsorbMethod):
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _sentences(text: str) -> list[str]:
-    return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
-
-
-def subjects(text: str) -> list[str]:
-    """The names a passage is about: runs of two or more capitalised words that open at least two of its sentences
-    (in a facts passage, the people), in order of first appearance."""
-    opening = [m.group(0) for s in _sentences(text) if (m := re.match(r"(?:[A-Z][\w-]*[ ]+)+[A-Z][\w-]*", s))]
-    return [name for i, name in enumerate(opening) if opening.count(name) >= 2 and name not in opening[:i]]
-
-
-def contrastive_questions(questions: list[str], names: list[str], limit: int) -> list[str]:
-    """Each question that names one of `names` asked about each other name instead (up to `limit` new ones): the
-    same question with different answers per person, so the student binds each fact to its own person (the teacher,
-    reading the passage, answers every variant)."""
-    out = []
-    for question in questions:
-        for name in (n for n in names if n in question):
-            out += [question.replace(name, other) for other in names if other != name]
-    return list(dict.fromkeys(q for q in out if q not in questions))[:limit]
 
 
 def _prompt_ids(prompt: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -472,65 +365,6 @@ def _query_ids(queries, m: int, max_len: int) -> list[torch.Tensor]:
                              f"exceeds max_seq_len={max_len}")
         out.append(query.long())
     return out
-
-
-def _log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """In float32 at least (half-precision logits lose the small probabilities), float64 kept."""
-    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1).to(logits.dtype)
-
-
-def _copy(cache: Cache, batch: int = 1) -> Cache:
-    """A cache of the same context that a forward pass can extend without touching `cache`, for `batch` rows."""
-    return copy_cache(cache, batch)
-
-
-def _sample(model, cache, last_logits, n, length, temperature, generator):
-    """n continuations of `length` tokens sampled from the model after the cached prompt, and the model's
-    logits after each sampled token (n, length, V): the teacher's targets come with the sampling."""
-    cache = _copy(cache, n)
-    logits = last_logits.expand(n, -1)
-    tokens, targets = [], []
-    for _ in range(length):
-        # drawn on the CPU from the method's CPU generator: the same draws whatever device the model is on
-        probs = torch.softmax(logits.float() / temperature, -1).cpu()
-        token = torch.multinomial(probs, 1, generator=generator).to(logits.device)
-        logits = model(token, cache=cache)[:, -1]
-        tokens.append(token)
-        targets.append(logits)
-    return torch.cat(tokens, 1), torch.stack(targets, 1)
-
-
-def _greedy(model, cache, first_logits, n, stop_id=None):
-    """Up to n greedy tokens after the cached context (ending with `stop_id` if drawn) and the logits each was
-    chosen from ((k,), (k, V)); extends `cache`."""
-    tokens, logits = [], [first_logits]
-    for i in range(n):
-        tokens.append(int(logits[-1].argmax()))
-        if tokens[-1] == stop_id or i + 1 == n:
-            break
-        logits.append(model(torch.tensor([[tokens[-1]]], device=first_logits.device), cache=cache)[0, -1])
-    return torch.tensor(tokens, device=first_logits.device), torch.stack(logits)
-
-
-def _answered(model, cache, query, n_answer):
-    """A training query and the teacher's greedy answer: the teacher reads the cached prompt, the query and
-    its answer; the student learns the teacher's next-token distributions on all of it."""
-    logits = model(query[None], cache=cache)[0]
-    if n_answer < 1:
-        return query, _log_probs(logits)
-    tokens, answer_logits = _greedy(model, cache, logits[-1], n_answer)
-    return torch.cat([query, tokens[:-1]]), _log_probs(torch.cat([logits, answer_logits[1:]]))
-
-
-def _recall_windows(model, cache, prompt, width):
-    """The prompt in windows of `width` tokens (stride width // 2, the last one flush with the end): the teacher
-    reads the cached prompt and then the window, the student the window alone."""
-    m = prompt.shape[0]
-    stride = max(1, width // 2)
-    starts = sorted(set(list(range(0, m - width + 1, stride)) + [m - width]))
-    windows = torch.stack([prompt[s: s + width] for s in starts])
-    logits = torch.cat([model(chunk, cache=_copy(cache, chunk.shape[0])) for chunk in windows.split(16)])
-    return [(w, _log_probs(x)) for w, x in zip(windows, logits)]
 
 
 def _kl_loss(adapted: DistilledLoRA, batch) -> torch.Tensor:

@@ -1,0 +1,219 @@
+"""The distillation data stage: from a document (a prompt) and the model, the sequences a prompt-free student
+learns and the teacher's next-token distributions on them (Cartridges' "self-study", Eyuboglu et al. 2025, in the
+form this project's methods share: distill-lora and kv-prefix train on the same sequences).
+
+The teacher is the model with the document in its context; the student reads the sequences without it:
+
+- recall windows: the document cut into windows (stride half a window); the teacher reads the whole document
+  and then the window again, the student the window alone;
+- continuations the teacher samples after the document (seeded, drawn on the CPU);
+- training queries a task provides (never evaluation queries), answered greedily by the teacher;
+- with a tokenizer: questions the model itself writes about the document's sentences (a generic few-shot
+  question writer), answered by the teacher as "Q: ...\nA:" and, where the tokenizer has a chat template, as a
+  chat turn (the teacher reads the document and the question in the user turn, the student the question).
+
+Every tensor is made on the model's device; all randomness comes from the caller's generator.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..models import Cache
+from ..models.lm import copy_cache
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    window_tokens: int = 24
+    n_continuations: int = 2
+    continuation_tokens: int = 32
+    answer_tokens: int = 8
+    n_questions: int = 16
+    contrast: bool = False
+    chat_answer_tokens: int = 24
+    temperature: float = 1.0
+
+
+# A generic few-shot prompt that turns a sentence into a question about it (for a bare passage: the questions a
+# user may ask are not given, so the base model writes some; nothing here comes from a task's queries)
+QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion: When was the Eiffel Tower completed?\n\n"
+                   "Sentence: Marie Curie worked as a physicist.\nQuestion: What was Marie Curie's job?\n\n"
+                   "Sentence: The river Thames flows through London.\nQuestion: Which city does the Thames flow through?\n\n"
+                   "Sentence: Ada Lovelace was born in London.\nQuestion: Where was Ada Lovelace born?\n\n")
+
+
+@torch.no_grad()
+def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
+                      generator: torch.Generator) -> tuple[list, dict[str, int]]:
+    """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L positions)
+    pairs, and how many of each kind (see the module docstring). `codec` (encode/decode, chat) may be None."""
+    m, max_len = prompt.shape[0], model.config.max_seq_len
+    cache = Cache.empty(model.config.n_layer)
+    prompt_logits = model(prompt[None], cache=cache)[0]
+    room = max_len - m
+    sequences, counts = [], {}
+    windows = _recall_windows(model, cache, prompt, min(options.window_tokens, m, room))
+    sequences += windows
+    counts["recall_windows"] = len(windows)
+    if options.n_continuations:
+        tokens, logits = _sample(model, cache, prompt_logits[-1], options.n_continuations,
+                                 min(options.continuation_tokens, room), options.temperature, generator)
+        sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
+    counts["continuations"] = options.n_continuations
+    questions = _questions(model, prompt, codec, options.n_questions) if codec is not None and options.n_questions else []
+    if options.contrast and questions:
+        questions += contrastive_questions(questions, subjects(codec.decode(prompt.tolist())), options.n_questions)
+    device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
+    plain = queries + [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in questions)
+                       if q.shape[0] + options.answer_tokens < room]
+    for query in plain:
+        sequences.append(_answered(model, _copy(cache), query, min(options.answer_tokens, room - query.shape[0])))
+    counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
+    chat = _chat_turns(model, prompt, questions, room, codec, options.chat_answer_tokens) if questions and hasattr(codec, "chat") else []
+    sequences += chat
+    counts["chat_turns"] = len(chat)
+    return sequences, counts
+
+def _questions(model, prompt, codec, n_questions: int) -> list[str]:
+    """Questions the base model (without the prompt) writes about up to n_questions of the prompt's
+    sentences, spread evenly over the prompt."""
+    sentences = [s for s in _sentences(codec.decode(prompt.tolist())) if len(s.split()) >= 3]
+    if len(sentences) > n_questions:
+        sentences = [sentences[round(i * len(sentences) / n_questions)] for i in range(n_questions)]
+    questions = []
+    for sentence in sentences:
+        ids = torch.tensor(codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nQuestion:"), device=prompt.device)
+        if ids.shape[0] + 24 > model.config.max_seq_len:
+            continue
+        cache = Cache.empty(model.config.n_layer)
+        logits = model(ids[None], cache=cache)[0, -1]
+        out = []
+        for _ in range(24):  # greedy, to the end of the line
+            token = int(logits.argmax())
+            if "\n" in codec.decode([token]):
+                break
+            out.append(token)
+            logits = model(torch.tensor([[token]], device=prompt.device), cache=cache)[0, -1]
+        question = codec.decode(out).strip()
+        if question.endswith("?") and question not in questions:
+            questions.append(question)
+    return questions
+
+def _chat_turns(model, prompt, questions, room, codec, chat_answer_tokens: int) -> list:
+    """Each question as a chat turn: the teacher reads the prompt and the question in the user turn and
+    answers greedily (to its end of turn); the student reads the question alone and learns the answer."""
+    eos = getattr(codec, "eos_token_id", None)
+    marker = "\u0000QUESTION\u0000"
+    template = codec.chat([{"role": "user", "content": f"{codec.decode(prompt.tolist()).strip()}\n\n{marker}"}],
+                          add_generation_prompt=True)
+    head, tail = template.split(marker)
+    head_ids = torch.tensor(codec.encode(head), device=prompt.device)
+    if head_ids.shape[0] + 64 > model.config.max_seq_len:
+        return []
+    head_cache = Cache.empty(model.config.n_layer)
+    model(head_ids[None], cache=head_cache)
+    out = []
+    for question in questions:
+        student = torch.tensor(codec.encode(codec.chat([{"role": "user", "content": question}], add_generation_prompt=True)),
+                               device=prompt.device)
+        teacher = torch.tensor(codec.encode(question + tail), device=prompt.device)
+        n = min(chat_answer_tokens, room - student.shape[0],
+                model.config.max_seq_len - head_ids.shape[0] - teacher.shape[0])
+        if n < 1:
+            continue
+        cache = _copy(head_cache)
+        first = model(teacher[None], cache=cache)[0, -1]
+        tokens, logits = _greedy(model, cache, first, n, eos)
+        out.append((torch.cat([student, tokens[:-1]]), _log_probs(logits)))
+    return out
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
+
+
+def subjects(text: str) -> list[str]:
+    """The names a passage is about: runs of two or more capitalised words that open at least two of its sentences
+    (in a facts passage, the people), in order of first appearance."""
+    opening = [m.group(0) for s in _sentences(text) if (m := re.match(r"(?:[A-Z][\w-]*[ ]+)+[A-Z][\w-]*", s))]
+    return [name for i, name in enumerate(opening) if opening.count(name) >= 2 and name not in opening[:i]]
+
+
+def contrastive_questions(questions: list[str], names: list[str], limit: int) -> list[str]:
+    """Each question that names one of `names` asked about each other name instead (up to `limit` new ones): the
+    same question with different answers per person, so the student binds each fact to its own person (the teacher,
+    reading the passage, answers every variant)."""
+    out = []
+    for question in questions:
+        for name in (n for n in names if n in question):
+            out += [question.replace(name, other) for other in names if other != name]
+    return list(dict.fromkeys(q for q in out if q not in questions))[:limit]
+
+
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """In float32 at least (half-precision logits lose the small probabilities), float64 kept."""
+    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1).to(logits.dtype)
+
+
+def _copy(cache: Cache, batch: int = 1) -> Cache:
+    """A cache of the same context that a forward pass can extend without touching `cache`, for `batch` rows."""
+    return copy_cache(cache, batch)
+
+
+def _sample(model, cache, last_logits, n, length, temperature, generator):
+    """n continuations of `length` tokens sampled from the model after the cached prompt, and the model's
+    logits after each sampled token (n, length, V): the teacher's targets come with the sampling."""
+    cache = _copy(cache, n)
+    logits = last_logits.expand(n, -1)
+    tokens, targets = [], []
+    for _ in range(length):
+        # drawn on the CPU from the method's CPU generator: the same draws whatever device the model is on
+        probs = torch.softmax(logits.float() / temperature, -1).cpu()
+        token = torch.multinomial(probs, 1, generator=generator).to(logits.device)
+        logits = model(token, cache=cache)[:, -1]
+        tokens.append(token)
+        targets.append(logits)
+    return torch.cat(tokens, 1), torch.stack(targets, 1)
+
+
+def _greedy(model, cache, first_logits, n, stop_id=None):
+    """Up to n greedy tokens after the cached context (ending with `stop_id` if drawn) and the logits each was
+    chosen from ((k,), (k, V)); extends `cache`."""
+    tokens, logits = [], [first_logits]
+    for i in range(n):
+        tokens.append(int(logits[-1].argmax()))
+        if tokens[-1] == stop_id or i + 1 == n:
+            break
+        logits.append(model(torch.tensor([[tokens[-1]]], device=first_logits.device), cache=cache)[0, -1])
+    return torch.tensor(tokens, device=first_logits.device), torch.stack(logits)
+
+
+def _answered(model, cache, query, n_answer):
+    """A training query and the teacher's greedy answer: the teacher reads the cached prompt, the query and
+    its answer; the student learns the teacher's next-token distributions on all of it."""
+    logits = model(query[None], cache=cache)[0]
+    if n_answer < 1:
+        return query, _log_probs(logits)
+    tokens, answer_logits = _greedy(model, cache, logits[-1], n_answer)
+    return torch.cat([query, tokens[:-1]]), _log_probs(torch.cat([logits, answer_logits[1:]]))
+
+
+def _recall_windows(model, cache, prompt, width):
+    """The prompt in windows of `width` tokens (stride width // 2, the last one flush with the end): the teacher
+    reads the cached prompt and then the window, the student the window alone."""
+    m = prompt.shape[0]
+    stride = max(1, width // 2)
+    starts = sorted(set(list(range(0, m - width + 1, stride)) + [m - width]))
+    windows = torch.stack([prompt[s: s + width] for s in starts])
+    logits = torch.cat([model(chunk, cache=_copy(cache, chunk.shape[0])) for chunk in windows.split(16)])
+    return [(w, _log_probs(x)) for w, x in zip(windows, logits)]
+
+
