@@ -41,6 +41,8 @@ _METHODS_HELP = (  # (name, what it needs (the method's `needs`), what it does)
      "a simulated SGD step on the prompt"),
     ("cgt-fold", "a CGT model, or a CGT adapter trained on this model (option adapter=FOLDER)",
      "its context vector folded into the weights"),
+    ("kv-prefix", "a token-input causal LM with softmax attention",
+     "self-study into a trained K/V prefix of prefix_tokens=P vectors per layer (Cartridges)"),
     ("distill-lora", "a token-input causal LM",
      "context distillation into a LoRA adapter (a PEFT folder for the family's own transformers class)"),
 )

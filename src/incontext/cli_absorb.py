@@ -20,7 +20,7 @@ import torch
 
 from .absorb import AdaptedModel, get_absorb_method
 from .absorb.base import max_context
-from .absorb.distill_lora import DistilledLoRA, DistillLoRA
+from .absorb.distill_lora import DistilledLoRA
 from .absorb.generation import context_room, stream_tokens
 from .config import parse_overrides, to_dict
 from .fileio import sha256_file
@@ -120,7 +120,7 @@ def _prepare(args, device: str):
     if reason is not None:
         raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
     codec = _codec(loaded, args.model)
-    if isinstance(method, DistillLoRA):
+    if hasattr(method, "use_codec"):  # distill-lora, kv-prefix: the data stage writes questions with the tokenizer
         method.use_codec(codec)  # questions about the prompt, in the chat format too (a bare prompt has no queries)
     return method, options, loaded, codec
 

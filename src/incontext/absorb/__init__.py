@@ -13,6 +13,7 @@ from .distill_lora import DistilledLoRA, DistillLoRA
 from .dynamic_eval import DynamicEval, TinTStep, UpdatedWeights, UpdatedWithPrompt
 from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, convert
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
+from .kv_prefix import KVPrefix, TrainedPrefix
 
 __all__ = [
     "ICLCA",
@@ -26,10 +27,12 @@ __all__ = [
     "DynamicEval",
     "FoldedContext",
     "ICLCAApprox",
+    "KVPrefix",
     "KeepPrompt",
     "LinearAttentionBias",
     "SoftmaxFeaturePrefix",
     "TinTStep",
+    "TrainedPrefix",
     "UpdatedWeights",
     "UpdatedWithPrompt",
     "absorb_methods",

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -32,7 +31,7 @@ from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
 from .base import AbsorbMethod, AdaptedModel
 from .self_study import (QUESTION_WRITER, StudyOptions, _recall_windows, contrastive_questions,  # noqa: F401 (re-exported)
-                         subjects, teacher_sequences)
+                         distillation_kl, subjects, teacher_sequences)
 
 # linear layers of a Transformer block a LoRA can target (fused qkv and, for SwiGLU, fused gate/up)
 LORA_TARGETS = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
@@ -368,21 +367,9 @@ def _query_ids(queries, m: int, max_len: int) -> list[torch.Tensor]:
 
 
 def _kl_loss(adapted: DistilledLoRA, batch) -> torch.Tensor:
-    """Mean over the taught positions of KL(teacher || student); sequences are right-padded (causal: padding is
-    unseen) and each teaches its last n positions (n = rows of its teacher log-probs)."""
-    length = max(tokens.shape[0] for tokens, _ in batch)
-    tokens = batch[0][0].new_zeros(len(batch), length)
-    vocab = batch[0][1].shape[-1]
-    teacher = batch[0][1].new_zeros(len(batch), length, vocab)
-    mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
-    for row, (ids, logp) in enumerate(batch):
-        end = ids.shape[0]
-        tokens[row, :end] = ids
-        teacher[row, end - logp.shape[0]: end], mask[row, end - logp.shape[0]: end] = logp, True
-    logits = adapted(tokens)
-    student = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
-    kl = F.kl_div(student, teacher.to(student.dtype), log_target=True, reduction="none").sum(-1)
-    return kl[mask].mean()
+    """Mean over the taught positions of KL(teacher || student), the student being the adapted model (the data
+    stage's loss, self_study.distillation_kl)."""
+    return distillation_kl(adapted, batch)
 
 
 def _plateau(losses: list[float], patience: int, min_improvement: float) -> bool:

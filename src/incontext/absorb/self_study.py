@@ -217,3 +217,22 @@ def _recall_windows(model, cache, prompt, width):
     return [(w, _log_probs(x)) for w, x in zip(windows, logits)]
 
 
+
+
+def distillation_kl(student, batch) -> torch.Tensor:
+    """Mean over the taught positions of KL(teacher || student); `student` maps (B, L) ids to logits. Sequences are
+    right-padded (causal: padding is unseen) and each teaches its last n positions (n = rows of its teacher
+    log-probs)."""
+    length = max(tokens.shape[0] for tokens, _ in batch)
+    tokens = batch[0][0].new_zeros(len(batch), length)
+    vocab = batch[0][1].shape[-1]
+    teacher = batch[0][1].new_zeros(len(batch), length, vocab)
+    mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
+    for row, (ids, logp) in enumerate(batch):
+        end = ids.shape[0]
+        tokens[row, :end] = ids
+        teacher[row, end - logp.shape[0]: end], mask[row, end - logp.shape[0]: end] = logp, True
+    logits = student(tokens)
+    log_q = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    kl = F.kl_div(log_q, teacher.to(log_q.dtype), log_target=True, reduction="none").sum(-1)
+    return kl[mask].mean()

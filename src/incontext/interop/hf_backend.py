@@ -41,6 +41,9 @@ class HFLayerState:
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, seen: int):
         self.keys, self.values, self.seen = keys, values, seen
 
+    def with_tensors(self, keys: torch.Tensor, values: torch.Tensor) -> "HFLayerState":
+        return HFLayerState(keys, values, self.seen)
+
     def expand_batch(self, batch: int) -> "HFLayerState":
         return HFLayerState(self.keys.expand(batch, *self.keys.shape[1:]),
                             self.values.expand(batch, *self.values.shape[1:]), self.seen)
@@ -164,3 +167,24 @@ class HFCausalLM(nn.Module):
                 raise ValueError(f"model_type {f.model_type} does not convert to our Transformer: {f.no_conversion}")
             self._converted["ours"] = f.to_ours(self.hf).eval()
         return self._converted["ours"]
+
+
+def prefix_cache(adapted, hf_config):
+    """A trained K/V prefix (absorb/kv_prefix.py, of either backend) as transformers' DynamicCache for a model with
+    `hf_config`: pass it as `past_key_values` (`cache` from transformers 5.24) with `input_ids` = `adapted.position`
+    placeholder ids followed by the query and an all-ones `attention_mask` (generate feeds only the tokens after
+    the cache; without the mask it would take placeholders equal to the pad id for padding). Our keys are stored
+    after RoPE, as transformers'."""
+    from transformers import DynamicCache
+
+    from ..models.lm import cache_kv
+
+    cache = DynamicCache(config=hf_config)
+    state = adapted.state()
+    for index, (layer, (k, v)) in enumerate(zip(cache.layers, cache_kv(state))):
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k.clone(), v.clone()
+        seen = getattr(state.layers[index], "seen", k.shape[-2])
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = seen
+    return cache

@@ -67,6 +67,26 @@ def copy_cache(cache: Cache, batch: int | None = None) -> Cache:
     return Cache(layers=[expand(layer) for layer in cache.layers], position=cache.position)
 
 
+def cache_kv(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values (B, H_kv, S, D) of a softmax-attention cache, of either backend (a layer may hold
+    fewer positions than the cache's: a sliding window keeps its last ones)."""
+    out = []
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, tuple) and len(layer) == 2:
+            out.append(layer)
+        elif hasattr(layer, "keys") and hasattr(layer, "values") and hasattr(layer, "with_tensors"):
+            out.append((layer.keys, layer.values))
+        else:
+            raise ValueError(f"cache layer {i} holds no keys and values (a linear-attention state or an empty layer)")
+    return out
+
+
+def with_kv(cache: Cache, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Cache:
+    """`cache` with each layer's keys and values replaced (same shapes, positions and bookkeeping): e.g. trained ones."""
+    layers = [(k, v) if isinstance(layer, tuple) else layer.with_tensors(k, v) for layer, (k, v) in zip(cache.layers, kv)]
+    return Cache(layers=layers, position=cache.position)
+
+
 def internals_reason(model: Any) -> str | None:
     """None when `model` is or converts to our Transformer, else why not."""
     if not is_causal_lm(model):

@@ -1,0 +1,231 @@
+"""A trained KV prefix (Cartridges, Eyuboglu et al. 2025): p key and value vectors per layer and K/V head,
+prepended to every query's attention, trained by self-study so the model with the prefix answers as the model
+with the whole document in its context. The base model stays frozen.
+
+    adapted = get_absorb_method("kv-prefix", prefix_tokens=32).use_codec(codec).absorb(model, prompt)
+    logits = adapted(query)               # the query attends to the prefix (positions p, p+1, ...)
+
+- initialisation (`init`): the K/V of the document's first p tokens ("document", Cartridges' best), of p random
+  tokens ("random-tokens") or random vectors with the document K/V's per-layer scale ("random-vectors");
+- the first prefix position stays frozen (`freeze_first`): the attention sink (Gemma's BOS where the model reads one);
+- training sequences and the teacher's next-token distributions come from the data stage (absorb/self_study.py),
+  the loss is KL(teacher || student) over the taught positions, AdamW on the prefix alone;
+- written once against the causal-LM protocol: the prefix is a cache of either backend (our K/V tuples or
+  transformers' DynamicCache layers), so it runs on our Transformer and on any Hugging Face family; on transformers
+  it is an ordinary `past_key_values` (interop.hf_backend.prefix_cache).
+
+With p = M and init "document" and no training steps the prefix is the document's own K/V: keep-prompt exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..models import Cache
+from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
+from .base import AbsorbMethod, AdaptedModel
+from .self_study import StudyOptions, distillation_kl, teacher_sequences
+
+INITS = ("document", "random-tokens", "random-vectors")
+
+
+class TrainedPrefix(AdaptedModel):
+    """The base with a trained K/V prefix of `position` tokens: forward(query) attends to it first."""
+
+    method = "kv-prefix"
+
+    def __init__(self, base: nn.Module, state: Cache):
+        super().__init__(base)
+        kv = cache_kv(state)
+        for i, (k, v) in enumerate(kv):
+            self.register_buffer(f"prefix_k_{i}", k.detach().clone())
+            self.register_buffer(f"prefix_v_{i}", v.detach().clone())
+        self.position = state.position
+        self._template = with_kv(state, self._tensors())  # the layers' bookkeeping (sliding windows' counts)
+        self.history: dict[str, Any] = {}
+
+    def _tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(getattr(self, f"prefix_k_{i}"), getattr(self, f"prefix_v_{i}")) for i in range(len(self._kv_names()))]
+
+    def _kv_names(self) -> list[str]:
+        return [name for name, _ in self.named_buffers() if name.startswith("prefix_k_")]
+
+    def state(self) -> Cache:
+        return with_kv(self._template, self._tensors())
+
+    def forward(self, query: torch.Tensor) -> torch.Tensor:
+        return self.base(query, cache=self.state())
+
+    def query_cache(self) -> Cache:
+        return copy_cache(self.state())
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"position": self.position, "shapes": [list(k.shape) for k, _ in self._tensors()],
+                "value_shapes": [list(v.shape) for _, v in self._tensors()]}
+
+    @classmethod
+    def empty(cls, base, extra):
+        """Buffers of the saved shapes in a cache of the base's own kind (a prefill of `position` tokens gives the
+        layers' types and bookkeeping; its values are replaced on load)."""
+        device = next(base.parameters()).device
+        with torch.no_grad():
+            template = base.prefill(torch.zeros(1, extra["position"], dtype=torch.long, device=device))
+        kv = cache_kv(template)
+        if [list(k.shape) for k, _ in kv] != extra["shapes"]:
+            raise ValueError(f"the saved prefix has shapes {extra['shapes']}; this base model makes "
+                             f"{[list(k.shape) for k, _ in kv]}")
+        return cls(base, template)
+
+
+class KVPrefix(AbsorbMethod):
+    """Self-study into a trained KV prefix (see the module docstring). Options: prefix_tokens (p; default a quarter
+    of the document, Cartridges' memory budget for this comparison), init,
+    freeze_first, steps, learning_rate, batch_size, patience / min_improvement (early stop on a KL plateau), seed,
+    progress, and the data stage's options (window_tokens, n_continuations, continuation_tokens, answer_tokens,
+    n_questions, contrast, chat_answer_tokens, temperature)."""
+
+    name = "kv-prefix"
+    needs = "a token-input causal LM with softmax attention"
+    stage_fields: ClassVar[tuple[str, ...]] = tuple(StudyOptions.__dataclass_fields__)
+
+    def __init__(self, prefix_tokens: int | None = None, init: str = "document", freeze_first: bool = True, steps: int = 48,
+                 learning_rate: float = 2e-2, batch_size: int = 4, patience: int = 8, min_improvement: float = 0.01,
+                 seed: int = 0, progress: bool = True, window_tokens: int = 24, n_continuations: int = 2,
+                 continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 16, contrast: bool = False,
+                 chat_answer_tokens: int = 24, temperature: float = 1.0):
+        import math
+
+        def integer(name, value, low):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"kv-prefix: {name} must be an integer >= {low}, got {value!r}")
+
+        if prefix_tokens is not None:  # None: a quarter of the document (at least 1)
+            integer("prefix_tokens", prefix_tokens, 1)
+        integer("steps", steps, 0)
+        integer("batch_size", batch_size, 1)
+        integer("patience", patience, 1)
+        for name in ("window_tokens", "continuation_tokens", "chat_answer_tokens"):
+            integer(name, locals()[name], 1)
+        for name in ("n_continuations", "answer_tokens", "n_questions"):
+            integer(name, locals()[name], 0)
+        for name, value in (("learning_rate", learning_rate), ("temperature", temperature)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"kv-prefix: {name} must be a finite number > 0, got {value!r}")
+        if isinstance(min_improvement, bool) or not isinstance(min_improvement, (int, float)) or not 0 <= min_improvement < 1:
+            raise ValueError(f"kv-prefix: min_improvement must lie in [0, 1), got {min_improvement!r}")
+        if init not in INITS:
+            raise ValueError(f"kv-prefix: init must be one of {', '.join(INITS)}, got {init!r}")
+        for name, value in (("freeze_first", freeze_first), ("progress", progress), ("contrast", contrast)):
+            if not isinstance(value, bool):
+                raise ValueError(f"kv-prefix: {name} must be true or false, got {value!r}")
+        self.prefix_tokens, self.init, self.freeze_first = prefix_tokens, init, freeze_first
+        self.steps, self.learning_rate, self.batch_size = steps, float(learning_rate), batch_size
+        self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
+        self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
+                                  continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
+                                  n_questions=n_questions, contrast=contrast, chat_answer_tokens=chat_answer_tokens,
+                                  temperature=float(temperature))
+        self.codec = None
+
+    def use_codec(self, codec) -> "KVPrefix":
+        """The model's tokenizer: the data stage then also writes questions about the document (and chat turns)."""
+        if not (hasattr(codec, "encode") and hasattr(codec, "decode")):
+            raise ValueError("kv-prefix: the codec must be a tokenizer with encode and decode")
+        self.codec = codec
+        return self
+
+    def check_model(self, model) -> str | None:
+        if not is_causal_lm(model) or not model.config.tokens:
+            return "needs a token-input causal LM"
+        if getattr(model.config, "attention", "softmax") != "softmax":
+            return "needs softmax attention (a linear-attention state is no K/V prefix; iclca converts it exactly)"
+        return None
+
+    def _absorb(self, model, prompt, loss_mask, train_queries) -> TrainedPrefix:
+        prompt = prompt[0].long()
+        m, limit = prompt.shape[0], model.config.max_seq_len
+        p = self.prefix_tokens if self.prefix_tokens is not None else max(1, m // 4)
+        if self.init == "document" and p > m:
+            raise ValueError(f"kv-prefix: prefix_tokens={p} exceeds the document's {m} tokens (init=document)")
+        if limit is not None and p >= limit:
+            raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({limit})")
+        queries = [q[0] if q.dim() == 2 else q for q in (train_queries or [])]
+        generator = torch.Generator().manual_seed(self.seed)
+        was_training = model.training
+        model.eval()
+        start = time.perf_counter()
+        try:
+            sequences, counts = teacher_sequences(model, prompt, queries, self.stage, self.codec, generator)
+            template = self._initial(model, prompt, p, generator)
+        finally:
+            model.train(was_training)
+        teacher_seconds = time.perf_counter() - start
+        history = self._train(model, template, sequences, generator) if self.steps and sequences else {"kl": [], "steps": 0}
+        adapted = TrainedPrefix(model, with_kv(template, history.pop("kv", cache_kv(template))))
+        adapted.history = {**history, "pool": counts, "teacher_seconds": teacher_seconds,
+                           "train_seconds": time.perf_counter() - start - teacher_seconds}
+        return adapted.eval()
+
+    @torch.no_grad()
+    def _initial(self, model, prompt: torch.Tensor, p: int, generator: torch.Generator) -> Cache:
+        if self.init == "document":
+            return model.prefill(prompt[None, :p])
+        if self.init == "random-tokens":
+            ids = torch.randint(0, model.config.vocab_size, (1, p), generator=generator).to(prompt.device)
+            return model.prefill(ids)
+        document = model.prefill(prompt[None, : min(p, prompt.shape[0])])  # scale per layer; shapes from p tokens
+        shaped = model.prefill(prompt.new_zeros(1, p))
+        kv = []
+        for (k, v), (dk, dv) in zip(cache_kv(shaped), cache_kv(document)):
+            noise = [torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t) for t in (k, v)]
+            kv.append((noise[0] * dk.float().std().to(k.dtype), noise[1] * dv.float().std().to(v.dtype)))
+        return with_kv(shaped, kv)
+
+    @torch.enable_grad()
+    def _train(self, model, template: Cache, sequences, generator) -> dict[str, Any]:
+        from .distill_lora import _plateau
+
+        params = [(nn.Parameter(k.detach().clone()), nn.Parameter(v.detach().clone())) for k, v in cache_kv(template)]
+        flat = [t for pair in params for t in pair]
+        if self.freeze_first:  # the attention sink: its gradient is dropped
+            for t in flat:
+                t.register_hook(lambda grad: torch.cat([torch.zeros_like(grad[:, :, :1]), grad[:, :, 1:]], 2))
+        flags = [q.requires_grad for q in model.parameters()]
+        model.requires_grad_(False)  # the base stays frozen: no gradients into its weights
+        optimizer = torch.optim.AdamW(flat, lr=self.learning_rate, weight_decay=0.0)
+        losses, order, stopped_early = [], [], False
+        bar = tqdm(total=self.steps, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
+
+        def student(tokens: torch.Tensor) -> torch.Tensor:
+            batch = tokens.shape[0]
+            cache = with_kv(template, [(k.expand(batch, *k.shape[1:]), v.expand(batch, *v.shape[1:])) for k, v in params])
+            return model(tokens, cache=cache)
+
+        try:
+            for _ in range(self.steps):
+                if len(order) < self.batch_size:
+                    order += torch.randperm(len(sequences), generator=generator).tolist()
+                picked, order = order[: self.batch_size], order[self.batch_size:]
+                loss = distillation_kl(student, [sequences[i] for i in picked])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+                if not all(bool(torch.isfinite(t).all()) for t in flat):
+                    raise FloatingPointError("kv-prefix: the prefix became non-finite; lower the learning rate")
+                bar.update(1)
+                bar.set_postfix(kl=f"{losses[-1]:.4f}")
+                if _plateau(losses, self.patience, self.min_improvement):
+                    stopped_early = True
+                    break
+        finally:
+            bar.close()
+            for q, flag in zip(model.parameters(), flags):
+                q.requires_grad_(flag)
+        return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early,
+                "kv": [(k.detach(), v.detach()) for k, v in params]}

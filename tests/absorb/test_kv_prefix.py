@@ -1,0 +1,119 @@
+"""kv-prefix: a trained K/V prefix (Cartridges) on both backends: exactly keep-prompt at p = M from the document's
+own K/V, training moves only the prefix (not the first position, not the base), save/load, transformers' own
+generate from the prefix as past_key_values, and one-line errors for bad options."""
+
+import inspect
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from incontext.absorb import AdaptedModel, KeepPrompt, get_absorb_method  # noqa: E402
+from incontext.absorb.generation import stream_tokens  # noqa: E402
+from incontext.interop.hf import to_hf_llama  # noqa: E402
+from incontext.interop.hf_backend import HFCausalLM, prefix_cache  # noqa: E402
+from incontext.models import Transformer, TransformerConfig  # noqa: E402
+
+FAST = {"progress": False, "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8}
+
+
+def tiny(dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=128,
+                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
+    model = Transformer(config).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.fixture(params=["incontext", "hf"])
+def model(request):
+    ours = tiny()
+    return ours if request.param == "incontext" else HFCausalLM(to_hf_llama(ours).eval()).eval()
+
+
+def prompt_and_query(m=20, n=7, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 61, (m,), generator=g), torch.randint(0, 61, (1, n), generator=g)
+
+
+@pytest.mark.parametrize("m", [1, 9, 20])
+def test_the_documents_own_kv_at_p_equal_m_is_keep_prompt(model, m):
+    prompt, query = prompt_and_query(m)
+    adapted = get_absorb_method("kv-prefix", prefix_tokens=m, steps=0, **FAST).absorb(model, prompt)
+    with torch.no_grad():
+        assert (adapted(query) - KeepPrompt().absorb(model, prompt)(query)).abs().max() < 1e-10
+    assert adapted.kept_bytes(model) == KeepPrompt().absorb(model, prompt).kept_bytes(model)
+
+
+def test_training_moves_only_the_prefix_and_lowers_the_kl(model):
+    prompt, query = prompt_and_query()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    initial = get_absorb_method("kv-prefix", prefix_tokens=5, steps=0, **FAST).absorb(model, prompt)
+    trained = get_absorb_method("kv-prefix", prefix_tokens=5, steps=25, learning_rate=0.05, **FAST).absorb(model, prompt)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the base is untouched
+    assert all(p.grad is None for p in model.parameters())
+    kl = trained.history["kl"]
+    assert kl[-1] < 0.8 * kl[0]
+    for (k0, v0), (k1, v1) in zip(initial._tensors(), trained._tensors()):
+        assert torch.equal(k0[:, :, :1], k1[:, :, :1]) and torch.equal(v0[:, :, :1], v1[:, :, :1])  # the sink
+        assert not torch.equal(k0, k1)
+    assert trained.kept_bytes(model) == initial.kept_bytes(model) == KeepPrompt().absorb(model, prompt).kept_bytes(model) // 4
+
+
+@pytest.mark.parametrize("init", ["random-tokens", "random-vectors"])
+def test_other_initialisations_are_seeded(model, init):
+    prompt, query = prompt_and_query()
+    runs = [get_absorb_method("kv-prefix", prefix_tokens=4, init=init, steps=2, **FAST).absorb(model, prompt)
+            for _ in range(2)]
+    with torch.no_grad():
+        assert torch.equal(runs[0](query), runs[1](query))
+
+
+def test_save_and_load_give_the_same_model(model, tmp_path):
+    prompt, query = prompt_and_query()
+    adapted = get_absorb_method("kv-prefix", prefix_tokens=6, steps=3, **FAST).absorb(model, prompt)
+    adapted.save(tmp_path / "prefix")
+    loaded = AdaptedModel.load(tmp_path / "prefix", base=model)
+    with torch.no_grad():
+        assert torch.equal(loaded(query), adapted(query))
+    assert loaded.query_cache().position == 6
+
+
+def test_transformers_generates_from_the_prefix_as_past_key_values(model):
+    """Greedy generation with transformers' own generate from the prefix equals ours."""
+    prompt, query = prompt_and_query()
+    adapted = get_absorb_method("kv-prefix", prefix_tokens=6, steps=3, **FAST).absorb(model, prompt)
+    hf = model.hf if model.backend == "hf" else to_hf_llama(model).eval()
+    ours = list(stream_tokens(adapted, query[0].tolist(), 8))
+    ids = torch.cat([torch.zeros(1, adapted.position, dtype=torch.long), query], 1)  # placeholders for the prefix
+    name = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"  # transformers >= 5.24
+    theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                         pad_token_id=-1, **{name: prefix_cache(adapted, hf.config)})
+    assert theirs[0, adapted.position + query.shape[1]:].tolist() == ours
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"prefix_tokens": 0}, "prefix_tokens must be an integer >= 1"),
+    ({"prefix_tokens": 2.5}, "prefix_tokens must be an integer"),
+    ({"learning_rate": float("nan")}, "learning_rate must be a finite number"),
+    ({"init": "zeros"}, "init must be one of"),
+    ({"steps": -1}, "steps must be an integer >= 0"),
+    ({"freeze_first": "yes"}, "freeze_first must be true or false"),
+])
+def test_bad_options_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        get_absorb_method("kv-prefix", **options)
+
+
+def test_a_prefix_longer_than_the_document_or_the_context_is_refused(model):
+    prompt, _ = prompt_and_query(10)
+    with pytest.raises(ValueError, match="exceeds the document's 10 tokens"):
+        get_absorb_method("kv-prefix", prefix_tokens=11, steps=0, **FAST).absorb(model, prompt)
+    with pytest.raises(ValueError, match="no room for queries"):
+        get_absorb_method("kv-prefix", prefix_tokens=128, init="random-tokens", steps=0, **FAST).absorb(model, prompt)
