@@ -155,7 +155,8 @@ DISTILL = ["steps=3", "learning_rate=0.05", "n_continuations=1", "continuation_t
 
 
 @pytest.mark.parametrize("method, options", [("dynamic-eval", ["learning_rate=0.05", "n_steps=2"]),
-                                             ("distill-lora", DISTILL), ("distill-lora", DISTILL + ["merge=false"])])
+                                             ("distill-lora", DISTILL), ("distill-lora", DISTILL + ["merge=false"]),
+                                             ("kv-prefix", DISTILL + ["prefix_tokens=4"])])
 def test_generate_from_an_absorb_folder_follows_the_adapted_models_argmax(method, options, llama, loaded, tmp_path, capsys):
     out = tmp_path / method
     record = absorb(capsys, llama, out, method, *options)

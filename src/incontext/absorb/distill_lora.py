@@ -31,7 +31,7 @@ from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
 from .base import AbsorbMethod, AdaptedModel
 from .self_study import (QUESTION_WRITER, StudyOptions, _recall_windows, contrastive_questions,  # noqa: F401 (re-exported)
-                         distillation_kl, subjects, teacher_sequences)
+                         distillation_kl, study, subjects)
 
 # linear layers of a Transformer block a LoRA can target (fused qkv and, for SwiGLU, fused gate/up)
 LORA_TARGETS = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
@@ -225,6 +225,8 @@ class DistillLoRA(AbsorbMethod):
         merge: bool = True,
         seed: int = 0,
         progress: bool = True,
+        top_k: int | None = None,
+        data_cache: str = "",
     ):
         positive = {"rank": rank, "alpha": alpha, "learning_rate": learning_rate, "continuation_tokens": continuation_tokens,
                     "window_tokens": window_tokens, "batch_size": batch_size, "temperature": temperature,
@@ -251,6 +253,11 @@ class DistillLoRA(AbsorbMethod):
         self.n_questions, self.chat_answer_tokens, self.contrast = n_questions, chat_answer_tokens, contrast
         self.temperature, self.patience, self.min_improvement = temperature, patience, min_improvement
         self.autocast, self.merge, self.seed, self.progress = autocast, merge, seed, progress
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"distill-lora: top_k must be an integer >= 1 (or unset: the whole distribution), got {top_k!r}")
+        if not isinstance(data_cache, str):
+            raise ValueError(f"distill-lora: data_cache must be a folder name, got {data_cache!r}")
+        self.top_k, self.data_cache = top_k, data_cache
         self.codec = None
 
     def stage_options(self) -> StudyOptions:
@@ -288,7 +295,8 @@ class DistillLoRA(AbsorbMethod):
         model.eval()
         start = time.perf_counter()
         try:
-            sequences, counts = teacher_sequences(model, prompt, queries, self.stage_options(), self.codec, generator)
+            sequences, counts = study(model, prompt, queries, self.stage_options(), self.codec, generator,
+                                      top_k=self.top_k, cache_dir=self.data_cache or None, seed=self.seed)
             spec = lora_spec(model, self.rank, self.alpha, self.target_modules)
             adapted = DistilledLoRA(copy.deepcopy(model), spec, offset=m, merged=False).eval()
         finally:

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from .base import AbsorbMethod, AdaptedModel
-from .self_study import StudyOptions, distillation_kl, teacher_sequences
+from .self_study import StudyOptions, distillation_kl, study
 
 INITS = ("document", "random-tokens", "random-vectors")
 
@@ -86,7 +86,8 @@ class KVPrefix(AbsorbMethod):
     """Self-study into a trained KV prefix (see the module docstring). Options: prefix_tokens (p; default a quarter
     of the document, Cartridges' memory budget for this comparison), init,
     freeze_first, steps, learning_rate, batch_size, patience / min_improvement (early stop on a KL plateau), seed,
-    progress, and the data stage's options (window_tokens, n_continuations, continuation_tokens, answer_tokens,
+    progress, top_k (the teacher's top-k log-probs per position; None: all), data_cache (a folder where the data
+    stage is stored and reused when model, document and settings match), and the data stage's options (window_tokens, n_continuations, continuation_tokens, answer_tokens,
     n_questions, contrast, chat_answer_tokens, temperature)."""
 
     name = "kv-prefix"
@@ -95,7 +96,8 @@ class KVPrefix(AbsorbMethod):
 
     def __init__(self, prefix_tokens: int | None = None, init: str = "document", freeze_first: bool = True, steps: int = 48,
                  learning_rate: float = 2e-2, batch_size: int = 4, patience: int = 8, min_improvement: float = 0.01,
-                 seed: int = 0, progress: bool = True, window_tokens: int = 24, n_continuations: int = 2,
+                 seed: int = 0, progress: bool = True, top_k: int | None = 20, data_cache: str = "",
+                 window_tokens: int = 24, n_continuations: int = 2,
                  continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 16, contrast: bool = False,
                  chat_answer_tokens: int = 24, temperature: float = 1.0):
         import math
@@ -109,6 +111,10 @@ class KVPrefix(AbsorbMethod):
         integer("steps", steps, 0)
         integer("batch_size", batch_size, 1)
         integer("patience", patience, 1)
+        if top_k is not None:  # None: the teacher's whole distribution
+            integer("top_k", top_k, 1)
+        if not isinstance(data_cache, str):
+            raise ValueError(f"kv-prefix: data_cache must be a folder name, got {data_cache!r}")
         for name in ("window_tokens", "continuation_tokens", "chat_answer_tokens"):
             integer(name, locals()[name], 1)
         for name in ("n_continuations", "answer_tokens", "n_questions"):
@@ -126,6 +132,7 @@ class KVPrefix(AbsorbMethod):
         self.prefix_tokens, self.init, self.freeze_first = prefix_tokens, init, freeze_first
         self.steps, self.learning_rate, self.batch_size = steps, float(learning_rate), batch_size
         self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
+        self.top_k, self.data_cache = top_k, data_cache
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
                                   n_questions=n_questions, contrast=contrast, chat_answer_tokens=chat_answer_tokens,
@@ -160,7 +167,8 @@ class KVPrefix(AbsorbMethod):
         model.eval()
         start = time.perf_counter()
         try:
-            sequences, counts = teacher_sequences(model, prompt, queries, self.stage, self.codec, generator)
+            sequences, counts = study(model, prompt, queries, self.stage, self.codec, generator, top_k=self.top_k,
+                                      cache_dir=self.data_cache or None, seed=self.seed)
             template = self._initial(model, prompt, p, generator)
         finally:
             model.train(was_training)

@@ -219,20 +219,128 @@ def _recall_windows(model, cache, prompt, width):
 
 
 
+def top_k_targets(sequences: list, k: int) -> list:
+    """Each (ids, teacher log-probs (n, V)) as (ids, top-k log-probs (n, k), their token ids (n, k)): the student
+    sees the teacher's distribution where it holds its mass (Cartridges keeps k = 20), at k / V of the memory."""
+    out = []
+    for ids, logp in sequences:
+        values, index = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        out.append((ids, values, index))
+    return out
+
+
 def distillation_kl(student, batch) -> torch.Tensor:
     """Mean over the taught positions of KL(teacher || student); `student` maps (B, L) ids to logits. Sequences are
     right-padded (causal: padding is unseen) and each teaches its last n positions (n = rows of its teacher
-    log-probs)."""
-    length = max(tokens.shape[0] for tokens, _ in batch)
+    log-probs). A sequence given as (ids, top-k log-probs, their ids) is taught on the teacher's top k tokens:
+    sum_i p_i (log p_i - log q_i) over them (the full KL when k = V; the gradient of the cross-entropy on the
+    teacher's top-k probabilities otherwise)."""
+    length = max(item[0].shape[0] for item in batch)
     tokens = batch[0][0].new_zeros(len(batch), length)
-    vocab = batch[0][1].shape[-1]
-    teacher = batch[0][1].new_zeros(len(batch), length, vocab)
+    width = batch[0][1].shape[-1]
+    top_k = len(batch[0]) == 3
+    teacher = batch[0][1].new_zeros(len(batch), length, width)
+    index = batch[0][2].new_zeros(len(batch), length, width) if top_k else None
     mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
-    for row, (ids, logp) in enumerate(batch):
-        end = ids.shape[0]
+    for row, item in enumerate(batch):
+        ids, logp = item[0], item[1]
+        end, n = ids.shape[0], logp.shape[0]
         tokens[row, :end] = ids
-        teacher[row, end - logp.shape[0]: end], mask[row, end - logp.shape[0]: end] = logp, True
+        teacher[row, end - n: end], mask[row, end - n: end] = logp, True
+        if top_k:
+            index[row, end - n: end] = item[2]
     logits = student(tokens)
     log_q = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
-    kl = F.kl_div(log_q, teacher.to(log_q.dtype), log_target=True, reduction="none").sum(-1)
+    if top_k:
+        log_q = log_q.gather(-1, index)
+    log_p = teacher.to(log_q.dtype)
+    kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
     return kl[mask].mean()
+
+
+# ----------------------------------------------------------------------------- the stage's cache on disk
+
+
+def stage_key(model, prompt: torch.Tensor, queries: list[torch.Tensor], settings: dict) -> str:
+    """sha256 naming one data stage: the model (a sample of its weights), the document, the training queries and
+    every setting that shapes the sequences (options, k, seed, whether a tokenizer wrote questions)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().flatten()
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(flat[:: max(1, flat.numel() // 1024)][:1024].to(torch.float64).cpu().numpy().tobytes())
+    for ids in [prompt, *queries]:
+        digest.update(ids.detach().cpu().numpy().astype("int64").tobytes() + b"|")
+    return digest.hexdigest()
+
+
+def save_stage(folder, key: str, sequences: list, counts: dict, settings: dict):
+    """The stage as <key>.safetensors + <key>.json in `folder`, written through temporary names and renamed (an
+    interrupted write leaves no half file under the real name)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for i, item in enumerate(sequences):
+        for j, tensor in enumerate(item):
+            tensors[f"{i}.{j}"] = tensor.detach().contiguous().cpu()
+    weights, record = folder / f"{key}.safetensors", folder / f"{key}.json"
+    partial = folder / f".{key}.{os.getpid()}.partial"
+    try:
+        save_file(tensors, str(partial))
+        partial.replace(weights)
+        partial.write_text(json.dumps({"settings": settings, "counts": counts, "sequences": len(sequences),
+                                       "parts": len(sequences[0]) if sequences else 0}, indent=1, default=str))
+        partial.replace(record)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def load_stage(folder, key: str, settings: dict, device) -> tuple[list, dict] | None:
+    """The cached stage of `key` when both files are there and its recorded settings are these; else None."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    weights, record = Path(folder) / f"{key}.safetensors", Path(folder) / f"{key}.json"
+    if not (weights.is_file() and record.is_file()):
+        return None
+    try:
+        meta = json.loads(record.read_text())
+        if json.loads(json.dumps(settings, default=str)) != meta["settings"]:
+            return None
+        tensors = load_file(str(weights), device=str(device))
+        sequences = [tuple(tensors[f"{i}.{j}"] for j in range(meta["parts"])) for i in range(meta["sequences"])]
+    except (ValueError, KeyError, OSError):
+        return None  # a damaged cache entry is rebuilt (under the same name, by save_stage)
+    return sequences, meta["counts"]
+
+
+def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
+          generator: torch.Generator, *, top_k: int | None, cache_dir=None, seed: int | None = None) -> tuple[list, dict]:
+    """The data stage with its cache: the teacher's sequences (top-k targets unless top_k is None), read from
+    `cache_dir` when an entry with the same model, document, queries and settings is there, else built (from
+    `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it)."""
+    import dataclasses
+
+    settings = {"options": dataclasses.asdict(options), "top_k": top_k, "seed": seed, "tokenizer": codec is not None}
+    key = stage_key(model, prompt, queries, settings) if cache_dir else None
+    if key is not None:
+        cached = load_stage(cache_dir, key, settings, prompt.device)
+        if cached is not None:
+            return cached[0], {**cached[1], "cached": True}
+    sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator)
+    if top_k is not None:
+        sequences = top_k_targets(sequences, top_k)
+    if key is not None:
+        save_stage(cache_dir, key, sequences, counts, settings)
+    return sequences, {**counts, "cached": False}

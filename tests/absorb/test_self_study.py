@@ -1,0 +1,84 @@
+"""The distillation data stage: deterministic, top-k targets (the full KL at k = V), and its cache on disk (reused
+only when model, document and settings match; an interrupted write leaves no file under the real name)."""
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+from incontext.absorb import get_absorb_method, self_study  # noqa: E402
+from incontext.absorb.self_study import StudyOptions, distillation_kl, study, top_k_targets  # noqa: E402
+from incontext.models import Transformer, TransformerConfig  # noqa: E402
+
+OPTIONS = StudyOptions(window_tokens=6, n_continuations=2, continuation_tokens=5, n_questions=0)
+
+
+def tiny(seed=0):
+    torch.manual_seed(seed)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=96,
+                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    return Transformer(config).double().eval()
+
+
+PROMPT = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(1))
+
+
+def run(model, tmp_path=None, seed=0, options=OPTIONS, top_k=8, prompt=PROMPT):
+    return study(model, prompt, [], options, None, torch.Generator().manual_seed(seed), top_k=top_k,
+                 cache_dir=tmp_path, seed=seed)
+
+
+def same(a, b):
+    return len(a) == len(b) and all(all(torch.equal(x, y) for x, y in zip(p, q)) for p, q in zip(a, b))
+
+
+def test_the_stage_is_deterministic_and_keeps_the_top_k():
+    model = tiny()
+    (first, counts), (again, _) = run(model), run(model)
+    assert same(first, again) and counts["continuations"] == 2 and counts["recall_windows"] > 0
+    ids, values, index = first[0]
+    assert values.shape[-1] == index.shape[-1] == 8 and (values[:, :-1] >= values[:, 1:]).all()
+
+
+def test_top_k_at_the_whole_vocabulary_is_the_full_kl():
+    model, student = tiny(0), tiny(1)
+    full, _ = study(model, PROMPT, [], OPTIONS, None, torch.Generator().manual_seed(0), top_k=None)
+    with torch.no_grad():
+        assert abs(float(distillation_kl(student, full[:3]) - distillation_kl(student, top_k_targets(full[:3], 61)))) < 1e-12
+        assert torch.isfinite(distillation_kl(student, top_k_targets(full[:3], 4)))
+
+
+def test_the_cache_is_reused_only_when_everything_matches(tmp_path, monkeypatch):
+    model = tiny()
+    built, counts = run(model, tmp_path)
+    assert not counts["cached"] and len(list(tmp_path.glob("*.safetensors"))) == 1
+    calls = []
+    original = self_study.teacher_sequences
+    monkeypatch.setattr(self_study, "teacher_sequences", lambda *a, **k: calls.append(1) or original(*a, **k))
+    reused, counts = run(model, tmp_path)
+    assert counts["cached"] and same(reused, built) and not calls
+    for changed in (dict(seed=1), dict(top_k=4), dict(options=StudyOptions(window_tokens=5, n_questions=0)),
+                    dict(prompt=PROMPT[:-1])):
+        assert not run(model, tmp_path, **changed)[1]["cached"]
+    assert not run(tiny(seed=3), tmp_path)[1]["cached"]  # another model
+    assert len(calls) == 5 and len(list(tmp_path.glob("*.safetensors"))) == 6
+
+
+def test_an_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
+    def broken(tensors, path):
+        open(path, "wb").write(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("safetensors.torch.save_file", broken)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny(), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_both_methods_share_the_cached_stage(tmp_path):
+    model = tiny()
+    common = dict(steps=2, top_k=8, data_cache=str(tmp_path), window_tokens=6, n_continuations=2, continuation_tokens=5,
+                  n_questions=0, progress=False)
+    lora = get_absorb_method("distill-lora", **common).absorb(model, PROMPT)
+    prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, PROMPT)
+    assert not lora.history["pool"]["cached"] and prefix.history["pool"]["cached"]
