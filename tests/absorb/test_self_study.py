@@ -13,9 +13,9 @@ from incontext.models import Transformer, TransformerConfig  # noqa: E402
 OPTIONS = StudyOptions(window_tokens=6, n_continuations=2, continuation_tokens=5, n_questions=0)
 
 
-def tiny(seed=0):
+def tiny(seed=0, vocab=61):
     torch.manual_seed(seed)
-    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=96,
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=vocab, max_seq_len=400,
                                positions="rope", norm="rmsnorm", mlp="swiglu", bias=False)
     return Transformer(config).double().eval()
 
@@ -82,3 +82,23 @@ def test_both_methods_share_the_cached_stage(tmp_path):
     lora = get_absorb_method("distill-lora", **common).absorb(model, PROMPT)
     prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, PROMPT)
     assert not lora.history["pool"]["cached"] and prefix.history["pool"]["cached"]
+
+
+def test_seed_prompts_write_messages_the_teacher_answers():
+    """Self-study conversations: with a chat template each message becomes a chat turn, without one a Q/A turn;
+    seeded (the same messages twice)."""
+    from test_distill_lora import CharCodec
+
+    model = tiny(vocab=64)
+    codec = CharCodec()
+    prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker."))
+    options = StudyOptions(window_tokens=6, n_continuations=0, n_questions=0, n_conversations=3, message_tokens=6,
+                           seed_prompts=("question", "creative"))
+    messages = [self_study._seed_messages(model, prompt, codec, options, torch.Generator().manual_seed(5))
+                for _ in range(2)]
+    assert messages[0] == messages[1] and 1 <= len(messages[0]) <= 3
+    sequences, counts = study(model, prompt, [], options, codec, torch.Generator().manual_seed(5), top_k=8)
+    assert counts["conversations"] == len(messages[0]) and counts["chat_turns"] == counts["conversations"]
+    with pytest.raises(ValueError, match="seed_prompts must be"):
+        self_study._seed_messages(model, prompt, codec, StudyOptions(n_conversations=1, seed_prompts=("poetry",)),
+                                  torch.Generator())

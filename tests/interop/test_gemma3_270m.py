@@ -62,14 +62,18 @@ def test_the_real_model_loads_on_the_hf_backend_and_answers_from_its_prompt():
     from incontext.interop.models import load_model
 
     loaded = load_model("gemma3-270m")
-    lm = loaded.model
+    lm, codec = loaded.model, loaded.tokenizer
     assert lm.backend == "hf" and lm.config.model_type == "gemma3_text" and lm.config.vocab_size == 262144
     assert abs(sum(p.numel() for p in lm.parameters()) / 1e6 - 268.1) < 0.5
-    assert lm.bos_id == loaded.tokenizer.tokenizer.bos_token_id  # Gemma reads its BOS first
-    prompt = loaded.tokenizer.encode("Ada Lovelace was born in London. Alan Turing was born in Paris.\n")
-    query = loaded.tokenizer.encode("Q: Where was Alan Turing born?\nA:")
+    assert lm.bos_id == codec.tokenizer.bos_token_id == 2  # Gemma reads its BOS first
+    assert not codec.tokenizer.chat_template  # a base model: no chat template
+    # a completion, not a Q/A: the 270M base model answers "Q: ...\nA:" with " He" (then " London")
+    prompt = codec.encode("Alan Turing was born in Paris. Ada Lovelace was born in London.\n")
+    query = codec.encode("Alan Turing was born in")
     with torch.no_grad():
         cache = lm.prefill(torch.tensor([prompt]))
         logits = lm(torch.tensor([query]), cache=cache)[0, -1]
+        plain = lm.hf(torch.tensor([[lm.bos_id] + prompt + query])).logits[0, -1]  # transformers alone, BOS first
     assert torch.isfinite(logits).all()
-    assert loaded.tokenizer.decode([int(logits.argmax())]).strip() in ("Paris", "London")
+    torch.testing.assert_close(logits, plain, atol=1e-3, rtol=1e-4)
+    assert codec.decode([int(logits.argmax())]).strip() == "Paris"

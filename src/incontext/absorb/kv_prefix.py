@@ -34,6 +34,16 @@ from .self_study import StudyOptions, distillation_kl, study
 INITS = ("document", "random-tokens", "random-vectors")
 
 
+def _seed_kinds(value) -> tuple[str, ...]:
+    from .self_study import SEED_PROMPTS
+
+    kinds = tuple(k.strip() for k in value.split(",")) if isinstance(value, str) else tuple(value)
+    unknown = sorted(set(kinds) - set(SEED_PROMPTS))
+    if not kinds or unknown:
+        raise ValueError(f"seed_prompts must be a comma-separated subset of {','.join(SEED_PROMPTS)}, got {value!r}")
+    return kinds
+
+
 class TrainedPrefix(AdaptedModel):
     """The base with a trained K/V prefix of `position` tokens: forward(query) attends to it first."""
 
@@ -87,7 +97,9 @@ class KVPrefix(AbsorbMethod):
     of the document, Cartridges' memory budget for this comparison), init,
     freeze_first, steps, learning_rate, batch_size, patience / min_improvement (early stop on a KL plateau), seed,
     progress, top_k (the teacher's top-k log-probs per position; None: all), data_cache (a folder where the data
-    stage is stored and reused when model, document and settings match), and the data stage's options (window_tokens, n_continuations, continuation_tokens, answer_tokens,
+    stage is stored and reused when model, document and settings match), n_conversations (self-study messages the
+    model writes from the seed prompts `seed_prompts`, up to `message_tokens` each, answered by the teacher), and
+    the data stage's other options (window_tokens, n_continuations, continuation_tokens, answer_tokens,
     n_questions, contrast, chat_answer_tokens, temperature)."""
 
     name = "kv-prefix"
@@ -99,7 +111,8 @@ class KVPrefix(AbsorbMethod):
                  seed: int = 0, progress: bool = True, top_k: int | None = 20, data_cache: str = "",
                  window_tokens: int = 24, n_continuations: int = 2,
                  continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 16, contrast: bool = False,
-                 chat_answer_tokens: int = 24, temperature: float = 1.0):
+                 chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
+                 seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32):
         import math
 
         def integer(name, value, low):
@@ -115,9 +128,9 @@ class KVPrefix(AbsorbMethod):
             integer("top_k", top_k, 1)
         if not isinstance(data_cache, str):
             raise ValueError(f"kv-prefix: data_cache must be a folder name, got {data_cache!r}")
-        for name in ("window_tokens", "continuation_tokens", "chat_answer_tokens"):
+        for name in ("window_tokens", "continuation_tokens", "chat_answer_tokens", "message_tokens"):
             integer(name, locals()[name], 1)
-        for name in ("n_continuations", "answer_tokens", "n_questions"):
+        for name in ("n_continuations", "answer_tokens", "n_questions", "n_conversations"):
             integer(name, locals()[name], 0)
         for name, value in (("learning_rate", learning_rate), ("temperature", temperature)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
@@ -136,7 +149,8 @@ class KVPrefix(AbsorbMethod):
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
                                   n_questions=n_questions, contrast=contrast, chat_answer_tokens=chat_answer_tokens,
-                                  temperature=float(temperature))
+                                  temperature=float(temperature), n_conversations=n_conversations,
+                                  seed_prompts=_seed_kinds(seed_prompts), message_tokens=message_tokens)
         self.codec = None
 
     def use_codec(self, codec) -> "KVPrefix":

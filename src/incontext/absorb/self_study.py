@@ -37,6 +37,26 @@ class StudyOptions:
     contrast: bool = False
     chat_answer_tokens: int = 24
     temperature: float = 1.0
+    n_conversations: int = 0  # self-study: messages the model writes from seed prompts, answered by the teacher
+    seed_prompts: tuple[str, ...] = ("structuring", "summarization", "question", "use-case", "creative")
+    message_tokens: int = 32
+
+
+# Seed prompts of self-study (the kinds Cartridges found to help, in our own words): the model, reading the
+# document, writes one message a user could send about it; the teacher then answers that message with the
+# document in its context, the student without.
+SEED_PROMPTS = {
+    "structuring": "Write one request asking to organise a part of the text above into a list or a table "
+                   "(for example each person's details). Reply with the request only.",
+    "summarization": "Write one request asking for a short summary of a specific part of the text above. "
+                     "Reply with the request only.",
+    "question": "Write one question about a specific fact stated in the text above, naming who or what it is "
+                "about. Reply with the question only.",
+    "use-case": "Write one message a user might send who needs the information in the text above for a practical "
+                "task. Reply with the message only.",
+    "creative": "Write one creative request (a short story, a poem, a letter) that must use details from the text "
+                "above. Reply with the request only.",
+}
 
 
 # A generic few-shot prompt that turns a sentence into a question about it (for a bare passage: the questions a
@@ -74,10 +94,64 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     for query in plain:
         sequences.append(_answered(model, _copy(cache), query, min(options.answer_tokens, room - query.shape[0])))
     counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
-    chat = _chat_turns(model, prompt, questions, room, codec, options.chat_answer_tokens) if questions and hasattr(codec, "chat") else []
+    messages = _seed_messages(model, prompt, codec, options, generator) if codec is not None and options.n_conversations else []
+    counts["conversations"] = len(messages)
+    templated = codec is not None and _has_template(codec)  # a base model (Gemma-3-270M) has no chat template
+    if messages and not templated:  # a base model: the messages as plain Q/A turns
+        for text in messages:
+            query = torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device)
+            if query.shape[0] + options.answer_tokens < room:
+                sequences.append(_answered(model, _copy(cache), query, min(options.chat_answer_tokens, room - query.shape[0])))
+    asked = questions + (messages if templated else [])
+    chat = _chat_turns(model, prompt, asked, room, codec, options.chat_answer_tokens) if asked and templated else []
     sequences += chat
     counts["chat_turns"] = len(chat)
     return sequences, counts
+
+def _seed_messages(model, prompt, codec, options: StudyOptions, generator: torch.Generator) -> list[str]:
+    """`n_conversations` messages the model writes about the document, cycling through the seed-prompt kinds: it
+    reads the document and the seed instruction (in a user turn where there is a chat template) and samples a
+    message to its end of turn or line (seeded, drawn on the CPU)."""
+    unknown = sorted(set(options.seed_prompts) - set(SEED_PROMPTS))
+    if unknown or not options.seed_prompts:
+        raise ValueError(f"seed_prompts must be a non-empty subset of {', '.join(SEED_PROMPTS)}, got {options.seed_prompts}")
+    document = codec.decode(prompt.tolist()).strip()
+    chat = hasattr(codec, "chat") and _has_template(codec)
+    stops = {getattr(codec, "eos_token_id", None)}
+    messages = []
+    for i in range(options.n_conversations):
+        instruction = SEED_PROMPTS[options.seed_prompts[i % len(options.seed_prompts)]]
+        text = (codec.chat([{"role": "user", "content": f"{document}\n\n{instruction}"}], add_generation_prompt=True)
+                if chat else f"{document}\n\n{instruction}\nRequest:")
+        ids = torch.tensor(codec.encode(text), device=prompt.device)
+        if model.config.max_seq_len is not None and ids.shape[0] + options.message_tokens > model.config.max_seq_len:
+            continue
+        cache = Cache.empty(model.config.n_layer)
+        logits = model(ids[None], cache=cache)[0, -1]
+        out = []
+        for _ in range(options.message_tokens):
+            probs = torch.softmax(logits.float() / options.temperature, -1).cpu()
+            token = int(torch.multinomial(probs, 1, generator=generator))
+            piece = codec.decode([token])
+            if token in stops or piece.strip() in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>") or (not chat and "\n" in piece):
+                break
+            out.append(token)
+            logits = model(torch.tensor([[token]], device=prompt.device), cache=cache)[0, -1]
+        message = codec.decode(out).strip()
+        if message and message not in messages:
+            messages.append(message)
+    return messages
+
+
+def _has_template(codec) -> bool:
+    if not hasattr(codec, "chat"):
+        return False
+    try:
+        codec.chat([{"role": "user", "content": "x"}])
+    except (ValueError, AttributeError, TypeError):
+        return False
+    return True
+
 
 def _questions(model, prompt, codec, n_questions: int) -> list[str]:
     """Questions the base model (without the prompt) writes about up to n_questions of the prompt's
