@@ -94,7 +94,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         scores = {}
         for value in values:
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
-                          progress=False, references=False)[-1]
+                          progress=False, references=False, codec=loaded.tokenizer)[-1]
             # exact match is mostly 0/1 ties on a few episodes: choose by the answers' log-probability instead
             criterion = "answer_logprob" if source.metric == "exact" else "score"
             scores[repr(value)] = row[criterion]["mean"] if row["status"] == "ok" else None
@@ -106,7 +106,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         tuning[key] = {"criterion": "answer_logprob" if source.metric == "exact" else "score", "validation_scores": scores, "chosen": method_options[name].get(option),
                        "validation_episodes": spec.validation_episodes, "validation_seed": spec.seed + VALIDATION_SEED_OFFSET}
     episodes = source.episodes(spec.episodes, spec.seed, tokenizer=loaded.tokenizer, task=loaded.task)
-    rows = compare(loaded.model, source, episodes, method_options, progress=progress)
+    rows = compare(loaded.model, source, episodes, method_options, progress=progress, codec=loaded.tokenizer)
     results = {
         "model": spec.model, "model_description": loaded.description, "task": spec.task, "metric": source.metric,
         "higher_is_better": source.higher_is_better, "task_options": vars(source.config), "episodes": len(episodes),
