@@ -182,6 +182,26 @@ def test_a_dtype_the_device_cannot_compute_in_is_refused(capsys, run_copy, tmp_p
     check_refused(capsys, tmp_path, args, "dtype float16 is not supported on cpu")
 
 
+@pytest.mark.parametrize("extra, fragment", [
+    (["--device", "gpu"], "is not cpu, cuda"),
+    pytest.param(["--device", "cuda"], "no CUDA device", marks=NO_CUDA),
+    (["--device", "cpu:0"], "is not cpu, cuda"),
+    (["--dtype", "float16"], "train keeps float32 weights"),
+    (["--dtype", "float64"], "train keeps float32 weights"),
+    (["--dtype", "int8"], "invalid choice"),
+])
+def test_train_checks_device_and_dtype(capsys, tmp_path, task_yaml, extra, fragment):
+    check_refused(capsys, tmp_path, ["train", task_yaml, *tiny(), "--out", tmp_path / "run", *extra], fragment)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_takes_device_and_dtype(capsys, tmp_path, task_yaml):
+    assert main(["train", str(task_yaml), *tiny(), "--out", str(tmp_path / "run"), "--no-progress",
+                 "--device", "cpu", "--dtype", "bfloat16"]) == 0
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "autocast: bf16" in saved and "device: cpu" in saved
+
+
 def test_run_refuses_a_device_for_an_experiment_without_one(capsys, tmp_path):
     check_refused(capsys, tmp_path, ["run", "regression-demo", "--dtype", "float64", "--out", tmp_path / "o"],
                   "has no dtype setting")

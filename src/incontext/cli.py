@@ -172,7 +172,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train import load_config, train
     from .train.config import replace_run
 
-    config = load_config(args.config, args.set)
+    extra = []
+    if args.device is not None:  # the same flags as the other commands, mapped onto the run section
+        runtime = _runtime(argparse.Namespace(device=args.device, dtype=args.dtype or "float32"))
+        if runtime.device.index is not None:
+            raise ValueError(f"--device {args.device}: train takes cpu or cuda (torchrun gives each process its GPU)")
+        extra.append(f"run.device={runtime.device.type}")
+    if args.dtype is not None:
+        autocast = {"float32": "none", "bfloat16": "bf16"}.get(args.dtype)
+        if autocast is None:
+            raise ValueError(f"--dtype {args.dtype}: train keeps float32 weights and takes float32 or bfloat16 "
+                             "(bf16 autocast)")
+        extra.append(f"run.autocast={autocast}")
+    config = load_config(args.config, list(args.set) + extra)
     if args.out is not None:
         config = replace_run(config, out_dir=str(args.out))
     if args.force and not args.resume:
@@ -384,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.add_argument("--force", action="store_true",
                          help="with --resume: continue even though model, task, optimizer, batch_size or seed changed")
     trainer.add_argument("--no-progress", action="store_true", help="no progress bar")
+    trainer.add_argument("--device", default=None, help="cpu or cuda: sets run.device (default: the config's, auto)")
+    trainer.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "float64"],
+                         help="float32 (run.autocast=none) or bfloat16 (run.autocast=bf16: float32 weights, bf16 matmuls)")
     trainer.set_defaults(func=cmd_train)
 
     evaluator = sub.add_parser("eval", help="evaluate a checkpoint on its run's held-out set",
