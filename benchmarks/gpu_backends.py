@@ -184,6 +184,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--lengths", type=int, nargs="*", default=None)
     parser.add_argument("--skip-absorb", action="store_true")
+    parser.add_argument("--sizes", nargs=4, type=int, metavar=("TRAIN_BATCH", "TRAIN_LENGTH", "PREFILL", "DECODE"),
+                        help="override the speed sizes (e.g. a CPU run at SmolLM2's shapes: 1 256 512 16)")
+    parser.add_argument("--methods", default=None, help="comma-separated absorb methods (default: all in METHODS)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default benchmarks/results/gpu_backends.json)")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -193,6 +196,15 @@ def main(argv=None) -> int:
     shapes = TINY if args.quick else SMOLLM2
     sizes = ({"train_batch": 2, "train_length": 64, "prefill": 128, "decode_tokens": 8} if args.quick else
              {"train_batch": 8, "train_length": 1024, "prefill": 2048, "decode_tokens": 64})
+    if args.sizes:
+        sizes = dict(zip(("train_batch", "train_length", "prefill", "decode_tokens"), args.sizes))
+    if args.methods:
+        unknown = set(args.methods.split(",")) - set(METHODS)
+        if unknown:
+            print(f"unknown methods {sorted(unknown)}; known: {', '.join(METHODS)}", file=sys.stderr)
+            return 2
+        for name in set(METHODS) - set(args.methods.split(",")):
+            METHODS.pop(name)
     lengths = args.lengths or ([32, 64] if args.quick else [512, 2048, 4096])
     out = args.out or RESULTS / "gpu_backends.json"
     if out.exists():

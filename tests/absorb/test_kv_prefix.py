@@ -117,3 +117,23 @@ def test_a_prefix_longer_than_the_document_or_the_context_is_refused(model):
         get_absorb_method("kv-prefix", prefix_tokens=11, steps=0, **FAST).absorb(model, prompt)
     with pytest.raises(ValueError, match="no room for queries"):
         get_absorb_method("kv-prefix", prefix_tokens=128, init="random-tokens", steps=0, **FAST).absorb(model, prompt)
+
+
+def test_composed_prefixes_at_full_length_are_both_documents_in_context(model):
+    """Two documents' own K/V (p = M each), concatenated: the query sees both, as if each had been prefilled on its
+    own and the caches joined (their positions as they were absorbed)."""
+    from incontext.absorb.kv_prefix import compose_prefixes
+    from incontext.models.lm import cache_kv
+
+    first, query = prompt_and_query(9, seed=1)
+    second, _ = prompt_and_query(7, seed=2)
+    a, b = (get_absorb_method("kv-prefix", prefix_tokens=p.shape[0], steps=0, **FAST).absorb(model, p) for p in (first, second))
+    both = compose_prefixes(a, b)
+    assert both.position == 16 and both.kept_bytes(model) == a.kept_bytes(model) + b.kept_bytes(model)
+    joined = [torch.cat([x, y], 2) for x, y in zip(cache_kv(a.state())[0], cache_kv(b.state())[0])]
+    assert all(torch.equal(x, y) for x, y in zip(cache_kv(both.state())[0], joined))
+    with torch.no_grad():
+        out = both(query)
+    assert torch.isfinite(out).all() and not torch.equal(out, a(query))
+    with pytest.raises(ValueError, match="at least two"):
+        compose_prefixes(a)

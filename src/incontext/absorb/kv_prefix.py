@@ -251,3 +251,27 @@ class KVPrefix(AbsorbMethod):
                 q.requires_grad_(flag)
         return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early,
                 "kv": [(k.detach(), v.detach()) for k, v in params]}
+
+
+def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
+    """Several documents absorbed separately, answered together: their prefixes concatenated (Cartridges composes
+    cartridges the same way, without retraining). Each prefix keeps the positions it was trained at; queries start
+    after the sum of the prefixes' lengths."""
+    if len(prefixes) < 2:
+        raise ValueError("compose at least two prefixes")
+    base = prefixes[0].base
+    if any(p.base is not base for p in prefixes):
+        raise ValueError("the prefixes were absorbed into different base models")
+    states = [p.state() for p in prefixes]
+    joined = [(torch.cat([kv[i][0] for kv in map(cache_kv, states)], 2), torch.cat([kv[i][1] for kv in map(cache_kv, states)], 2))
+              for i in range(len(states[0].layers))]
+    first = states[0]
+    layers = []
+    for i, layer in enumerate(first.layers):
+        k, v = joined[i]
+        if isinstance(layer, tuple):
+            layers.append((k, v))
+        else:  # a layer that counts the tokens it has seen (transformers' sliding windows)
+            seen = sum(getattr(s.layers[i], "seen", 0) for s in states)
+            layers.append(type(layer)(k, v, seen) if hasattr(layer, "seen") else layer.with_tensors(k, v))
+    return TrainedPrefix(base, Cache(layers=layers, position=sum(s.position for s in states))).eval()
