@@ -224,3 +224,9 @@ def test_a_prompt_longer_than_the_context_stops_the_comparison_in_one_line():
     model.config.max_seq_len = 64  # the facts prompts are ~150 bytes
     with pytest.raises(ValueError, match="keep-prompt failed on episode 0: ValueError: the prompt has .* context holds 64"):
         compare(model, get_episode_source("facts"), facts_episodes(1), {}, progress=False)
+
+
+def test_no_applicable_method_is_a_one_line_error_not_a_crash():
+    model = tiny()
+    with pytest.raises(ValueError, match="no compared method applies to this model .*iclca: "):
+        compare(model, get_episode_source("facts"), facts_episodes(1), {"iclca": {}}, progress=False, references=False)

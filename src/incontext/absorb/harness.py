@@ -283,6 +283,9 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     from tqdm.auto import tqdm
 
     names = list(instances)
+    if not names:
+        reasons = "; ".join(f"{label}: {records[label].reason}" for label in methods)
+        raise ValueError(f"no compared method applies to this model ({reasons})")
     for index, episode in enumerate(tqdm(episodes, desc=f"{source.name} episodes", disable=not progress)):
         prompt = _as_model_input(episode.prompt, model)
         loss_mask = None if episode.prompt_loss_mask is None else episode.prompt_loss_mask.to(device)
@@ -328,6 +331,8 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             continue
         reference = outputs.get(REFERENCE)
         if reference is None:
+            if records[REFERENCE].status == "n/a":  # e.g. a CGT run: no prompted reference, no agreement columns
+                continue
             raise ValueError(f"the reference method {REFERENCE} failed on {records[REFERENCE].errors[-1]}")
         for name, outs in outputs.items():
             records[name].agreements += [agreement(o, r, q, tokens) for o, r, q in zip(outs, reference, queries)]
