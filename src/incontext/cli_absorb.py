@@ -224,6 +224,10 @@ def absorb_many(args) -> int:
     device = args.device
     if world > 1 and device == "cuda":
         device = f"cuda:{local_rank}"  # one GPU per process
+    if device.startswith("cuda"):
+        from .runtime import parse_device
+
+        torch.cuda.set_device(parse_device(device))  # nccl's barrier runs on the process's own GPU
     info = init_distributed(torch.device(device))
     try:
         method, options, loaded, codec = _prepare(args, device)
