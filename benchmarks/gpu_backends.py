@@ -10,7 +10,7 @@ absorb method's costs, on a GPU. Not a timed test: a measurement to read, writte
    peak memory (the harness's CostTimer and PeakMemory), on our backend and on the Hugging Face backend.
 
     PYTHONPATH=src python3 benchmarks/gpu_backends.py --device cuda --dtype bfloat16        # ~3 min on an H100
-    PYTHONPATH=src python3 benchmarks/gpu_backends.py --device cpu --quick --out /tmp/b.json # a dry run, tiny shapes
+    PYTHONPATH=src python3 benchmarks/gpu_backends.py --device cpu --quick --out gpu_dry_run.json # a dry run, tiny shapes
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ and a bit-identical resume, bfloat16, and the absorb/generate commands, on tiny 
 download). Needs only torch, transformers and peft (PYTHONPATH=src, no install). Writes a JSON record.
 
     PYTHONPATH=src python3 scripts/device_check.py --device cuda --out benchmarks/results/device_check.json
-    PYTHONPATH=src python3 scripts/device_check.py --device cpu --out /tmp/device_check_cpu.json   # dry run
+    PYTHONPATH=src python3 scripts/device_check.py --device cpu --out device_check_cpu.json   # dry run
 
 tests/test_cuda.py runs the same checks under pytest (marked `cuda`, skipped without a GPU).
 """
