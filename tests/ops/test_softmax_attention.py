@@ -31,3 +31,15 @@ def test_reference_is_causal():
     out2 = softmax_attention_reference(q, k, v2, scale=0.5)
     assert torch.equal(out[..., :4, :], out2[..., :4, :])
     assert not torch.allclose(out[..., 4:, :], out2[..., 4:, :])
+
+
+@pytest.mark.parametrize("heads, kv_heads, t, p", [(4, 2, 5, 0), (9, 3, 1, 7), (6, 1, 3, 4), (8, 8, 2, 3)])
+def test_grouped_kv_heads_match_the_expanded_reference(heads, kv_heads, t, p):
+    """Fewer K/V heads than query heads: the fast path shares them (no copy), the reference expands them."""
+    g = torch.Generator().manual_seed(heads * 10 + t)
+    q = torch.randn(2, heads, t, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, kv_heads, p + t, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    expanded = [x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v)]
+    reference = softmax_attention_reference(q, *expanded, scale=0.3)
+    assert (softmax_attention_sdpa(q, k, v, scale=0.3) - reference).abs().max() < 1e-12
+    assert (softmax_attention_reference(q, k, v, scale=0.3) - reference).abs().max() == 0

@@ -254,7 +254,7 @@ class Attention(nn.Module):
             v = torch.cat([layer_cache[1], v], dim=2)
         attend = SOFTMAX_ATTENTION_IMPLS[c.softmax_impl]
         dropout = c.attn_dropout if self.training else 0.0
-        out = attend(q, self._expand_kv(k), self._expand_kv(v), scale=scale, dropout_p=dropout)
+        out = attend(q, k, v, scale=scale, dropout_p=dropout)  # grouped K/V heads: the op shares them
         return out, (k, v)
 
     def _linear(self, q, k, v, rope, layer_cache):

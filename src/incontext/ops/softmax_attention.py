@@ -26,6 +26,8 @@ def softmax_attention_reference(
     dropout_p: float = 0.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: each K/V head serves q.heads / k.heads query heads
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     scores = (q @ k.transpose(-2, -1)) * scale
     scores = scores.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -45,13 +47,16 @@ def softmax_attention_sdpa(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     n_queries, n_keys = q.shape[-2], k.shape[-2]
+    # grouped-query attention (fewer K/V heads than query heads): sdpa shares each K/V head with its group itself,
+    # no expanded copy of the cache
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     if n_queries == n_keys:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p, **gqa)
     if n_queries == 1:  # one new token sees every cached key: no mask needed
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, dropout_p=dropout_p, **gqa)
     # is_causal aligns the mask top-left; with a cache the queries are the last rows, so pass it explicitly
     mask = causal_mask(n_queries, n_keys, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout_p, **gqa)
 
 
 SOFTMAX_ATTENTION_IMPLS = {"reference": softmax_attention_reference, "sdpa": softmax_attention_sdpa}
