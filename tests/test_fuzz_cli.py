@@ -592,3 +592,20 @@ def test_api_checkpoint_loading(tmp_path, models):
     path = save_checkpoint(tmp_path, 1, tokens, None, {})
     flip_bit(path / "model.safetensors")
     assert "model.safetensors is corrupt" in api_error(lambda: load_weights(path, tokens))
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ("[1, 2]", "is not a JSON object"),
+    ("{bad", "is not valid JSON"),
+    ('{"model_type": "llama"}', "transformers cannot load this model"),
+    ('{"model_type": "no-such-family"}', "transformers cannot load this model"),
+])
+@pytest.mark.parametrize("command", ["generate", "absorb", "compare"])
+def test_a_damaged_hugging_face_folder_is_one_line(capsys, tmp_path, config, fragment, command):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    args = {"generate": ["generate", "--model", folder, "hi"],
+            "absorb": ["absorb", "--model", folder, "--method", "keep-prompt", "--prompt", "x", "--out", tmp_path / "o"],
+            "compare": ["compare", "--model", folder, "--task", "facts", "--episodes", "1", "--out", tmp_path / "c"]}[command]
+    check_refused(capsys, tmp_path, args, fragment)
