@@ -28,3 +28,53 @@ class ByteCodec:
 
     def decode(self, ids):
         return bytes(int(i) for i in ids).decode("utf-8")
+
+
+def randomize64(model, seed):
+    """float64 weights with nonzero low bits (not float32-representable); norm gains near 1."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            is_gain = name.endswith("weight") and ("norm" in name or ".ln_" in name)
+            p.copy_(1.0 + 0.2 * noise if is_gain else 0.1 * noise)
+    assert all(not torch.equal(p, p.float().double()) for p in model.parameters())
+    return model
+
+
+def without_float32_steps(hf, theta: float, dim: int):
+    """transformers computes RoPE angles and RMSNorm statistics in float32 even in a float64 model (a ~1e-7 logit
+    gap unrelated to the weights); redo both in float64 (any *RMSNorm, the model's rotary embedding if it has
+    one), to test a conversion itself."""
+
+    def rope(x, position_ids):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).double() / dim))
+        angles = position_ids[..., None].double() * inv_freq
+        emb = torch.cat([angles, angles], -1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    def rms_norm(module):
+        return lambda x: module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
+
+    if hasattr(getattr(hf, "model", None), "rotary_emb"):
+        hf.model.rotary_emb.forward = rope
+    for module in hf.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = rms_norm(module)
+    return hf
+
+
+def tiny_bpe_tokenizer(sentences, vocab_size, chat_template):
+    """A byte-level BPE tokenizer trained on `sentences` (specials <|im_start|> = BOS, <|im_end|> = EOS) with a chat
+    template: a real tokenizer for tiny random Hugging Face models, nothing downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(sentences, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|im_start|>")
+    tokenizer.chat_template = chat_template
+    return tokenizer

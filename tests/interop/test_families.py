@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import randomize64, tiny_bpe_tokenizer, without_float32_steps
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -26,17 +27,7 @@ QUESTION = "Q: Where was Ada born?\nA:"
 
 
 def tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_start|>", "<|im_end|>"],
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|im_start|>")
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
+    return tiny_bpe_tokenizer(SENTENCES, 300, CHAT_TEMPLATE)
 
 
 def config(model_type: str, vocab: int, ids: dict):
@@ -77,39 +68,6 @@ def run(capsys, *argv):
     code = cli.main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def randomize64(model, seed):
-    """float64 weights that float32 cannot hold (nonzero low bits); norm gains near 1."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-            gain = name.endswith("weight") and ("norm" in name or ".ln_" in name)
-            p.copy_(1.0 + 0.2 * noise if gain else 0.1 * noise)
-    assert all(not torch.equal(p, p.float().double()) for p in model.parameters())
-    return model
-
-
-def in_float64(hf, theta: float, dim: int):
-    """transformers computes RoPE angles and RMSNorm statistics in float32 even in a float64 model (a ~1e-7 gap
-    unrelated to the conversion): redo both in float64, to test the conversion itself."""
-
-    def rope(x, position_ids):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).double() / dim))
-        angles = position_ids[..., None].double() * inv_freq
-        emb = torch.cat([angles, angles], -1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-    def rms_norm(module):
-        return lambda x: module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
-
-    if hasattr(getattr(hf, "model", None), "rotary_emb"):
-        hf.model.rotary_emb.forward = rope
-    for module in hf.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            module.forward = rms_norm(module)
-    return hf
 
 
 def test_the_table_names_every_family_of_the_issue():
@@ -155,7 +113,7 @@ def test_converted_families_match_transformers_logits(family_folder):
     hf64 = randomize64(transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64), 4).eval()
     ours64 = HFCausalLM(hf64).as_transformer()
     if ours64.config.positions == "rope":
-        in_float64(hf64, ours64.config.rope_theta, ours64.config.dim_head)
+        without_float32_steps(hf64, ours64.config.rope_theta, ours64.config.dim_head)
     with torch.no_grad():
         assert (ours64(ids) - hf64(ids).logits).abs().max() <= 1e-10
 

@@ -2,6 +2,7 @@ import os
 
 import pytest
 import torch
+from conftest import randomize64, without_float32_steps
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -157,38 +158,6 @@ def test_smollm2_greedy_generation_matches(smollm2):
 
 
 # ----------------------------------------------------------------------------- float64: no rounding on the way
-
-
-def randomize64(model, seed):
-    """float64 weights with nonzero low bits (not float32-representable); norm gains near 1."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-            is_gain = name.endswith("weight") and ("norm" in name or ".ln_" in name)
-            p.copy_(1.0 + 0.2 * noise if is_gain else 0.1 * noise)
-    assert all(not torch.equal(p, p.float().double()) for p in model.parameters())
-    return model
-
-
-def without_float32_steps(hf, theta: float, dim: int):
-    """transformers' Llama computes RoPE angles and RMSNorm statistics in float32 even in a float64 model
-    (a ~1e-7 logit gap unrelated to the weights); redo both in float64, to test the import itself."""
-
-    def rope(x, position_ids):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).double() / dim))
-        angles = position_ids[..., None].double() * inv_freq
-        emb = torch.cat([angles, angles], -1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-    def rms_norm(module):
-        return lambda x: module.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon))
-
-    hf.model.rotary_emb.forward = rope
-    for module in hf.modules():
-        if type(module).__name__ == "LlamaRMSNorm":
-            module.forward = rms_norm(module)
-    return hf
 
 
 def assert_bit_exact(a: dict, b: dict):

@@ -55,15 +55,13 @@ class TrainedPrefix(AdaptedModel):
         for i, (k, v) in enumerate(kv):
             self.register_buffer(f"prefix_k_{i}", k.detach().clone())
             self.register_buffer(f"prefix_v_{i}", v.detach().clone())
+        self.n_prefix_layers = len(kv)
         self.position = state.position
         self._template = with_kv(state, self._tensors())  # the layers' bookkeeping (sliding windows' counts)
         self.history: dict[str, Any] = {}
 
     def _tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(getattr(self, f"prefix_k_{i}"), getattr(self, f"prefix_v_{i}")) for i in range(len(self._kv_names()))]
-
-    def _kv_names(self) -> list[str]:
-        return [name for name, _ in self.named_buffers() if name.startswith("prefix_k_")]
+        return [(getattr(self, f"prefix_k_{i}"), getattr(self, f"prefix_v_{i}")) for i in range(self.n_prefix_layers)]
 
     def state(self) -> Cache:
         return with_kv(self._template, self._tensors())
@@ -263,15 +261,12 @@ def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
     if any(p.base is not base for p in prefixes):
         raise ValueError("the prefixes were absorbed into different base models")
     states = [p.state() for p in prefixes]
-    joined = [(torch.cat([kv[i][0] for kv in map(cache_kv, states)], 2), torch.cat([kv[i][1] for kv in map(cache_kv, states)], 2))
-              for i in range(len(states[0].layers))]
-    first = states[0]
+    kvs = [cache_kv(state) for state in states]
     layers = []
-    for i, layer in enumerate(first.layers):
-        k, v = joined[i]
-        if isinstance(layer, tuple):
+    for i, layer in enumerate(states[0].layers):
+        k, v = (torch.cat([kv[i][j] for kv in kvs], 2) for j in (0, 1))
+        if hasattr(layer, "seen"):  # a layer that counts the tokens it has seen (transformers' sliding windows)
+            layers.append(type(layer)(k, v, sum(state.layers[i].seen for state in states)))
+        else:
             layers.append((k, v))
-        else:  # a layer that counts the tokens it has seen (transformers' sliding windows)
-            seen = sum(getattr(s.layers[i], "seen", 0) for s in states)
-            layers.append(type(layer)(k, v, seen) if hasattr(layer, "seen") else layer.with_tensors(k, v))
-    return TrainedPrefix(base, Cache(layers=layers, position=sum(s.position for s in states))).eval()
+    return TrainedPrefix(base, Cache(layers=layers, position=sum(state.position for state in states))).eval()
