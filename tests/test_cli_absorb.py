@@ -240,6 +240,12 @@ def test_absorb_may_rewrite_its_own_folder(llama, tmp_path, capsys):
     (["--method", "magic", "--prompt", PROMPT], "unknown absorb method 'magic'"),
     (["--method", "iclca-approx", "--prompt", PROMPT, "--set", "layers=x"], "layers must be 'all' or a list"),
     (["--method", "iclca-approx", "--prompt", PROMPT, "--set", "layers=50-60"], "layers must name at least one of the model's layers"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "prefix_tokens=0"], "prefix_tokens must be an integer >= 1"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "prefix_tokens=500"], "exceeds the document's"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "learning_rate=nan"], "learning_rate must be a finite number"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "top_k=0"], "top_k must be an integer >= 1"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "init=zeros"], "init must be one of"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "seed_prompts=poems"], "seed_prompts must be"),
 ])
 def test_bad_absorb_input_is_one_line_and_writes_nothing(argv, message, llama, tmp_path, capsys):
     (tmp_path / "EMPTY").write_text("")
