@@ -190,7 +190,20 @@ def table(results: dict[str, Any]) -> str:
              f"{results['queries']} queries, prompts of {results['mean_prompt_tokens']:.0f} tokens on average). "
              f"Costs: medians, CPU time per thread ({results['torch_threads']} threads) or CUDA events.")
     tuned = [f"{k}: {v['chosen']} (validation scores {v['validation_scores']})" for k, v in results["tuning"].items()]
-    return intro + "\n\n" + "\n".join(lines) + "\n" + ("\nChosen on validation episodes: " + "; ".join(tuned) + "\n" if tuned else "")
+    composed = [_composition(row, percent) for row in results["rows"] if row.get("composition")]
+    return (intro + "\n\n" + "\n".join(lines) + "\n"
+            + ("\nComposed rows: each document absorbed alone, then combined, answering every query. " + " ".join(composed) + "\n"
+               if composed else "")
+            + ("\nChosen on validation episodes: " + "; ".join(tuned) + "\n" if tuned else ""))
+
+
+def _composition(row: dict, percent: bool) -> str:
+    """One sentence per composed row: each document's score composed vs absorbed alone."""
+    c = row["composition"]
+    f = (lambda x: f"{100 * x:.1f}%") if percent else (lambda x: f"{x:.3f}")
+    parts = [f"document {i + 1} {f(a)} composed vs {f(b)} alone" + ("" if r is None else f" ({100 * r:.0f}%)")
+             for i, (a, b, r) in enumerate(zip(c["composed"], c["alone"], c["ratio"]))]
+    return f"{row['method']}: " + "; ".join(parts) + "."
 
 
 def plot(results: dict[str, Any]):

@@ -169,6 +169,36 @@ def merge_lora(model: CausalLM, spec: LoRASpec) -> None:
         setattr(parent, child, layer.base_layer)
 
 
+@torch.no_grad()
+def compose_loras(*adapted: DistilledLoRA) -> DistilledLoRA:
+    """Several documents distilled one by one, answered together: the adapters added (W + s B1 A1 + s B2 A2 + ...),
+    kept as one adapter of the summed rank (A stacked by rows, B by columns) so it exports as a plain LoRA. Every
+    adapter must be merged, on the same modules with the same scaling; queries start after the sum of the
+    adapters' offsets (as after the documents concatenated)."""
+    if len(adapted) < 2:
+        raise ValueError("compose at least two adapters")
+    first = adapted[0]
+    for other in adapted[1:]:
+        if not (other.merged and first.merged):
+            raise ValueError("compose merged adapters (distill-lora merge=true)")
+        if other.spec.modules != first.spec.modules or not math.isclose(other.spec.scaling, first.spec.scaling):
+            raise ValueError("the adapters differ in their modules or scaling; compose adapters of one setting")
+    rank = sum(a.spec.rank for a in adapted)
+    spec = LoRASpec(rank, first.spec.scaling * rank, first.spec.modules)
+    base = copy.deepcopy(first.base)  # already W + s B1 A1
+    out = DistilledLoRA(base, spec, sum(a.offset for a in adapted), merged=True)
+    factors = [a.lora_factors() for a in adapted]
+    for name in spec.modules:
+        weight = base.get_submodule(name).weight
+        for f in factors[1:]:
+            a, b = f[name]
+            delta = spec.scaling * (b.to(torch.float64) @ a.to(torch.float64))  # (out, in)
+            weight += (delta if isinstance(base.get_submodule(name), nn.Linear) else delta.T).to(weight.dtype)
+        getattr(out.factors, _factor_key(name, "A")).copy_(torch.cat([f[name][0] for f in factors], 0))
+        getattr(out.factors, _factor_key(name, "B")).copy_(torch.cat([f[name][1] for f in factors], 1))
+    return out.eval()
+
+
 # ----------------------------------------------------------------------------- the method
 
 class DistillLoRA(AbsorbMethod):
@@ -273,6 +303,10 @@ class DistillLoRA(AbsorbMethod):
             raise ValueError("distill-lora: the codec must be a tokenizer with encode and decode")
         self.codec = codec
         return self
+
+    def compose(self, adapted: list[DistilledLoRA]) -> DistilledLoRA:
+        """Documents distilled one by one, answered together: the adapters added (compose_loras)."""
+        return compose_loras(*adapted)
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model):

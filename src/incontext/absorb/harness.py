@@ -198,6 +198,14 @@ class MethodRecord:
     kept_bytes: list[int] = field(default_factory=list)
     peak_bytes: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    part_scores: list[list[float]] = field(default_factory=list)  # composed rows: per episode, the score per part
+    alone_scores: list[list[float]] = field(default_factory=list)  # ... and each part's score absorbed alone
+
+    def failed(self, index: int, error: Exception, max_failures: int) -> None:
+        """An episode's error noted; the method is marked failed after max_failures, or when the first fails."""
+        self.errors.append(f"episode {index}: {type(error).__name__}: {error}")
+        if len(self.errors) >= max_failures or (index == 0 and not self.episode_scores):
+            self.status, self.reason = "failed", self.errors[0]
 
     def summary(self, metric: str, per_episode: bool = False) -> dict[str, Any]:
         row: dict[str, Any] = {"method": self.name, "options": self.options, "status": self.status, "reason": self.reason}
@@ -222,6 +230,11 @@ class MethodRecord:
         row["kept_bytes"] = int(statistics.median(self.kept_bytes))
         peaks = [p for p in self.peak_bytes if p is not None]
         row["peak_bytes"] = max(peaks) if peaks else None
+        if self.part_scores:
+            composed = [statistics.fmean(s) for s in zip(*self.part_scores)]
+            alone = [statistics.fmean(s) for s in zip(*self.alone_scores)]
+            row["composition"] = {"composed": composed, "alone": alone,
+                                  "ratio": [c / a if a else None for c, a in zip(composed, alone)]}
         if self.errors:
             row["failed_episodes"] = len(self.errors)
             row["first_error"] = self.errors[0]
@@ -283,6 +296,11 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     from tqdm.auto import tqdm
 
     names = list(instances)
+    # methods that compose (kv-prefix, distill-lora) on episodes made of parts: a "composed" row each
+    composed = {name: f"{name} (composed)" for name in names
+                if callable(getattr(instances[name], "compose", None)) and any(e.parts for e in episodes)}
+    for name, label in composed.items():
+        records[label] = MethodRecord(label, dict(methods[name]))
     if not names:
         reasons = "; ".join(f"{label}: {records[label].reason}" for label in methods)
         raise ValueError(f"no compared method applies to this model ({reasons})")
@@ -303,16 +321,10 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 with PeakMemory(device) as peak:
                     adapted, absorb_ms = timer(lambda: instances[name].absorb(model, prompt, loss_mask=loss_mask, train_queries=train))
                 adapted.eval()
-                outs = []
                 with torch.no_grad():
                     if index == 0:
                         adapted(queries[0].inputs[None])  # warm-up, untimed (first calls allocate and dispatch)
-                    for q in queries:
-                        out, ms = timer(lambda: adapted(q.inputs[None])[0])
-                        if not bool(torch.isfinite(out).all()):
-                            raise FloatingPointError("non-finite outputs")
-                        outs.append(out)
-                        record.query_ms.append(ms)
+                    outs = _answer(adapted, queries, timer, record)
                     calibration = None if calibration_query is None else \
                         choice_scores(adapted(calibration_query.inputs[None])[0], calibration_query)
                 record.absorb_ms.append(absorb_ms)
@@ -323,10 +335,12 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 record.episode_positions.append(sum(s.total for s in scores))
                 outputs[name] = outs
             except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
-                record.errors.append(f"episode {index}: {type(error).__name__}: {error}")
-                if len(record.errors) >= max_failures or (index == 0 and not record.episode_scores):
-                    record.status, record.reason = "failed", record.errors[0]
+                record.failed(index, error, max_failures)
             adapted = None  # free the adapted weights before the next method
+        for name, label in composed.items():
+            if records[label].status == "ok" and episode.parts:
+                _composed_episode(records[label], instances[name], model, episode, queries, source.metric, timer,
+                                  device, outputs, index, max_failures)
         if not references:
             continue
         reference = outputs.get(REFERENCE)
@@ -336,4 +350,56 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             raise ValueError(f"the reference method {REFERENCE} failed on {records[REFERENCE].errors[-1]}")
         for name, outs in outputs.items():
             records[name].agreements += [agreement(o, r, q, tokens) for o, r, q in zip(outs, reference, queries)]
-    return [records[name].summary(source.metric, per_episode) for name in methods]
+    labels = [label for name in methods for label in (name, composed.get(name)) if label is not None]
+    return [records[label].summary(source.metric, per_episode) for label in labels]
+
+
+def _answer(adapted, queries: list[Query], timer: CostTimer, record: MethodRecord) -> list[torch.Tensor]:
+    """Each query run alone through the adapted model (timed into the record); non-finite outputs refused."""
+    outs = []
+    for q in queries:
+        out, ms = timer(lambda: adapted(q.inputs[None])[0])
+        if not bool(torch.isfinite(out).all()):
+            raise FloatingPointError("non-finite outputs")
+        outs.append(out)
+        record.query_ms.append(ms)
+    return outs
+
+
+def _composed_episode(record: MethodRecord, method, model: nn.Module, episode: Episode, queries: list[Query],
+                      metric: str, timer: CostTimer, device: torch.device, outputs: dict, index: int,
+                      max_failures: int) -> None:
+    """Each part of the episode absorbed alone (timed together with composing them), every query answered by the
+    parts composed; each part's own queries also answered by that part absorbed alone, the reference of
+    composition (a composed part should recall what it recalls alone)."""
+    try:
+        with PeakMemory(device) as peak:
+            alone, absorb_ms = [], 0.0
+            for part in episode.parts:
+                train = [_as_model_input(t, model) for t in part.train_queries]
+                adapted, ms = timer(lambda: method.absorb(model, _as_model_input(part.prompt, model), train_queries=train))
+                alone.append(adapted.eval())
+                absorb_ms += ms
+            combined, ms = timer(lambda: method.compose(alone))
+            absorb_ms += ms
+        combined.eval()
+        with torch.no_grad():
+            outs = _answer(combined, queries, timer, record)
+            scores = [score_query(metric, out, q) for out, q in zip(outs, queries)]
+            part_scores, alone_scores, start = [], [], 0
+            for part, adapted in zip(episode.parts, alone):
+                own = [_on_model(q, model) for q in part.queries]
+                part_scores.append(episode_score(metric, scores[start:start + len(own)])["score"])
+                alone_scores.append(episode_score(metric, [score_query(metric, adapted(q.inputs[None])[0], q)
+                                                           for q in own])["score"])
+                start += len(own)
+        record.absorb_ms.append(absorb_ms)
+        record.kept_bytes.append(combined.kept_bytes(method.runs_on(model)))
+        record.peak_bytes.append(peak.peak)
+        record.episode_scores.append(episode_score(metric, scores))
+        record.episode_positions.append(sum(s.total for s in scores))
+        record.part_scores.append(part_scores)
+        record.alone_scores.append(alone_scores)
+        outputs[record.name] = outs
+    except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
+        record.failed(index, error, max_failures)

@@ -158,6 +158,10 @@ class KVPrefix(AbsorbMethod):
         self.codec = codec
         return self
 
+    def compose(self, adapted: list[TrainedPrefix]) -> TrainedPrefix:
+        """Documents absorbed one by one, answered together: their prefixes concatenated (compose_prefixes)."""
+        return compose_prefixes(*adapted)
+
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
             return "needs a token-input causal LM"

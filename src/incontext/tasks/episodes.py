@@ -60,6 +60,17 @@ class Episode:
     prompt_loss_mask: torch.Tensor | None = None  # (M,) bool: prompt tokens a training method learns (None: all)
     train_queries: list[torch.Tensor] = field(default_factory=list)  # a method may train on these; never scored
     calibration: Query | None = None  # content-free query for calibrated "choice" scoring
+    # documents that make up the prompt (each a whole episode: its own prompt, queries and training queries); the
+    # prompt is their concatenation and the queries theirs in order. Methods that compose (kv-prefix, distill-lora)
+    # absorb each part alone and answer every query with the parts combined (the harness's "composed" rows).
+    parts: list["Episode"] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.parts:
+            if not torch.equal(self.prompt, torch.cat([part.prompt for part in self.parts])):
+                raise ValueError("an episode's prompt must be the concatenation of its parts' prompts")
+            if len(self.queries) != sum(len(part.queries) for part in self.parts):
+                raise ValueError("an episode's queries must be its parts' queries, in order")
 
 
 class Codec(Protocol):
@@ -141,10 +152,17 @@ def _positive(config, *names: str) -> None:
 class FactsConfig:
     people: int = 3  # invented people per prompt (4 facts each; one is the worked example)
     format: Literal["plain", "chat"] = "plain"  # chat: the facts and questions as chat turns (Instruct models)
+    # documents > 1: the people are split over that many documents (each with its own worked example), concatenated
+    # into the prompt; composing methods also absorb each document alone (plain format only)
+    documents: int = 1
 
     def __post_init__(self):
-        _positive(self, "people")
+        _positive(self, "people", "documents")
         check_choices(self)
+        if self.documents > self.people:
+            raise ValueError(f"FactsConfig.documents={self.documents} exceeds people={self.people}: every document needs a person")
+        if self.documents > 1 and self.format != "plain":
+            raise ValueError("FactsConfig.documents > 1 needs format=plain")
 
 
 class Facts(EpisodeSource):
@@ -162,17 +180,38 @@ class Facts(EpisodeSource):
         out = []
         for _ in range(n):
             people = make_people(self.config.people, rng)
+            if self.config.documents > 1:
+                out.append(self._split(codec, people, rng))
+                continue
             text, pairs, example = facts_prompt(people, rng)
             if self.config.format == "plain":
                 prompt_text = text
                 queries = [text_query(codec, *person.question(a)) for person, a in pairs]
             else:
                 prompt_text, queries = self._chat(codec, text, pairs, example)
-            # training queries for methods that learn from queries (distillation): the statements cut before their
-            # answer and the questions in other words; never the evaluation questions
-            train = [torch.tensor(codec.encode(text)) for person, a in pairs for text in (person.cloze(a), person.paraphrase(a))]
-            out.append(Episode(prompt=torch.tensor(codec.encode(prompt_text)), queries=queries, train_queries=train))
+            out.append(Episode(prompt=torch.tensor(codec.encode(prompt_text)), queries=queries,
+                               train_queries=self._train_queries(codec, pairs)))
         return out
+
+    @staticmethod
+    def _train_queries(codec, pairs) -> list[torch.Tensor]:
+        """For methods that learn from queries (distillation): the statements cut before their answer and the
+        questions in other words; never the evaluation questions."""
+        return [torch.tensor(codec.encode(text)) for person, a in pairs for text in (person.cloze(a), person.paraphrase(a))]
+
+    def _split(self, codec, people, rng) -> Episode:
+        """The people dealt over `documents` documents in order (sizes differ by at most one), each a facts prompt
+        of its own; the episode is their concatenation with the parts kept."""
+        k = self.config.documents
+        groups = [people[i * len(people) // k:(i + 1) * len(people) // k] for i in range(k)]
+        parts = []
+        for group in groups:
+            text, pairs, _ = facts_prompt(group, rng)
+            parts.append(Episode(prompt=torch.tensor(codec.encode(text)),
+                                 queries=[text_query(codec, *person.question(a)) for person, a in pairs],
+                                 train_queries=self._train_queries(codec, pairs)))
+        return Episode(prompt=torch.cat([part.prompt for part in parts]), queries=[q for part in parts for q in part.queries],
+                       train_queries=[t for part in parts for t in part.train_queries], parts=parts)
 
     @staticmethod
     def _chat(codec, text: str, pairs, example) -> tuple[str, list[Query]]:
