@@ -1,5 +1,5 @@
 """`incontext compare` and `incontext demo`: the absorb harness on one model and one task, written out as
-results.json, table.md and compare.png (score vs query cost with its Pareto front; agreement vs absorb cost).
+results.json, table.md and compare.png (score vs query cost with its Pareto front; score vs kept bytes; agreement vs absorb cost).
 
 Settings that a method takes (a learning rate) can be chosen with `tune`: each candidate runs on validation
 episodes (another seed, never the test episodes) and the best validation score is used on the test episodes.
@@ -209,7 +209,7 @@ def _composition(row: dict, percent: bool) -> str:
 def plot(results: dict[str, Any]):
     plt = pyplot()
     rows = [r for r in results["rows"] if r["status"] == "ok"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2))
     percent = results["metric"] in ("exact", "accuracy", "choice")
     scale = 100 if percent else 1
     points = []
@@ -217,6 +217,9 @@ def plot(results: dict[str, Any]):
         s = r["score"]
         err = None if math.isnan(s["low"]) else [[scale * (s["mean"] - s["low"])], [scale * (s["high"] - s["mean"])]]
         left.errorbar(r["query_ms"], scale * s["mean"], yerr=err, fmt="o", capsize=3, label=r["method"])
+        kept = max(r["kept_bytes"] / 1024, 1e-2)  # drop-prompt keeps nothing: drawn at the axis' floor
+        middle.errorbar(kept, scale * s["mean"], yerr=err, fmt="o", capsize=3)
+        middle.annotate(r["method"], (kept, scale * s["mean"]), fontsize=8, xytext=(3, 3), textcoords="offset points")
         points.append((r["query_ms"], s["mean"]))
         a = r["agreement"]
         y = a["kl"] if a["kl"] is not None else a["relative_logits_error"]
@@ -235,6 +238,10 @@ def plot(results: dict[str, Any]):
     left.set_xlabel("query cost (ms per query)")
     left.set_ylabel({"exact": "exact match %", "accuracy": "accuracy %", "choice": "accuracy %", "ce": "CE (nats)", "mse": "MSE"}[results["metric"]])
     left.set_title(f"{results['task']}: score vs query cost")
+    middle.set_xscale("log")
+    middle.set_xlabel("kept KiB per prompt (log; drawn at >= 0.01)")
+    middle.set_ylabel(left.get_ylabel())
+    middle.set_title("score vs memory kept for the prompt")
     left.legend(fontsize=8)
     right.set_xscale("log")
     right.set_xlabel("absorb cost (ms per prompt; drawn at >= 0.01)")

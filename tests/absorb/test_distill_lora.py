@@ -305,3 +305,12 @@ def test_contrast_adds_the_swapped_questions_to_the_pool(monkeypatch):
              for contrast in (False, True)]
     assert pools[0]["questions"] == pools[0]["chat_turns"] == 1
     assert pools[1]["questions"] == pools[1]["chat_turns"] == 2  # and "Where was Bea Voss born?"
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_kept_bytes_are_the_adapters_factors(merge):
+    model, prompt = llama_like(), ids(24, 1)
+    adapted = method(merge=merge, steps=0, rank=3).absorb(model, prompt)
+    expected = sum(3 * (linear.in_features + linear.out_features) * 4 for linear in
+                   (model.get_submodule(name) for name in adapted.spec.modules))  # the base is left as it was
+    assert adapted.kept_bytes(model) == expected > 0

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
-from .base import AbsorbMethod, AdaptedModel
+from .base import AbsorbMethod, AdaptedModel, tensor_bytes
 from .self_study import (QUESTION_WRITER, StudyOptions, _recall_windows, contrastive_questions,  # noqa: F401 (re-exported)
                          distillation_kl, study, subjects)
 
@@ -101,6 +101,11 @@ class DistilledLoRA(AdaptedModel):
             getattr(merged.factors, _factor_key(name, "B")).copy_(b)
         merged.history = self.history
         return merged.eval()
+
+    def kept_bytes(self, base: nn.Module) -> int:
+        """The adapter's factors: all a prompt needs kept (merged weights are the base's plus scaling B A, rebuilt
+        from them; the copy a merged model holds is the price of base-speed queries, not of the prompt)."""
+        return tensor_bytes(t for pair in self.lora_factors().values() for t in pair)
 
     def extra_state(self) -> dict[str, Any]:
         return {"offset": self.offset, "merged": self.merged, "rank": self.spec.rank, "alpha": self.spec.alpha,
