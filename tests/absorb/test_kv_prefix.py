@@ -105,6 +105,7 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"init": "zeros"}, "init must be one of"),
     ({"steps": -1}, "steps must be an integer >= 0"),
     ({"freeze_first": "yes"}, "freeze_first must be true or false"),
+    ({"objective": "mse"}, "objective must be one of kl, next-token"),
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
@@ -137,3 +138,28 @@ def test_composed_prefixes_at_full_length_are_both_documents_in_context(model):
     assert torch.isfinite(out).all() and not torch.equal(out, a(query))
     with pytest.raises(ValueError, match="at least two"):
         compose_prefixes(a)
+
+
+def test_the_next_token_objective_is_the_sequences_own_cross_entropy():
+    """Cartridges' ablation: the cross-entropy of each sequence's next tokens at its taught positions (those with a
+    next token in the sequence), against a plain per-sequence reference; the prefix trains on it too."""
+    import torch.nn.functional as F
+
+    from incontext.absorb.self_study import next_token_loss
+
+    model = tiny()
+    g = torch.Generator().manual_seed(3)
+    batch = [(torch.randint(0, 61, (n,), generator=g), torch.zeros(taught, 61, dtype=torch.float64))
+             for n, taught in ((9, 4), (6, 6), (12, 2))]
+    with torch.no_grad():
+        losses = []
+        for ids, logp in batch:
+            logits = model(ids[None])[0]
+            start = ids.shape[0] - logp.shape[0]
+            losses.append(F.cross_entropy(logits[start:-1], ids[start + 1:], reduction="none"))
+        expected = torch.cat(losses).mean()
+        assert abs(float(next_token_loss(model, batch)) - float(expected)) < 1e-12
+    prompt, _ = prompt_and_query()
+    trained = get_absorb_method("kv-prefix", prefix_tokens=5, steps=20, learning_rate=0.05, objective="next-token",
+                                **FAST).absorb(model, prompt)
+    assert trained.history["kl"][-1] < trained.history["kl"][0]

@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from .base import AbsorbMethod, AdaptedModel
-from .self_study import StudyOptions, distillation_kl, study
+from .self_study import StudyOptions, distillation_kl, next_token_loss, study
 
 INITS = ("document", "random-tokens", "random-vectors")
+OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
 
 
 def _seed_kinds(value) -> tuple[str, ...]:
@@ -98,7 +99,8 @@ class KVPrefix(AbsorbMethod):
     stage is stored and reused when model, document and settings match), n_conversations (self-study messages the
     model writes from the seed prompts `seed_prompts`, up to `message_tokens` each, answered by the teacher), and
     the data stage's other options (window_tokens, n_continuations, continuation_tokens, answer_tokens,
-    n_questions, contrast, chat_answer_tokens, temperature)."""
+    n_questions, contrast, chat_answer_tokens, temperature); objective: "kl" (the teacher's distributions) or
+    "next-token" (the sequences' own next tokens; Cartridges' ablation)."""
 
     name = "kv-prefix"
     needs = "a token-input causal LM with softmax attention"
@@ -110,7 +112,8 @@ class KVPrefix(AbsorbMethod):
                  window_tokens: int = 24, n_continuations: int = 2,
                  continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 16, contrast: bool = False,
                  chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
-                 seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32):
+                 seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
+                 objective: str = "kl"):
         import math
 
         def integer(name, value, low):
@@ -137,13 +140,15 @@ class KVPrefix(AbsorbMethod):
             raise ValueError(f"kv-prefix: min_improvement must lie in [0, 1), got {min_improvement!r}")
         if init not in INITS:
             raise ValueError(f"kv-prefix: init must be one of {', '.join(INITS)}, got {init!r}")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"kv-prefix: objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
         for name, value in (("freeze_first", freeze_first), ("progress", progress), ("contrast", contrast)):
             if not isinstance(value, bool):
                 raise ValueError(f"kv-prefix: {name} must be true or false, got {value!r}")
         self.prefix_tokens, self.init, self.freeze_first = prefix_tokens, init, freeze_first
         self.steps, self.learning_rate, self.batch_size = steps, float(learning_rate), batch_size
         self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
-        self.top_k, self.data_cache = top_k, data_cache
+        self.top_k, self.data_cache, self.objective = top_k, data_cache, objective
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
                                   n_questions=n_questions, contrast=contrast, chat_answer_tokens=chat_answer_tokens,
@@ -223,6 +228,7 @@ class KVPrefix(AbsorbMethod):
         model.requires_grad_(False)  # the base stays frozen: no gradients into its weights
         optimizer = torch.optim.AdamW(flat, lr=self.learning_rate, weight_decay=0.0)
         losses, order, stopped_early = [], [], False
+        objective = distillation_kl if self.objective == "kl" else next_token_loss
         bar = tqdm(total=self.steps, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
 
         def student(tokens: torch.Tensor) -> torch.Tensor:
@@ -235,7 +241,7 @@ class KVPrefix(AbsorbMethod):
                 if len(order) < self.batch_size:
                     order += torch.randperm(len(sequences), generator=generator).tolist()
                 picked, order = order[: self.batch_size], order[self.batch_size:]
-                loss = distillation_kl(student, [sequences[i] for i in picked])
+                loss = objective(student, [sequences[i] for i in picked])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

@@ -332,6 +332,24 @@ def distillation_kl(student, batch) -> torch.Tensor:
     return kl[mask].mean()
 
 
+def next_token_loss(student, batch) -> torch.Tensor:
+    """The ablation of distillation_kl (Cartridges' next-token objective): the mean cross-entropy of the sequences'
+    own next tokens (the teacher's samples, the document's windows) at the taught positions that have one in the
+    sequence; the teacher's distributions are not used."""
+    length = max(item[0].shape[0] for item in batch)
+    tokens = batch[0][0].new_zeros(len(batch), length)
+    mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
+    for row, item in enumerate(batch):
+        ids, n = item[0], item[1].shape[0]
+        end = ids.shape[0]
+        tokens[row, :end] = ids
+        mask[row, end - n: end - 1] = True  # the last position's next token is not in the sequence
+    logits = student(tokens)[:, :-1]
+    nll = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).transpose(1, 2), tokens[:, 1:],
+                          reduction="none")
+    return nll[mask[:, :-1]].mean()
+
+
 # ----------------------------------------------------------------------------- the stage's cache on disk
 
 

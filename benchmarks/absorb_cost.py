@@ -1,0 +1,104 @@
+"""Absorb cost of the prompt-free methods that train on the data stage (kv-prefix, distill-lora) on SmolLM2-135M:
+CPU time per thread of one absorb (process CPU time / torch threads, which a shared machine's load distorts far
+less than wall-clock; CUDA events on a GPU), split into the data stage (the teacher's sequences and targets) and
+training, for `facts` prompts of about 160, 512 and 2,000 tokens (2, 7 and 27 invented people).
+
+Methods run interleaved (repeat r starts with method r mod k) on the same prompts; each absorb builds its own data
+stage (no cache), as a first absorb of a document does.
+
+    python benchmarks/absorb_cost.py                             # 160 / 512 / 2000 tokens, 1 repeat, 2 threads
+    python benchmarks/absorb_cost.py --people 2 --repeats 3 --set kv-prefix.steps=96
+    python benchmarks/absorb_cost.py --device cuda                # on a GPU: CUDA events
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from incontext.absorb import get_absorb_method
+from incontext.absorb.harness import CostTimer
+from incontext.interop.models import load_model
+from incontext.tasks.episodes import get_episode_source
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METHODS = ("kv-prefix", "distill-lora")
+
+
+def option(text: str) -> tuple[str, str, object]:
+    key, _, value = text.partition("=")
+    method, _, name = key.partition(".")
+    if method not in METHODS or not name:
+        raise SystemExit(f"--set {text!r}: expected METHOD.OPTION=VALUE with METHOD one of {', '.join(METHODS)}")
+    try:
+        return method, name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return method, name, value
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--people", type=int, nargs="+", default=[2, 7, 27], help="invented people per prompt (sets its length)")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
+    p.add_argument("--out", type=Path, default=RESULTS / "absorb_cost")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    methods = args.methods.split(",")
+    options = {m: {"progress": False} for m in methods}
+    for method, name, value in args.set:
+        options.setdefault(method, {"progress": False})[name] = value
+    loaded = load_model("smollm2", args.device)
+    model, codec = loaded.model, loaded.tokenizer
+    timer = CostTimer(torch.device(args.device))
+    rows = []
+    for people in args.people:
+        episode = get_episode_source("facts", people=people).episodes(1, seed=0, tokenizer=codec)[0]
+        prompt = episode.prompt.to(args.device)
+        train = [t.to(args.device) for t in episode.train_queries]
+        times = {m: [] for m in methods}
+        splits = {m: [] for m in methods}
+        for r in range(args.repeats):
+            for m in methods[r % len(methods):] + methods[: r % len(methods)]:
+                method = get_absorb_method(m, **options[m]).use_codec(codec)
+                wall = time.perf_counter()
+                adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train))
+                wall = time.perf_counter() - wall
+                times[m].append(ms / 1000)
+                h = adapted.history
+                splits[m].append({"wall_s": wall, "teacher_wall_s": h.get("teacher_seconds"),
+                                  "train_wall_s": h.get("train_seconds"), "steps": h.get("steps"),
+                                  "kept_bytes": adapted.kept_bytes(model)})
+                print(f"{prompt.shape[0]:5d} tokens  {m:12s} {ms / 1000:7.1f} s per thread ({wall:.1f} s wall)", flush=True)
+                adapted = None
+        for m in methods:
+            rows.append({"prompt_tokens": int(prompt.shape[0]), "people": people, "method": m, "options": options[m],
+                         "absorb_s": statistics.median(times[m]), "absorb_s_all": times[m], "runs": splits[m]})
+    results = {"model": loaded.description, "device": args.device, "threads": args.threads, "repeats": args.repeats,
+               "torch": torch.__version__, "clock": "CUDA events" if args.device.startswith("cuda") else "CPU time per thread",
+               "rows": rows}
+    lines = [f"Absorb cost on {loaded.description}, {results['clock']} ({args.threads} threads, {args.device}), "
+             f"median of {args.repeats}; `facts` prompts, each absorb building its own data stage.", "",
+             "| prompt tokens | method | absorb s | data stage s (wall) | training s (wall) | steps | kept KiB |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        run = row["runs"][0]
+        lines.append(f"| {row['prompt_tokens']} | {row['method']} | {row['absorb_s']:.1f} | {run['teacher_wall_s']:.1f} | "
+                     f"{run['train_wall_s']:.1f} | {run['steps']} | {run['kept_bytes'] / 1024:.0f} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
