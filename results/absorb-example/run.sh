@@ -6,13 +6,16 @@
 #   results/absorb-example: incontext.tasks.facts make_people(2, random.Random(123)) and facts_prompt with the
 #     same generator (two people);
 #   results/absorb-example/one-person: the same with make_people(1, random.Random(123)).
-# The absorb folder (DIR/adapted/) holds absorb.json and the PEFT adapter only (a few MB): generate puts it back on
-# the base model, so the exchange can be re-run from the committed folder without absorbing again.
+# METHOD (default distill-lora) picks the absorb method: distill-lora writes DIR/adapted/ and DIR/exchange.md, any
+# other method DIR/adapted-METHOD/ and DIR/exchange-METHOD.md (METHOD=kv-prefix: a trained K/V prefix, ~2 MB, not
+# committed: re-run the script to make it). distill-lora's folder holds absorb.json and the PEFT adapter only: generate
+# puts it back on the base model, so that exchange can be re-run from the committed folder without absorbing again.
 set -u
 export PYTHONWARNINGS="ignore::FutureWarning"  # a transformers deprecation notice would name a local path
 D=${1:-results/absorb-example}
 MODEL=${MODEL:-smollm2}  # any model name `incontext generate` takes (a tiny one to try the script)
-OUT=$D/exchange.md
+METHOD=${METHOD:-distill-lora}
+if [ "$METHOD" = distill-lora ]; then A=$D/adapted OUT=$D/exchange.md; else A=$D/adapted-$METHOD OUT=$D/exchange-$METHOD.md; fi
 mapfile -t QUESTIONS < "$D/questions.txt"
 LAST=$((${#QUESTIONS[@]} - 1))
 Q1="Q: ${QUESTIONS[0]%|*}"$'\nA:'
@@ -28,13 +31,13 @@ step() {  # step TITLE ARGS...: run `incontext ARGS...`, append the command, its
     } >> "$OUT"
 }
 
-printf '# absorb -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
-step "absorb the passage (distill-lora, default options)" absorb --model "$MODEL" --method distill-lora \
-    --prompt-file $D/facts.txt --set progress=false --out $D/adapted
+printf '# absorb ('"$METHOD"') -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
+step "absorb the passage ($METHOD, default options)" absorb --model "$MODEL" --method "$METHOD" \
+    --prompt-file $D/facts.txt --set progress=false --out "$A"
 right=0
 for qa in "${QUESTIONS[@]}"; do
     q=${qa%|*} a=${qa#*|}
-    step "chat, adapted model: $q (the passage says: $a)" generate --model "$MODEL" --adapted $D/adapted --chat \
+    step "chat, adapted model: $q (the passage says: $a)" generate --model "$MODEL" --adapted "$A" --chat \
         --max-new-tokens 32 "$q"
     if [[ $output == *"$a"* ]]; then right=$((right + 1)); echo "right" >> "$OUT"; else echo "wrong" >> "$OUT"; fi
     echo >> "$OUT"
@@ -46,7 +49,7 @@ for qa in "${QUESTIONS[0]}" "${QUESTIONS[LAST - 1]}"; do  # the teacher distill-
     step "chat, base model with the passage in the user turn: ${qa%|*}" generate --model "$MODEL" --chat \
         --max-new-tokens 32 "$(cat $D/facts.txt)"$'\n\n'"${qa%|*}"
 done
-step "plain Q/A, adapted model" generate --model "$MODEL" --adapted $D/adapted --max-new-tokens 12 "$Q1"
+step "plain Q/A, adapted model" generate --model "$MODEL" --adapted "$A" --max-new-tokens 12 "$Q1"
 printf '## summary\n\nThe adapted model (chat, without the passage) names the passage'"'"'s answer in %d of %d answers.\n' \
     "$right" "${#QUESTIONS[@]}" >> "$OUT"
 echo "wrote $OUT: $right of ${#QUESTIONS[@]} answers right"

@@ -226,6 +226,10 @@ class DistillLoRA(AbsorbMethod):
       the passage's subjects (`subjects`) is also asked about every other subject (up to `n_questions` more), so
       that the same question about two people gets two different answers (facts bound to their own person).
 
+    The sequences come from the data stage (absorb/self_study.py, shared with kv-prefix; `data_cache` keeps them on
+    disk) with the teacher's top `top_k` log-probabilities per taught position (20, as Cartridges; unset: the whole
+    distribution), and the loss is KL(teacher || student) over them.
+
     Each epoch visits every sequence once in a seeded random order, `batch_size` per AdamW step. Training stops
     after `steps` steps, or earlier when the mean KL of the last `patience` steps is not `min_improvement`
     (relative) below the mean of the `patience` steps before. `autocast=True` runs the student's forward and
@@ -260,7 +264,7 @@ class DistillLoRA(AbsorbMethod):
         merge: bool = True,
         seed: int = 0,
         progress: bool = True,
-        top_k: int | None = None,
+        top_k: int | None = 20,
         data_cache: str = "",
     ):
         positive = {"rank": rank, "alpha": alpha, "learning_rate": learning_rate, "continuation_tokens": continuation_tokens,
