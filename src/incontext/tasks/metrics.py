@@ -16,13 +16,18 @@ A new metric: subclass `Metric`, set the class attributes, implement the two met
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from .episodes import Query
+
+class Query(Protocol):
+    """What a metric reads of a query (tasks/episodes.py's `Query`, which imports this module)."""
+
+    targets: torch.Tensor  # (N,) next-token ids, or (N, d_output)
+    mask: torch.Tensor  # (N,) bool: the scored positions
+    choices: torch.Tensor | None  # (C,) candidate token ids (metric "choice")
 
 
 @dataclass
@@ -51,7 +56,7 @@ class Metric:
     def tune_higher_is_better(self) -> bool:
         return self.higher_is_better if self.tune_by == "score" else True  # log-probabilities: higher is better
 
-    def score_query(self, out: torch.Tensor, query: "Query", calibration: torch.Tensor | None = None) -> QueryScore:
+    def score_query(self, out: torch.Tensor, query: Query, calibration: torch.Tensor | None = None) -> QueryScore:
         """One query's (N, V) logits or (N, d) predictions scored at its masked positions."""
         raise NotImplementedError
 
@@ -60,7 +65,7 @@ class Metric:
         raise NotImplementedError
 
 
-def token_scores(out: torch.Tensor, query: "Query") -> QueryScore:
+def token_scores(out: torch.Tensor, query: Query) -> QueryScore:
     """Hits, summed negative log-likelihood and whether every masked position is right (token outputs)."""
     mask = query.mask
     targets = query.targets[mask]
@@ -71,7 +76,7 @@ def token_scores(out: torch.Tensor, query: "Query") -> QueryScore:
                       exact=float(bool(hits.all())))
 
 
-def choice_scores(logits: torch.Tensor, query: "Query") -> torch.Tensor:
+def choice_scores(logits: torch.Tensor, query: Query) -> torch.Tensor:
     """Log-probabilities of the query's candidate tokens at its last masked position."""
     position = int(query.mask.nonzero().max())
     return F.log_softmax(logits[position].double(), -1)[query.choices]
