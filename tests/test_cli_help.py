@@ -1,4 +1,5 @@
-"""Help answers fast (no torch import) from a static catalog that must match the experiment registry."""
+"""Help answers fast (no torch import) from a static catalog that must match the registries (experiments, absorb
+methods, episode tasks, metrics), and every registered name is in the help."""
 
 import subprocess
 import sys
@@ -6,12 +7,35 @@ import sys
 import pytest
 
 from incontext.cli import main
-from incontext.cli_catalog import EXPERIMENTS, build_catalog
+from incontext.cli_catalog import EXPERIMENTS, build_catalog, catalog
 
 
-def test_the_catalog_matches_the_registry():
+def test_the_catalog_matches_the_registries():
     """Regenerate with `python -m incontext.cli_catalog` when this fails."""
-    assert build_catalog() == EXPERIMENTS
+    assert build_catalog() == catalog()
+
+
+def test_every_registered_name_is_in_the_help(capsys):
+    from incontext.absorb import absorb_methods
+    from incontext.absorb.base import _METHODS
+    from incontext.experiments import list_experiments
+    from incontext.tasks.episodes import _SOURCES, episode_sources
+
+    compare = help_text(capsys, ["compare", "--help"])
+    absorb = help_text(capsys, ["absorb", "--help"])
+    assert main(["absorb", "--list"]) == 0
+    listed = capsys.readouterr().out
+    for name in absorb_methods():
+        method = _METHODS[name]
+        assert method.summary, f"{name} has no summary"
+        for text in (compare, absorb, listed):
+            assert f"  {name}" in text and f"needs {method.needs}" in text, name
+        assert f"{method.summary}" in " ".join(compare.split()) and method.summary in listed
+    for name in episode_sources():
+        assert f"  {name}" in compare and _SOURCES[name].description in " ".join(compare.split()), name
+    run = help_text(capsys, ["run", "--help"])
+    for experiment in list_experiments():
+        assert f"  {experiment.name}" in run and experiment.description in run
 
 
 def help_text(capsys, args):

@@ -12,7 +12,7 @@ import pytest
 import incontext
 
 LAYER = {"ops": 0, "tasks": 0, "runtime": 0, "config": 0, "fileio": 0, "outputs": 0, "stats": 0, "models": 1, "tint": 2, "train": 2, "absorb": 3,
-         "interop": 4, "experiments": 5, "cli": 6, "cli_absorb": 6, "cli_compare": 6, "cli_catalog": 6}
+         "interop": 4, "experiments": 5, "cli": 6, "cli_absorb": 6, "cli_compare": 6, "cli_catalog": 6, "docs": 6}
 ROOT = Path(incontext.__file__).parent
 
 
@@ -56,3 +56,28 @@ def test_the_checker_sees_upward_imports():
     assert imported_parts(rel, "from ..interop.hf import x\n") == [(1, "interop")]
     assert imported_parts(rel, "def f():\n    from incontext.absorb import y\n") == [(2, "absorb")]
     assert imported_parts(rel, "from . import modules\nfrom .. import models\n") == [(1, "tint"), (2, "models")]
+
+
+def module_imports(path: Path) -> set[str]:
+    """The package's modules that one module imports (dotted names; `from . import x` counts module x; imports
+    under TYPE_CHECKING count too)."""
+    names = {".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
+             for p in ROOT.rglob("*.py")}
+    own = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
+    package = own.split(".") if path.name == "__init__.py" else own.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("incontext")):
+            base = package[: len(package) - (node.level - 1)] if node.level else []
+            target = ".".join(base + (node.module.split(".") if node.module else []))
+            found |= {name for name in [target, *(f"{target}.{a.name}" for a in node.names)] if name in names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in names}
+    return found - {own}
+
+
+def test_no_two_modules_import_each_other():
+    graph = {".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__"): module_imports(p)
+             for p in ROOT.rglob("*.py")}
+    circles = sorted(f"{a} <-> {b}" for a, deps in graph.items() for b in deps if a < b and a in graph.get(b, ()))
+    assert not circles, f"import circles: {circles}"

@@ -21,31 +21,21 @@ from pathlib import Path
 
 DEFAULT_OUT = Path("runs")
 
-# for --help without importing torch; tests check these against the registries
-_EPISODE_TASKS = (
-    ("facts", "invented people's facts in the prompt, questions ask them back (exact match); text models"),
-    ("topics", "few-shot BBC News topic classification, label-word scoring; text models"),
-    ("continuation", "held-out Shakespeare: prompt = a passage, queries = what follows (CE); text models"),
-    ("induction", "induction heads (ICLCA Table 2); models trained on the induction task"),
-    ("linear_regression", "in-context linear regression (MSE); models trained on linear_regression"),
-    ("arithmetic", "CGT's arithmetic sequences (token accuracy); models trained on arithmetic"),
-)
-_METHODS_HELP = (  # (name, what it needs (the method's `needs`), what it does)
-    ("keep-prompt", "a causal LM", "the reference: the prompt stays in the context as a K/V cache"),
-    ("drop-prompt", "a causal LM", "the floor: the prompt is removed"),
-    ("iclca", "linear attention", "exact conversion into bias terms"),
-    ("iclca-approx", "softmax attention (our Transformer, or a Hugging Face family that converts to it)",
-     "approximate conversion into FAVOR+ or learned feature sums (features=FOLDER; layers=0-14: only those layers)"),
-    ("dynamic-eval", "a token-input causal LM", "gradient steps on the prompt (params=GROUPS: our Transformer's groups)"),
-    ("tint", "a token-input causal LM that TinT can simulate (our Transformer, or a family that converts to it)",
-     "a simulated SGD step on the prompt"),
-    ("cgt-fold", "a CGT model, or a CGT adapter trained on this model (option adapter=FOLDER)",
-     "its context vector folded into the weights"),
-    ("kv-prefix", "a token-input causal LM with softmax attention",
-     "self-study into a trained K/V prefix of prefix_tokens=P vectors per layer (Cartridges)"),
-    ("distill-lora", "a token-input causal LM",
-     "context distillation into a LoRA adapter (a PEFT folder for the family's own transformers class)"),
-)
+def _methods_help(width: int, what: bool = True) -> str:
+    """The registered absorb methods, one a line, from the catalog (no torch import)."""
+    from .cli_catalog import catalog
+
+    return "\n".join(f"  {name:{width}s} needs {m['needs']}" + (f": {m['summary']}" if what else "")
+                     for name, m in catalog()["methods"].items())
+
+
+def _tasks_help() -> str:
+    """The registered episode tasks with their metric and the models they are for, from the catalog."""
+    from .cli_catalog import catalog
+
+    data = catalog()
+    return "\n".join(f"  {name:18s} {t['description']} [{data['metrics'][t['metric']]['label']}]; {t['models']}"
+                     for name, t in data["tasks"].items())
 
 
 def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
@@ -129,9 +119,12 @@ def cmd_absorb(args: argparse.Namespace) -> int:
                    if value]
         if missing:
             raise ValueError(f"--list takes no other options (got {', '.join(missing)})")
+        from .cli_catalog import catalog
+
         print("absorb methods (incontext absorb --method NAME; method options with --set OPTION=VALUE):")
-        for name, needs, what in _METHODS_HELP:  # the static table: listing needs no torch
-            print(f"  {name:14s} needs {needs}: {what}")
+        for name, m in catalog()["methods"].items():  # the catalog: listing needs no torch
+            print(f"  {name:14s} needs {m['needs']}: {m['summary']}")
+            print(f"  {'':14s} options: {', '.join(m['options']) or '(none)'}")
         return 0
     missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out)) if not value]
     if missing:
@@ -258,19 +251,20 @@ class _RunHelp(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from .cli_catalog import EXPERIMENTS
+        from .cli_catalog import catalog
 
+        experiments = catalog()["experiments"]
         name = getattr(namespace, "experiment", None)
         if name is None:
             parser.print_help()
             print("\nexperiments:")
-            for key, (description, _) in EXPERIMENTS.items():
+            for key, (description, _) in experiments.items():
                 print(f"  {key:22s} {description}")
             print("\n`incontext run EXPERIMENT --help` lists an experiment's config keys.")
-        elif name not in EXPERIMENTS:
-            parser.error(f"unknown experiment {name!r}; registered: {', '.join(EXPERIMENTS)}")
+        elif name not in experiments:
+            parser.error(f"unknown experiment {name!r}; registered: {', '.join(experiments)}")
         else:
-            description, fields = EXPERIMENTS[name]
+            description, fields = experiments[name]
             print(f"usage: {parser.prog} {name} [--set KEY=VALUE ...] [--out OUT]\n\n{name}: {description}\n")
             print(f"config keys (--set KEY=VALUE; output folder default {DEFAULT_OUT / name}):")
             width = max(len(key) for key, *_ in fields)
@@ -317,9 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Absorb each episode's prompt with every method, answer its queries without the prompt, and "
         "report the task score (95% interval over episodes), agreement with the prompted model (top-1, KL, "
         "relative logits error) and costs (absorb ms, ms per query, bytes kept, peak memory).\n\n"
-        "tasks:\n" + "\n".join(f"  {name:18s} {text}" for name, text in _EPISODE_TASKS) +
-        "\n\nmethods (n/a where they do not apply to the model):\n" +
-        "\n".join(f"  {name:18s} needs {needs}: {what}" for name, needs, what in _METHODS_HELP),
+        "tasks [the score]:\n" + _tasks_help() +
+        "\n\nmethods (n/a where they do not apply to the model):\n" + _methods_help(18),
     )
     comparer.add_argument("--model", required=True, help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
     comparer.add_argument("--task", required=True, help="one of the tasks listed above")
@@ -343,8 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model to --out (adapted.safetensors + adapted.json; for distill-lora only its PEFT adapter in "
         "peft_adapter/, a few MB, when the base exports to Llama or GPT-2) and absorb.json (method, options, model, prompt "
         "sha256 and tokens, absorb seconds, files). Then: incontext generate --model MODEL --adapted DIR TEXT.\n\n"
-        "methods (`incontext absorb --list`):\n" +
-        "\n".join(f"  {name:14s} needs {needs}" for name, needs, _ in _METHODS_HELP),
+        "methods (`incontext absorb --list` adds what each does and its options):\n" + _methods_help(14, what=False),
     )
     absorber.add_argument("--list", action="store_true", help="list the methods and what each needs, then exit")
     absorber.add_argument("--model", help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")

@@ -1,9 +1,16 @@
-"""The registered experiments as data, for `incontext run --help`: name -> (description, [(config key, type,
-default, comment), ...]).
+"""The registries as data, for `--help` without importing torch: the experiments (`incontext run --help`), the
+absorb methods (`compare --help`, `absorb --help`, `absorb --list`), the episode tasks (`compare --help`) and
+the metrics they score with.
 
-The data lives in cli_catalog.json, generated from the experiment registry by `python -m incontext.cli_catalog`
-(run it after changing an experiment or its config); help reads it so that it needs no torch import (the
-experiments import torch), and a test checks that it matches the registry.
+    catalog()["experiments"][name] == [description, [[config key, type, default, comment], ...]]
+    catalog()["methods"][name] == {"summary": ..., "needs": ..., "options": [...]}
+    catalog()["tasks"][name] == {"description": ..., "metric": ..., "models": ...}
+    catalog()["metrics"][name] == {"label": ..., "higher_is_better": ..., "description": ...}
+
+The data lives in cli_catalog.json, generated from the registries by `python -m incontext.cli_catalog` (run it
+after adding or changing an experiment, a method, a task or a metric); help reads it so that it needs no torch
+import (the registries import torch), and tests/test_cli_help.py checks that it matches the registries and that
+every registered name is in the help.
 """
 
 from __future__ import annotations
@@ -19,8 +26,15 @@ import typing
 from pathlib import Path
 
 CATALOG = Path(__file__).with_name("cli_catalog.json")
+
+
+def catalog() -> dict:
+    """The catalog as written to CATALOG (read each time: small, and a test may point CATALOG elsewhere)."""
+    return json.loads(CATALOG.read_text())
+
+
 EXPERIMENTS = {name: (description, [tuple(field) for field in fields])
-               for name, (description, fields) in json.loads(CATALOG.read_text()).items()}
+               for name, (description, fields) in catalog()["experiments"].items()}
 
 
 def _field_comments(config_class: type) -> dict[str, str]:
@@ -50,18 +64,52 @@ def _type_text(field: dataclasses.Field, hint: object) -> str:
     return str(field.type)
 
 
-def build_catalog() -> dict[str, tuple[str, list[tuple[str, str, str, str]]]]:
-    """name -> (description, [(key, type, default, comment), ...]) for every registered experiment."""
+def experiments_catalog() -> dict[str, list]:
+    """name -> [description, [[key, type, default, comment], ...]] for every registered experiment."""
     from .experiments.registry import list_experiments
 
-    catalog = {}
+    out = {}
     for experiment in list_experiments():
         comments = _field_comments(experiment.config_class)
         hints = typing.get_type_hints(experiment.config_class)
-        fields = [(f.name, _type_text(f, hints[f.name]), _default_text(f), comments.get(f.name, ""))
+        fields = [[f.name, _type_text(f, hints[f.name]), _default_text(f), comments.get(f.name, "")]
                   for f in dataclasses.fields(experiment.config_class)]
-        catalog[experiment.name] = (experiment.description, fields)
-    return catalog
+        out[experiment.name] = [experiment.description, fields]
+    return out
+
+
+def methods_catalog() -> dict[str, dict]:
+    """name -> summary, needs and option names of every registered absorb method (the two reference points,
+    keep-prompt and drop-prompt, first)."""
+    from .absorb.base import _METHODS, DropPrompt, KeepPrompt, absorb_methods, method_options
+
+    first = (KeepPrompt.name, DropPrompt.name)
+    names = [*first, *(name for name in absorb_methods() if name not in first)]
+    return {name: {"summary": _METHODS[name].summary, "needs": _METHODS[name].needs, "options": method_options(name)}
+            for name in names}
+
+
+def tasks_catalog() -> dict[str, dict]:
+    """name -> description, metric and the models it is for, of every registered episode task."""
+    from .tasks.episodes import _SOURCES, episode_sources
+
+    return {name: {"description": _SOURCES[name].description, "metric": _SOURCES[name].metric,
+                   "models": "text models" if _SOURCES[name].needs_tokenizer
+                   else f"models trained on the {_SOURCES[name].task_name} task"}
+            for name in episode_sources()}
+
+
+def metrics_catalog() -> dict[str, dict]:
+    from .tasks.metrics import METRICS
+
+    return {name: {"label": m.label, "higher_is_better": m.higher_is_better, "description": m.description}
+            for name, m in sorted(METRICS.items())}
+
+
+def build_catalog() -> dict[str, dict]:
+    """Every registry's entries as JSON data (what cli_catalog.json holds)."""
+    return {"experiments": experiments_catalog(), "methods": methods_catalog(), "tasks": tasks_catalog(),
+            "metrics": metrics_catalog()}
 
 
 def write_catalog(path: Path | None = None) -> Path:

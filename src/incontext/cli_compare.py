@@ -17,6 +17,7 @@ from .absorb import absorb_methods, get_absorb_method
 from .absorb.harness import compare, method_name
 from .outputs import Result, claim_output_folder, pyplot, save_result
 from .tasks.episodes import get_episode_source
+from .tasks.metrics import get_metric
 
 VALIDATION_SEED_OFFSET = 10_000  # validation episodes: seed + this (test episodes use the seed itself)
 
@@ -85,6 +86,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     loaded = loaded or load_model(spec.model, spec.device, spec.dtype)
     load_s = time.perf_counter() - start
     tuning = {}
+    metric = get_metric(source.metric)
     validation = source.episodes(spec.validation_episodes, spec.seed + VALIDATION_SEED_OFFSET,
                                  tokenizer=loaded.tokenizer, task=loaded.task) if spec.tune else []
     for key, values in spec.tune.items():
@@ -95,15 +97,12 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         for value in values:
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
                           progress=False, references=False, codec=loaded.tokenizer)[-1]
-            # exact match is mostly 0/1 ties on a few episodes: choose by the answers' log-probability instead
-            criterion = "answer_logprob" if source.metric == "exact" else "score"
-            scores[repr(value)] = row[criterion]["mean"] if row["status"] == "ok" else None
+            scores[repr(value)] = row[metric.tune_by]["mean"] if row["status"] == "ok" else None  # e.g. exact: log-prob
         valid = [(s, v) for v, s in zip(values, scores.values()) if s is not None and math.isfinite(s)]
         if valid:
-            higher = source.higher_is_better or source.metric == "exact"
-            best = (max if higher else min)(valid, key=lambda sv: sv[0])[1]
+            best = (max if metric.tune_higher_is_better else min)(valid, key=lambda sv: sv[0])[1]
             method_options[name][option] = best
-        tuning[key] = {"criterion": "answer_logprob" if source.metric == "exact" else "score", "validation_scores": scores, "chosen": method_options[name].get(option),
+        tuning[key] = {"criterion": metric.tune_by, "validation_scores": scores, "chosen": method_options[name].get(option),
                        "validation_episodes": spec.validation_episodes, "validation_seed": spec.seed + VALIDATION_SEED_OFFSET}
     episodes = source.episodes(spec.episodes, spec.seed, tokenizer=loaded.tokenizer, task=loaded.task)
     rows = compare(loaded.model, source, episodes, method_options, progress=progress, codec=loaded.tokenizer)
@@ -160,10 +159,9 @@ def _options(row: dict) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    metric = results["metric"]
-    percent = metric in ("exact", "accuracy", "choice")
-    name = {"exact": "exact match %", "accuracy": "accuracy %", "choice": "accuracy %", "ce": "CE (nats)", "mse": "MSE"}[metric]
-    extra = metric == "choice"
+    metric = get_metric(results["metric"])
+    percent, name = metric.percent, metric.label
+    extra = metric.calibrated
     head = ["method", f"{name} [95% CI]"] + (["calibrated %"] if extra else []) + \
            ["top-1 agree %", "KL (nats)", "rel. logits err", "absorb ms", "ms / query", "kept KiB", "peak MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -210,8 +208,8 @@ def plot(results: dict[str, Any]):
     plt = pyplot()
     rows = [r for r in results["rows"] if r["status"] == "ok"]
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2))
-    percent = results["metric"] in ("exact", "accuracy", "choice")
-    scale = 100 if percent else 1
+    metric = get_metric(results["metric"])
+    scale = 100 if metric.percent else 1
     points = []
     for r in rows:
         s = r["score"]
@@ -236,7 +234,7 @@ def plot(results: dict[str, Any]):
     if costs and max(costs) > 5 * min(costs):
         left.set_xscale("log")
     left.set_xlabel("query cost (ms per query)")
-    left.set_ylabel({"exact": "exact match %", "accuracy": "accuracy %", "choice": "accuracy %", "ce": "CE (nats)", "mse": "MSE"}[results["metric"]])
+    left.set_ylabel(metric.label)
     left.set_title(f"{results['task']}: score vs query cost")
     middle.set_xscale("log")
     middle.set_xlabel("kept KiB per prompt (log; drawn at >= 0.01)")

@@ -5,7 +5,16 @@ import pytest
 import torch
 
 from conftest import ByteCodec
-from incontext.absorb.harness import agreement, compare, episode_score, score_query
+from incontext.absorb.harness import agreement, compare
+from incontext.tasks.metrics import get_metric
+
+
+def score_query(metric, out, query, calibration=None):
+    return get_metric(metric).score_query(out, query, calibration)
+
+
+def episode_score(metric, scores):
+    return get_metric(metric).episode_score(scores)
 from incontext.models import Transformer, TransformerConfig
 from incontext.tasks import get_task
 from incontext.tasks.episodes import Episode, Query, get_episode_source

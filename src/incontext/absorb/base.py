@@ -117,14 +117,16 @@ def tensor_bytes(tensors) -> int:
 
 
 class AbsorbMethod(ABC):
-    """A way to absorb a prompt into a model. Subclasses set `name` (the registry key), `needs` (a phrase
-    the harness shows when the method does not apply) and implement `_absorb` for one prompt (or, with
-    `batched = True`, for a batch of prompts); `absorb` checks the input once for every method."""
+    """A way to absorb a prompt into a model. Subclasses set `name` (the registry key), `summary` (what the
+    method does with the context, one line) and `needs` (what it needs of the model), which `compare --help`,
+    `absorb --help` and `absorb --list` show (through cli_catalog.json), and implement `_absorb` for one prompt
+    (or, with `batched = True`, for a batch of prompts); `absorb` checks the input once for every method. Why a
+    method does not apply to a given model is `unsupported(model)` (the harness's "n/a: <reason>")."""
 
     name: ClassVar[str]
+    summary: ClassVar[str] = ""
     needs: ClassVar[str] = "a causal LM"
     batched: ClassVar[bool] = False  # _absorb takes (B, M) prompts; otherwise one prompt at a time
-    uses_loss_mask: ClassVar[bool] = False  # the method trains on the prompt and honours a loss mask
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -314,6 +316,7 @@ class WithoutPrompt(BaseAlone):
 
 class KeepPrompt(AbsorbMethod):
     name = "keep-prompt"
+    summary = "the reference: the prompt stays in the context as a K/V cache"
     batched = True
 
     def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
@@ -324,6 +327,7 @@ class KeepPrompt(AbsorbMethod):
 
 class DropPrompt(AbsorbMethod):
     name = "drop-prompt"
+    summary = "the floor: the prompt is removed"
     batched = True
 
     def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:

@@ -106,6 +106,7 @@ class CGTFold(AbsorbMethod):
 
     name = "cgt-fold"
     needs = "a CGT model, or a CGT adapter trained on this model (option adapter=FOLDER)"
+    summary = "its context vector folded into the weights"
 
     def __init__(self, adapter: str = ""):
         self.adapter = str(adapter)

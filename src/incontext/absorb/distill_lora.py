@@ -241,6 +241,7 @@ class DistillLoRA(AbsorbMethod):
 
     name = "distill-lora"
     needs = "a token-input causal LM"
+    summary = "context distillation into a LoRA adapter (a PEFT folder for the family's own transformers class)"
 
     def __init__(
         self,

@@ -244,7 +244,7 @@ class DynamicEval(AbsorbMethod):
 
     name = "dynamic-eval"
     needs = "a token-input causal LM"
-    uses_loss_mask = True
+    summary = "gradient steps on the prompt (params=GROUPS: our Transformer's groups)"
 
     def __init__(self, learning_rate: float = 1e-3, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
                  n_top_layers: int | None = None, keep_prompt: bool = False, separator: list[int] | None = None,
@@ -337,7 +337,7 @@ class TinTStep(AbsorbMethod):
 
     name = "tint"
     needs = "a token-input causal LM that TinT can simulate (our Transformer, or a family that converts to it)"
-    uses_loss_mask = True
+    summary = "a simulated SGD step on the prompt"
 
     def __init__(self, keep_prompt: bool = False, separator: list[int] | None = None, **tint_options):
         from ..tint import TintConfig

@@ -6,7 +6,7 @@ For each method and episode: absorb the prompt (timed), run each query alone (ti
 source's metric and compare its logits with the prompted model's (keep-prompt, always computed as the
 reference). Per method the result holds:
 
-- `score`: the task score's mean over episodes with a 95% t-interval (`score_calibrated` too for "choice";
+- `score`: the task score (the source's metric, `tasks/metrics.py`) as a mean over episodes with a 95% t-interval (`score_calibrated` too for "choice";
   `answer_logprob` for "exact"); for the per-position metrics (accuracy, ce, mse) also `score_pooled`, the
   score over all scored positions of all episodes (episodes weighted by their positions, as token accuracy
   and perplexity are usually reported);
@@ -39,6 +39,7 @@ from torch import nn
 
 from ..stats import t_interval95
 from ..tasks.episodes import Episode, EpisodeSource, Query
+from ..tasks.metrics import choice_scores, get_metric
 from .base import get_absorb_method
 
 REFERENCE = "keep-prompt"
@@ -113,59 +114,7 @@ class PeakMemory:
         return False
 
 
-# ------------------------------------------------------------------------------------------- scoring
-
-
-@dataclass
-class QueryScore:
-    """Sums over one query's scored positions; an episode's score pools its queries."""
-
-    correct: float = 0.0  # exact / accuracy / choice
-    total: int = 0
-    calibrated: float = 0.0  # choice, calibrated
-    loss: float = 0.0  # ce (nats) or mse
-    logprob: float = 0.0  # exact: log-probability of the whole answer
-    exact: float = 0.0
-
-
-def choice_scores(logits: torch.Tensor, query: Query) -> torch.Tensor:
-    position = int(query.mask.nonzero().max())
-    return F.log_softmax(logits[position].double(), -1)[query.choices]
-
-
-def score_query(metric: str, out: torch.Tensor, query: Query, calibration: torch.Tensor | None = None) -> QueryScore:
-    """Scores one query's outputs (N, V) logits or (N, d) predictions at its masked positions."""
-    mask = query.mask
-    s = QueryScore(total=int(mask.sum()))
-    if metric == "mse":
-        s.loss = float(((out[mask].double() - query.targets[mask].double()) ** 2).mean(-1).sum())
-        return s
-    log_probs = F.log_softmax(out[mask].double(), -1)
-    targets = query.targets[mask]
-    hits = out[mask].argmax(-1) == targets
-    if metric == "choice":
-        scores = choice_scores(out, query)
-        truth = int((query.choices == int(query.targets[int(mask.nonzero().max())])).nonzero()[0])
-        s.correct, s.total = float(int(scores.argmax()) == truth), 1
-        if calibration is not None:
-            s.calibrated = float(int((scores - calibration).argmax()) == truth)
-        return s
-    s.correct = float(hits.sum())
-    s.loss = float(-log_probs.gather(-1, targets[:, None]).sum())
-    s.logprob = -s.loss
-    s.exact = float(bool(hits.all()))
-    return s
-
-
-def episode_score(metric: str, scores: list[QueryScore]) -> dict[str, float]:
-    total = sum(s.total for s in scores)
-    if metric == "exact":
-        return {"score": sum(s.exact for s in scores) / len(scores), "answer_logprob": sum(s.logprob for s in scores) / len(scores)}
-    if metric == "accuracy":
-        return {"score": sum(s.correct for s in scores) / total}
-    if metric == "choice":
-        return {"score": sum(s.correct for s in scores) / total, "score_calibrated": sum(s.calibrated for s in scores) / total}
-    return {"score": sum(s.loss for s in scores) / total}  # ce, mse
+# ------------------------------------------------------------------------------------------- agreement
 
 
 def agreement(out: torch.Tensor, reference: torch.Tensor, query: Query, tokens: bool) -> dict[str, float]:
@@ -215,7 +164,7 @@ class MethodRecord:
             row["episode_scores"], row["episode_positions"] = list(self.episode_scores), list(self.episode_positions)
         for key in self.episode_scores[0]:
             row[key] = t_interval95([s[key] for s in self.episode_scores])
-        if metric in ("accuracy", "ce", "mse"):
+        if get_metric(metric).pooled:
             weights = self.episode_positions
             row["score_pooled"] = sum(s["score"] * w for s, w in zip(self.episode_scores, weights)) / sum(weights)
         positions = sum(a.get("positions", 0) for a in self.agreements)
@@ -279,6 +228,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
         methods = {REFERENCE: methods.get(REFERENCE, {}), "drop-prompt": methods.get("drop-prompt", {}),
                    **{k: v for k, v in methods.items() if k not in (REFERENCE, "drop-prompt")}}
     model.eval()
+    metric = get_metric(source.metric)
     device = _model_device(model)
     tokens = getattr(model.config, "tokens", True)
     timer = CostTimer(device)
@@ -330,8 +280,8 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 record.absorb_ms.append(absorb_ms)
                 record.kept_bytes.append(adapted.kept_bytes(instances[name].runs_on(model)))
                 record.peak_bytes.append(peak.peak)
-                scores = [score_query(source.metric, out, q, calibration) for out, q in zip(outs, queries)]
-                record.episode_scores.append(episode_score(source.metric, scores))
+                scores = [metric.score_query(out, q, calibration) for out, q in zip(outs, queries)]
+                record.episode_scores.append(metric.episode_score(scores))
                 record.episode_positions.append(sum(s.total for s in scores))
                 outputs[name] = outs
             except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
@@ -339,7 +289,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             adapted = None  # free the adapted weights before the next method
         for name, label in composed.items():
             if records[label].status == "ok" and episode.parts:
-                _composed_episode(records[label], instances[name], model, episode, queries, source.metric, timer,
+                _composed_episode(records[label], instances[name], model, episode, queries, metric, timer,
                                   device, outputs, index, max_failures)
         if not references:
             continue
@@ -367,7 +317,7 @@ def _answer(adapted, queries: list[Query], timer: CostTimer, record: MethodRecor
 
 
 def _composed_episode(record: MethodRecord, method, model: nn.Module, episode: Episode, queries: list[Query],
-                      metric: str, timer: CostTimer, device: torch.device, outputs: dict, index: int,
+                      metric, timer: CostTimer, device: torch.device, outputs: dict, index: int,
                       max_failures: int) -> None:
     """Each part of the episode absorbed alone (timed together with composing them), every query answered by the
     parts composed; each part's own queries also answered by that part absorbed alone, the reference of
@@ -385,18 +335,18 @@ def _composed_episode(record: MethodRecord, method, model: nn.Module, episode: E
         combined.eval()
         with torch.no_grad():
             outs = _answer(combined, queries, timer, record)
-            scores = [score_query(metric, out, q) for out, q in zip(outs, queries)]
+            scores = [metric.score_query(out, q) for out, q in zip(outs, queries)]
             part_scores, alone_scores, start = [], [], 0
             for part, adapted in zip(episode.parts, alone):
                 own = [_on_model(q, model) for q in part.queries]
-                part_scores.append(episode_score(metric, scores[start:start + len(own)])["score"])
-                alone_scores.append(episode_score(metric, [score_query(metric, adapted(q.inputs[None])[0], q)
+                part_scores.append(metric.episode_score(scores[start:start + len(own)])["score"])
+                alone_scores.append(metric.episode_score([metric.score_query(adapted(q.inputs[None])[0], q)
                                                            for q in own])["score"])
                 start += len(own)
         record.absorb_ms.append(absorb_ms)
         record.kept_bytes.append(combined.kept_bytes(method.runs_on(model)))
         record.peak_bytes.append(peak.peak)
-        record.episode_scores.append(episode_score(metric, scores))
+        record.episode_scores.append(metric.episode_score(scores))
         record.episode_positions.append(sum(s.total for s in scores))
         record.part_scores.append(part_scores)
         record.alone_scores.append(alone_scores)

@@ -124,6 +124,7 @@ class ICLCA(AbsorbMethod):
 
     name = "iclca"
     needs = "linear attention"
+    summary = "exact conversion into bias terms"
     batched = True
     needs_internals = True
 

@@ -191,6 +191,7 @@ class ICLCAApprox(AbsorbMethod):
         self.maps = None if self.features == "favor" else load_feature_maps(Path(self.features))
 
     needs = "softmax attention (our Transformer, or a Hugging Face family that converts to it)"
+    summary = "approximate conversion into FAVOR+ or learned feature sums (features=FOLDER; layers=0-14: only those layers)"
     batched = True
 
     needs_internals = True

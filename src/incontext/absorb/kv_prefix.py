@@ -104,6 +104,7 @@ class KVPrefix(AbsorbMethod):
 
     name = "kv-prefix"
     needs = "a token-input causal LM with softmax attention"
+    summary = "self-study into a trained K/V prefix of prefix_tokens=P vectors per layer (Cartridges)"
     stage_fields: ClassVar[tuple[str, ...]] = tuple(StudyOptions.__dataclass_fields__)
 
     def __init__(self, prefix_tokens: int | None = None, init: str = "document", freeze_first: bool = True, steps: int = 48,

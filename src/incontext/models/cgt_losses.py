@@ -20,14 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
 from ..config import check_choices
 
-if TYPE_CHECKING:  # cgt.py imports this module for its training objective
-    from .cgt import CGT
+
+class GuidedModel(Protocol):
+    """What the objective needs of a model (the CGT, the CGT adapter: they import this module, not it them): `run`
+    returns the dynamic pass's outputs with `.logits`, `.y` and, for a VAE, `.mu` and `.logvar`; a call with a
+    frozen context `y` (per position) gives the x-only outputs of the auxiliary chunks."""
+
+    config: Any  # has `vae`
+
+    def run(self, inputs: torch.Tensor, *, generator: torch.Generator | None = None) -> Any: ...
+
+    def __call__(self, inputs: torch.Tensor, *, y: torch.Tensor, positions: torch.Tensor,
+                 segments: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -95,7 +105,7 @@ def sample_aux_chunks(batch: int, length: int, cuts: int, generator: torch.Gener
     return AuxChunks(segments, positions, (chunk_start - 1).clamp_min(0), scored)
 
 
-def aux_outputs(model: CGT, inputs: torch.Tensor, y: torch.Tensor, chunks: AuxChunks) -> torch.Tensor:
+def aux_outputs(model: GuidedModel, inputs: torch.Tensor, y: torch.Tensor, chunks: AuxChunks) -> torch.Tensor:
     """Outputs of the x-only model on every chunk at once, each chunk with its frozen context y~ (from `y`,
     the dynamic pass's (B, T, d_y) contexts; gradients flow back into them)."""
     y_tilde = torch.gather(y, 1, chunks.context_at[..., None].expand(-1, -1, y.shape[-1]))
@@ -166,7 +176,7 @@ def gaussian_kl(mu: torch.Tensor, logvar: torch.Tensor, kernel: torch.Tensor) ->
 # ----------------------------------------------------------------------------- the objective
 
 
-def cgt_loss(model: CGT, inputs: torch.Tensor, task_loss: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+def cgt_loss(model: GuidedModel, inputs: torch.Tensor, task_loss: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
              config: CGTLossConfig, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss and its parts. `task_loss(outputs, scored)` is the task's loss of outputs shaped like the
     model's, over the task's own mask and, when `scored` (B, T) is given, those positions only."""

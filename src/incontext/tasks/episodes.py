@@ -2,7 +2,7 @@
 
 An `Episode` is what one absorb method sees once: a prompt to absorb, then queries answered without the
 prompt in the context. Each `Query` is a token (or vector) sequence with next-token targets and a mask of the
-positions that are scored; the source's `metric` says how:
+positions that are scored; the source's `metric` names how (a registered object in `tasks/metrics.py`):
 
 - `exact`: 1 if the greedy answer is the target, i.e. the argmax at every masked position equals its target
   (teacher-forced, so the first len(answer) greedy tokens are the answer); also the answer's log-probability;
@@ -33,8 +33,8 @@ import torch
 from ..config import check_choices, from_dict
 from .base import Task
 from .facts import facts_prompt, make_people
+from .metrics import get_metric
 
-METRICS = {"exact": True, "accuracy": True, "choice": True, "ce": False, "mse": False}  # name -> higher is better
 
 
 @dataclass
@@ -118,7 +118,7 @@ class EpisodeSource(ABC):
 
     @property
     def higher_is_better(self) -> bool:
-        return METRICS[self.metric]
+        return get_metric(self.metric).higher_is_better
 
 
 def episode_sources() -> list[str]:

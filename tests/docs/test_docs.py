@@ -1,0 +1,112 @@
+"""The documentation agrees with the result files: every embedded result table equals its file, every headline
+number on the README front page equals the value in its results.json, and every link points at a file."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from incontext import docs
+
+ROOT = docs.repo_root()
+README = ROOT / "README.md"
+SETUP = ("# incontext\n\n```bash\n"
+         "bash scripts/env.sh incontext demo          # main job: absorb prompts into SmolLM2 with each method, one table (~7 min, CPU)\n"
+         "bash scripts/env.sh python -m pytest        # tests (what CI runs: .ci/run)\n```\n")
+
+
+def result(path: str) -> dict:
+    return json.loads((ROOT / "results" / path / "results.json").read_text())
+
+
+def row(path: str, method: str) -> dict:
+    return next(r for r in result(path)["rows"] if r["method"] == method)
+
+
+def tint(name: str) -> float:
+    data = result("tint-perplexity")
+    return data["perplexity"][name][data["config"]["fractions"].index(0.5)]
+
+
+def mean(values) -> float:
+    return sum(values) / len(values)
+
+
+# the README's headline numbers: (the text on the front page with {} for the number, the number from its file)
+HEADLINES = [
+    ("{:.1f}% exact match, SmolLM2 + `facts` (demo)", lambda: 100 * row("demo", "keep-prompt")["score"]["mean"]),
+    ("{:.1f}% exact match (demo) |", lambda: 100 * row("demo", "drop-prompt")["score"]["mean"]),
+    ("{:.1f}% exact match (demo) |", lambda: 100 * row("demo", "distill-lora")["score"]["mean"]),
+    ("{:.1f}% exact match vs keep-prompt's", lambda: 100 * row("kv-prefix-validation/default", "kv-prefix")["score"]["mean"]),
+    ("vs keep-prompt's {:.1f}% (4 validation", lambda: 100 * row("kv-prefix-validation/default", "keep-prompt")["score"]["mean"]),
+    ("perplexity {:.2f} vs", lambda: tint("dynamic eval")),
+    ("vs {:.2f} without (Shakespeare", lambda: tint("vanilla")),
+    ("perplexity {:.2f} (dynamic eval", lambda: tint("TinT")),
+    ("relative logits error {:.1e} (205K", lambda: result("iclca-table1")["rows"][0]["mean_rel_error"]),
+    ("{:.1f}% exact match on `facts` vs", lambda: 100 * row("compare-smollm2-facts-learned-tuned", "iclca-approx")["score"]["mean"]),
+    ("vs keep-prompt's {:.1f}% (learned", lambda: 100 * row("compare-smollm2-facts-learned-tuned", "keep-prompt")["score"]["mean"]),
+    ("specialised accuracy {:.1f}% with the auxiliary",
+     lambda: 100 * result("cgt-table1")["summary"]["cgt_aux"]["specialized_char_accuracy"][0]),
+    ("loss vs {:.1f}% without (Table 1", lambda: 100 * result("cgt-table1")["summary"]["cgt"]["specialized_char_accuracy"][0]),
+    ("0.95 in {:.0f} steps", lambda: mean(result("residual-bursty")["first_crossing"]["0.95/ic"]["v"])),
+    ("steps vs {:.0f} (classic)", lambda: mean(result("residual-bursty")["first_crossing"]["0.95/ic"]["none"])),
+    ("accuracy {:.3f} at a = 1.25", lambda: result("amicl")["a_sweep"]["dot"][result("amicl")["config"]["a_values"].index(1.25)]),
+]
+
+
+def test_readme_opens_with_the_two_setup_commands_and_stays_short():
+    text = README.read_text()
+    assert text.startswith(SETUP)
+    assert len(text.splitlines()) <= 250
+
+
+@pytest.mark.parametrize("template, value", HEADLINES, ids=[t for t, _ in HEADLINES])
+def test_headline_number_comes_from_its_result_file(template, value):
+    assert template.format(value()) in README.read_text(), "the README's headline differs from its result file"
+
+
+def test_every_result_block_equals_its_file():
+    """Run `python -m incontext.docs` to rewrite the blocks from the files when this fails."""
+    assert docs.blocks(ROOT), "no result blocks found"
+    assert docs.stale(ROOT) == []
+
+
+def test_a_block_that_differs_or_names_a_missing_file_is_reported(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "t.md").write_text("intro\n\n| a |\n|---|\n| 1 |\n")
+    (tmp_path / "README.md").write_text("<!-- result: results/t.md table=1 -->\n| a |\n|---|\n| 2 |\n<!-- /result -->\n")
+    (tmp_path / "docs" / "x.md").write_text("<!-- result: results/gone.md -->\nold\n<!-- /result -->\n")
+    problems = docs.stale(tmp_path)
+    assert len(problems) == 2 and "differs" in problems[0] and "no such result file" in problems[1]
+    (tmp_path / "docs" / "x.md").unlink()
+    page = tmp_path / "README.md"
+    page.write_text(docs.synced(tmp_path, page.read_text()))
+    assert docs.stale(tmp_path) == [] and "| 1 |" in page.read_text()
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
+
+
+@pytest.mark.parametrize("page", docs.doc_pages(ROOT), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_points_at_a_file_and_heading(page):
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"https?:|mailto:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)}: broken links {broken}"
