@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from ..config import from_dict, to_dict
+from ..config import from_dict, parse_options, to_dict
 from ..fileio import sha256_file
 from ..models import Cache, Transformer, TransformerConfig
 from ..models.lm import copy_cache, internals_reason, is_causal_lm
@@ -68,12 +68,18 @@ class AdaptedModel(nn.Module, ABC):
 
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_model(self, str(folder / "adapted.safetensors"))
+        check_tensors(self.state_dict().items(), self.method)
         dtype = dtype_name(next(self.base.parameters()).dtype)
         backend = getattr(self.base, "backend", "incontext")
         description = {"method": self.method, "dtype": dtype, "backend": backend, "base_config": to_dict(self.base.config),
-                       "extra": self.extra_state(), "sha256": sha256_file(folder / "adapted.safetensors")}
+                       "extra": self.extra_state()}
+        try:
+            json.dumps(description, allow_nan=False)
+        except ValueError:
+            raise ValueError(f"{self.method}: the adapted model's description holds a non-finite number; nothing was written") from None
+        folder.mkdir(parents=True, exist_ok=True)
+        save_model(self, str(folder / "adapted.safetensors"))
+        description["sha256"] = sha256_file(folder / "adapted.safetensors")
         (folder / "adapted.json").write_text(json.dumps(description, indent=2))
         return folder
 
@@ -112,16 +118,67 @@ class AdaptedModel(nn.Module, ABC):
         return model.eval()
 
 
+EXPLODED = 1e4  # an updated tensor whose largest |value| exceeds this many times what the base holds has exploded
+
+
+def check_tensors(named, where: str, scale: float | dict[str, float] | None = None) -> None:
+    """One-line ValueError naming the first floating tensor of `named` ((name, tensor) pairs) that holds NaN or an
+    infinity, or whose largest |value| exceeds EXPLODED times its reference `scale` (one number for all, or per name;
+    None: finiteness only). The one check before anything adapted is written (adapted models, PEFT adapters)."""
+    for name, tensor in named:
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{where}: {name} holds non-finite values (NaN or infinity); nothing was written "
+                             "(lower the learning rate or the number of steps)")
+        reference = scale.get(name) if isinstance(scale, dict) else scale
+        if reference is not None:
+            top = float(tensor.detach().abs().max())
+            if top > EXPLODED * max(reference, torch.finfo(tensor.dtype).tiny):
+                raise ValueError(f"{where}: the update exploded: {name} reaches |{top:.3g}|, more than {EXPLODED:g} times "
+                                 f"the largest |value| before the update ({reference:.3g}); lower the learning rate")
+
+
+def check_adapted(adapted: nn.Module, model: nn.Module, where: str) -> None:
+    """Checks what absorbing `model` produced before it is used or saved: every tensor `adapted` does not share with
+    `model` is finite, and those that update one of `model`'s tensors (same name, after `base.`, and shape), or that
+    the adapted model says it trained from a start (`initial_scales`: name -> largest |value| at the start), have not
+    grown EXPLODED times beyond the model's largest |value| (or that start)."""
+    own = model.state_dict()
+    shared = {t.untyped_storage().data_ptr() for t in own.values()}
+    fresh = [(name, t) for name, t in adapted.state_dict().items()
+             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in shared]
+    if not fresh:
+        return
+    check_tensors(fresh, where)
+    scales = dict(getattr(adapted, "initial_scales", {}))
+    updated = [name for name, t in fresh if own.get(name.removeprefix("base."), torch.empty(0)).shape == t.shape
+               and name not in scales and t.is_floating_point()]
+    if updated:
+        largest = max((float(t.detach().abs().max()) for t in own.values() if t.is_floating_point() and t.numel()),
+                      default=0.0)
+        scales.update({name: largest for name in updated})
+    check_tensors([(name, t) for name, t in fresh if name in scales], where, scales)
+
+
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
+@dataclasses.dataclass
+class NoOptions:
+    """The options of a method that takes none."""
+
+
 class AbsorbMethod(ABC):
     """A way to absorb a prompt into a model. Subclasses set `name` (the registry key), `needs` (a phrase
-    the harness shows when the method does not apply) and implement `_absorb` for one prompt (or, with
-    `batched = True`, for a batch of prompts); `absorb` checks the input once for every method."""
+    the harness shows when the method does not apply), `Options` (a dataclass of the constructor's keyword options
+    with their types, defaults and ranges: `get_absorb_method` checks given options against it through
+    config.parse_options) and implement `_absorb` for one prompt (or, with `batched = True`, for a batch of
+    prompts); `absorb` checks the input once for every method."""
 
     name: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
     needs: ClassVar[str] = "a causal LM"
     batched: ClassVar[bool] = False  # _absorb takes (B, M) prompts; otherwise one prompt at a time
     uses_loss_mask: ClassVar[bool] = False  # the method trains on the prompt and honours a loss mask
@@ -172,9 +229,14 @@ class AbsorbMethod(ABC):
             if tuple(loss_mask.shape) != tuple(prompt.shape[:2]):
                 raise ValueError(f"loss_mask has shape {tuple(loss_mask.shape)}; the prompt is {tuple(prompt.shape[:2])}")
         if self.batched or prompt.shape[0] == 1:
-            return self._absorb(model, prompt, loss_mask, train_queries)
-        return PerPrompt([self._absorb(model, prompt[i : i + 1], None if loss_mask is None else loss_mask[i : i + 1],
-                                       train_queries) for i in range(prompt.shape[0])])
+            return self._checked(model, self._absorb(model, prompt, loss_mask, train_queries))
+        return PerPrompt([self._checked(model, self._absorb(model, prompt[i : i + 1], None if loss_mask is None
+                                                            else loss_mask[i : i + 1], train_queries))
+                          for i in range(prompt.shape[0])])
+
+    def _checked(self, model: nn.Module, adapted: AdaptedModel) -> AdaptedModel:
+        check_adapted(adapted, model, self.name)
+        return adapted
 
     @abstractmethod
     def _absorb(self, model: nn.Module, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
@@ -236,22 +298,18 @@ def absorb_methods() -> list[str]:
 
 
 def method_options(name: str) -> list[str]:
-    """The options a method's constructor takes (a method taking **options lists them in `option_names`)."""
-    cls = _METHODS[name]
-    if hasattr(cls, "option_names"):
-        return list(cls.option_names())
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [n for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self" and p.kind in kinds]
+    """The names of a method's options (the fields of its `Options` dataclass)."""
+    return [f.name for f in dataclasses.fields(_METHODS[name].Options)]
 
 
 def get_absorb_method(name: str, **options) -> AbsorbMethod:
+    """The method `name` with `options` (Python values, or YAML scalars from `--set KEY=VALUE`) checked and converted
+    through the method's `Options` (config.parse_options): one-line ValueError for an unknown option, a value of
+    the wrong type, a non-finite number or one out of range."""
     if name not in _METHODS:
         raise KeyError(f"unknown absorb method {name!r}; registered: {', '.join(sorted(_METHODS))}")
-    allowed = method_options(name)
-    for key in options:
-        if key not in allowed:
-            raise ValueError(f"{name}: unknown option {key!r}; options: {', '.join(allowed) or '(none)'}")
-    return _METHODS[name](**options)
+    cls = _METHODS[name]
+    return cls(**parse_options(cls.Options, options, where=name))
 
 
 # ----------------------------------------------------------------------------- the two reference points
