@@ -66,8 +66,10 @@ def parse_tune(items: list[str]) -> dict[str, list[Any]]:
     return out
 
 
-def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progress: bool = True) -> dict[str, Any]:
-    """Runs the comparison (loading the model unless `loaded` is given) and writes the result files."""
+def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progress: bool = True,
+                owner: str = "compare") -> dict[str, Any]:
+    """Runs the comparison (loading the model unless `loaded` is given) and writes the result files into `out_dir`,
+    the output folder of `owner` (compare, or demo)."""
     from .interop.models import load_model
 
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
@@ -117,7 +119,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         "command": command_line(spec),
     }
     if out_dir is not None:
-        write_results(results, out_dir)
+        write_results(results, out_dir, owner)
     return results
 
 
@@ -231,6 +233,6 @@ def plot(results: dict[str, Any]):
     return fig
 
 
-def write_results(results: dict[str, Any], out_dir: Path) -> None:
-    claim_output_folder(out_dir, "compare")
+def write_results(results: dict[str, Any], out_dir: Path, owner: str = "compare") -> None:
+    claim_output_folder(out_dir, owner)
     save_result(Result(results, {"table.md": table}, {"compare.png": plot}), out_dir)
