@@ -174,14 +174,14 @@ def table(results: dict[str, Any]) -> str:
         if row["status"] != "ok":
             lines.append(f"| {label} | {row['status']}: {row['reason']} |" + " |" * (len(head) - 2))
             continue
-        a = row["agreement"]
+        a = row["agreement"] or {"top1": None, "kl": None, "relative_logits_error": None}  # None: no prompted reference
         cells = [label, _interval(row["score"], percent)]
         if extra:
             cells.append(_interval(row["score_calibrated"], True))
         cells += [
             "–" if a["top1"] is None else f"{100 * a['top1']:.1f}",
             "–" if a["kl"] is None else f"{a['kl']:.3g}",
-            f"{a['relative_logits_error']:.2g}",
+            "–" if a["relative_logits_error"] is None else f"{a['relative_logits_error']:.2g}",
             f"{row['absorb_ms']:.1f}", f"{row['query_ms']:.1f}", f"{row['kept_bytes'] / 1024:.0f}",
             "–" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.0f}",
         ]
@@ -208,6 +208,8 @@ def plot(results: dict[str, Any]):
         left.errorbar(r["query_ms"], scale * s["mean"], yerr=err, fmt="o", capsize=3, label=r["method"])
         points.append((r["query_ms"], s["mean"]))
         a = r["agreement"]
+        if a is None:  # no prompted reference to agree with
+            continue
         y = a["kl"] if a["kl"] is not None else a["relative_logits_error"]
         right.scatter(max(r["absorb_ms"], 1e-2), y, label=r["method"])
         right.annotate(r["method"], (max(r["absorb_ms"], 1e-2), y), fontsize=8, xytext=(3, 3), textcoords="offset points")
@@ -227,7 +229,8 @@ def plot(results: dict[str, Any]):
     left.legend(fontsize=8)
     right.set_xscale("log")
     right.set_xlabel("absorb cost (ms per prompt; drawn at >= 0.01)")
-    right.set_ylabel("KL(prompted || method)" if rows and rows[0]["agreement"]["kl"] is not None else "relative logits error")
+    right.set_ylabel("KL(prompted || method)" if rows and (rows[0]["agreement"] or {}).get("kl") is not None
+                     else "relative logits error")
     right.set_title("agreement with the prompted model")
     fig.tight_layout()
     return fig
