@@ -113,6 +113,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else []
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.validation_episodes < 1:
+        raise ValueError(f"--validation-episodes must be >= 1, got {args.validation_episodes}")
     _runtime(args)
     spec = CompareSpec(model=args.model, task=args.task, methods=methods, episodes=args.episodes, seed=args.seed,
                        task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),

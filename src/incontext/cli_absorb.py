@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import sys
 import time
@@ -32,6 +33,8 @@ ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
 PEFT_FOLDER = "peft_adapter"
 PEFT_FILES = {"adapter_config.json", "adapter_model.safetensors", "README.md"}  # what peft's save_pretrained writes
 ABSORB_RECORD = "absorb.json"  # written last: its presence marks a finished absorb folder
+RECORD_FIELDS = {"model": str, "model_fingerprint": str, "model_fingerprint_bf16": str, "prompt_tokens": int,
+                 "peft_adapter": dict}  # absorb.json's fields that generate reads, and their types
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' end-of-turn tokens
 
 
@@ -289,8 +292,12 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     try:
         record = json.loads(record_file.read_text()) if record_file.is_file() else {}
         peft_note = record.get("peft_adapter") or {}
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, UnicodeDecodeError):
         raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
+    for key, kind in RECORD_FIELDS.items():
+        if key in record and not isinstance(record[key], kind) or not isinstance(peft_note, dict):
+            raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt "
+                             f"({'peft_adapter' if not isinstance(peft_note, dict) else key} has the wrong type)")
     absorbed_into = record.get("model", "another model")
     fingerprint = model_fingerprint(model)  # a folder saved without absorb.json is checked by its config alone
     if record.get("model_fingerprint", fingerprint) != fingerprint:
@@ -341,8 +348,15 @@ def generate(args) -> int:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.sample and (args.temperature is not None or args.top_k is not None):
         raise ValueError("--temperature and --top-k only apply with --sample")
-    if args.temperature is not None and not args.temperature > 0:
-        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise ValueError(f"--temperature must be a finite number > 0, got {args.temperature}")
+    if args.temperature is not None:
+        from .runtime import parse_dtype
+
+        tiny = torch.finfo(parse_dtype(args.dtype)).tiny
+        if args.temperature < tiny:
+            raise ValueError(f"--temperature {args.temperature:g} underflows {args.dtype} (its smallest normal number is "
+                             f"{tiny:g}): logits / temperature would overflow")
     if args.top_k is not None and args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.text:

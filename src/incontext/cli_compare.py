@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .absorb import absorb_methods, get_absorb_method
 from .absorb.harness import compare, method_name
 from .outputs import Result, claim_output_folder, pyplot, save_result
@@ -62,7 +64,10 @@ def parse_tune(items: list[str]) -> dict[str, list[Any]]:
             raise ValueError(f"--tune {item!r} must look like METHOD.OPTION=v1,v2,... (e.g. dynamic-eval.learning_rate=1e-5,1e-4)")
         if method not in absorb_methods():
             raise ValueError(f"--tune {item!r}: unknown method {method!r}; methods: {', '.join(absorb_methods())}")
-        out[key] = [scalar(v) for v in raw.split(",")]
+        try:
+            out[key] = [scalar(v) for v in raw.split(",")]
+        except yaml.YAMLError:
+            raise ValueError(f"--tune {item!r}: a value is not a valid YAML scalar (give v1,v2,... e.g. 1e-5,1e-4)") from None
     return out
 
 
@@ -83,6 +88,14 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
             raise ValueError(f"options given for {name!r}, which is not among the compared methods ({', '.join(methods)})")
     for name, options in method_options.items():
         get_absorb_method(method_name(name), **options)  # unknown options fail here
+    if spec.tune and spec.validation_episodes < 1:
+        raise ValueError(f"--validation-episodes must be >= 1 with --tune, got {spec.validation_episodes}")
+    for key, values in spec.tune.items():  # every candidate is checked before the model loads
+        name, option = key.split(".", 1)
+        if name not in methods:
+            raise ValueError(f"--tune {key}: {name!r} is not among the compared methods")
+        for value in values:
+            get_absorb_method(method_name(name), **{**method_options[name], option: value})
     start = time.perf_counter()
     loaded = loaded or load_model(spec.model, spec.device, spec.dtype)
     load_s = time.perf_counter() - start
@@ -91,8 +104,6 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
                                  tokenizer=loaded.tokenizer, task=loaded.task) if spec.tune else []
     for key, values in spec.tune.items():
         name, option = key.split(".", 1)
-        if name not in methods:
-            raise ValueError(f"--tune {key}: {name!r} is not among the compared methods")
         scores = {}
         for value in values:
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},

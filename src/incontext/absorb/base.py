@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
@@ -94,26 +95,47 @@ class AdaptedModel(nn.Module, ABC):
             description = json.loads((folder / "adapted.json").read_text())
         except (ValueError, UnicodeDecodeError):
             raise ValueError(f"{folder / 'adapted.json'} is not valid JSON") from None
+        where = folder / "adapted.json"
         if not isinstance(description, dict) or not isinstance(description.get("method"), str):
-            raise ValueError(f"{folder / 'adapted.json'} is not an adapted model's description")
+            raise ValueError(f"{where} is not an adapted model's description")
         cls = _ADAPTED.get(description["method"])
         if cls is None:
-            raise ValueError(f"unknown absorb method {description['method']!r}; known: {sorted(_ADAPTED)}")
-        dtype = parse_dtype(description.get("dtype", "float32"))
-        if description.get("backend", "incontext") == "incontext":
+            raise ValueError(f"{where}: unknown absorb method {description['method']!r}; known: {sorted(_ADAPTED)}")
+        for key, kind in (("dtype", str), ("backend", str), ("base_config", dict), ("extra", dict), ("sha256", str)):
+            if not isinstance(description.get(key), kind):
+                raise ValueError(f"{where} is corrupt: {key} is {'missing' if key not in description else 'not a ' + kind.__name__}"
+                                 f"{' (no checksum of adapted.safetensors)' if key == 'sha256' else ''}")
+        if description["backend"] not in ("incontext", "hf"):
+            raise ValueError(f"{where} is corrupt: backend {description['backend']!r} is neither 'incontext' nor 'hf'")
+        try:
+            dtype = parse_dtype(description["dtype"])
+        except ValueError as error:
+            raise ValueError(f"{where} is corrupt: {error}") from None
+        if description["backend"] == "hf" and base is None:
+            raise ValueError(f"{folder} was absorbed into a Hugging Face model: load it with its base model")
+        weights = folder / "adapted.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights} is missing")
+        if sha256_file(weights) != description["sha256"]:
+            raise ValueError(f"{weights} is corrupt: its sha256 differs from the one recorded in adapted.json")
+        try:
+            return AdaptedModel._load(weights, description, cls, dtype, base)
+        except (KeyError, TypeError, ValueError, RuntimeError, SafetensorError) as error:  # shapes, buffers, header
+            raise ValueError(f"{where} and adapted.safetensors do not make an adapted model "
+                             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
+
+    @staticmethod
+    def _load(weights: Path, description: dict[str, Any], cls: type["AdaptedModel"], dtype: torch.dtype,
+              base: nn.Module | None) -> "AdaptedModel":
+        if description["backend"] == "incontext":
             base_model = Transformer(from_dict(TransformerConfig, description["base_config"])).to(dtype)
             if base is not None:
                 base_model = base_model.to(next(base.parameters()).device)
         else:
-            if base is None:
-                raise ValueError(f"{folder} was absorbed into a Hugging Face model: load it with its base model")
             import copy
 
             base_model = copy.deepcopy(base)
         model = cls.empty(base_model, description["extra"]).to(device=next(base_model.parameters()).device, dtype=dtype)
-        weights = folder / "adapted.safetensors"
-        if "sha256" in description and sha256_file(weights) != description["sha256"]:  # older saves have none
-            raise ValueError(f"{weights} is corrupt: its sha256 differs from the one recorded in adapted.json")
         load_model(model, str(weights), device=str(next(model.parameters()).device))
         return model.eval()
 
