@@ -434,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, OSError) as error:  # OSError: missing, existing, unreadable or full files
-        _fail(error)
+    except (ValueError, KeyError, OSError, FloatingPointError) as error:  # OSError: missing, existing, unreadable or
+        _fail(error)  # full files; FloatingPointError: an absorb that diverged (its options)
         return 2
     except RuntimeError as error:
         from .train import NonFiniteLossError
