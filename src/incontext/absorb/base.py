@@ -429,7 +429,6 @@ class WithoutPrompt(BaseAlone):
 
 class KeepPrompt(AbsorbMethod):
     name = "keep-prompt"
-    needs = "a causal LM, or a CGT (its forward over prompt and query)"
     batched = True
 
     def check_model(self, model: nn.Module) -> str | None:
@@ -445,7 +444,6 @@ class KeepPrompt(AbsorbMethod):
 
 class DropPrompt(AbsorbMethod):
     name = "drop-prompt"
-    needs = KeepPrompt.needs
     batched = True
     check_model = KeepPrompt.check_model
 

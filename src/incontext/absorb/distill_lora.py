@@ -195,7 +195,7 @@ class DistillLoRAOptions(DataStageOptions):
     learning_rate: float = limit(3e-3, gt=0)
     batch_size: int = limit(4, min=1)
     patience: int = limit(8, min=1)
-    min_improvement: float = limit(0.01, min=0, lt=1)
+    min_improvement: float = limit(0.01, min=0)
     autocast: bool = False
     merge: bool = True
     seed: int = limit(0, min=0)
