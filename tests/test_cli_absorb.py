@@ -150,7 +150,7 @@ def test_generate_from_an_absorb_folder_follows_the_adapted_models_argmax(method
     record = absorb(capsys, llama, out, method, *options)
     assert record["options"]["learning_rate"] == 0.05
     if method == "distill-lora":  # the adapter alone is written: a few MB, not the whole base
-        assert sorted(record["files"]) == ["absorb.json", "peft_adapter/README.md", "peft_adapter/adapter_config.json",
+        assert sorted(record["files"]) == [".incontext-experiment", "absorb.json", "peft_adapter/README.md", "peft_adapter/adapter_config.json",
                                            "peft_adapter/adapter_model.safetensors"]
         adapted = PeftReference(llama, out)
     else:
@@ -210,9 +210,9 @@ def test_absorb_may_rewrite_its_own_folder(llama, tmp_path, capsys):
     absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
     assert (out / "peft_adapter").is_dir()
     absorb(capsys, llama, out, "keep-prompt")  # the earlier adapter is not this model's: removed
-    assert sorted(p.name for p in out.iterdir()) == ["absorb.json", "adapted.json", "adapted.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [".incontext-experiment", "absorb.json", "adapted.json", "adapted.safetensors"]
     absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
-    assert sorted(p.name for p in out.iterdir()) == ["absorb.json", "peft_adapter"]  # keep-prompt's model removed
+    assert sorted(p.name for p in out.iterdir()) == [".incontext-experiment", "absorb.json", "peft_adapter"]  # keep-prompt's model removed
 
 
 # ----------------------------------------------------------------------------- one-line errors
@@ -254,7 +254,7 @@ def test_absorb_refuses_a_foreign_out_folder(llama, tmp_path, capsys):
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     code, _, err = run(capsys, "absorb", "--model", llama, "--method", "keep-prompt", "--prompt", PROMPT, "--out", str(out))
-    assert code == 2 and "not empty and not an earlier absorb folder (notes.txt)" in err
+    assert code == 2 and "holds files this command did not write (notes.txt)" in err
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
 
 

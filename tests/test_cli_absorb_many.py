@@ -77,7 +77,7 @@ def test_one_adapted_model_per_prompt_file(llama, prompts, tmp_path, capsys, met
     (foreign / "mine.txt").write_text("keep me")
     code, _, err = run(capsys, "absorb", "--model", llama, "--method", method, "--prompts", str(prompts),
                        "--out", str(foreign), *options)
-    assert code == 2 and "not an earlier `absorb --prompts` folder" in err and (foreign / "mine.txt").read_text() == "keep me"
+    assert code == 2 and "no marker of 'absorb-many'" in err and (foreign / "mine.txt").read_text() == "keep me"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -41,15 +41,15 @@ def _tasks_help() -> str:
 def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
     from .config import apply_overrides
     from .experiments import get_experiment
-    from .outputs import claim_output_folder
+    from .outputs import output_folder
 
     experiment = get_experiment(name)
     config = apply_overrides(experiment.config_class(), overrides)
     out_dir = out or DEFAULT_OUT / name
-    claim_output_folder(out_dir, name)  # refuses a foreign non-empty folder before anything is written
-    print(f"{name}: {experiment.description}")
-    print(f"config: {json.dumps(dataclasses.asdict(config))}")
-    results = experiment.run(config, out_dir)
+    with output_folder(out_dir, name):  # refuses a foreign non-empty or unwritable folder before anything is written
+        print(f"{name}: {experiment.description}")
+        print(f"config: {json.dumps(dataclasses.asdict(config))}")
+        results = experiment.run(config, out_dir)
     table = out_dir / "table.md"
     if table.exists():
         print(table.read_text())
@@ -66,12 +66,12 @@ DEMO = {"model": "smollm2", "task": "facts", "episodes": 10, "task_options": {"p
         "tune": {"dynamic-eval.learning_rate": [1e-5, 1e-4, 3e-4]}, "validation_episodes": 4}
 
 
-def _compare(spec, out: Path) -> dict:
+def _compare(spec, out: Path, owner: str = "compare") -> dict:
     from .cli_compare import run_compare
-    from .outputs import claim_output_folder
+    from .outputs import output_folder
 
-    claim_output_folder(out, "compare", create=False)  # a foreign folder is refused before the model loads
-    results = run_compare(spec, out)
+    with output_folder(out, owner):  # a foreign or unwritable folder is refused before the model loads
+        results = run_compare(spec, out, owner=owner)
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}\nplot:    {out / 'compare.png'}")
     return results
@@ -91,7 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     spec = CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype)
     print("demo: absorbing a prompt of invented facts into SmolLM2-135M with every method that applies to a softmax "
           "LM; learning rates chosen on validation episodes (this takes a few minutes on 2 CPU cores)")
-    _compare(spec, args.out or DEFAULT_OUT / "demo")
+    _compare(spec, args.out or DEFAULT_OUT / "demo", owner="demo")
     return 0
 
 
@@ -103,6 +103,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else []
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.validation_episodes < 1:
+        raise ValueError(f"--validation-episodes must be >= 1, got {args.validation_episodes}")
     _runtime(args)
     spec = CompareSpec(model=args.model, task=args.task, methods=methods, episodes=args.episodes, seed=args.seed,
                        task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),
@@ -424,8 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, OSError) as error:  # OSError: missing, existing, unreadable or full files
-        _fail(error)
+    except (ValueError, KeyError, OSError, FloatingPointError) as error:  # OSError: missing, existing, unreadable or
+        _fail(error)  # full files; FloatingPointError: an absorb that diverged (its options)
         return 2
     except RuntimeError as error:
         from .train import NonFiniteLossError

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import sys
 import time
@@ -19,18 +20,21 @@ from typing import Any
 import torch
 
 from .absorb import AdaptedModel, get_absorb_method
-from .absorb.base import max_context
+from .absorb.base import check_tensors, max_context
 from .absorb.distill_lora import DistilledLoRA
 from .absorb.generation import context_room, stream_tokens
 from .config import parse_overrides, to_dict
-from .fileio import sha256_file
+from .fileio import sha256_file, strict_json
 from .interop.models import load_model
+from .outputs import EXPERIMENT_MARKER, claim_output_folder
 from .runtime import device_of, generator_for
 
 ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
 PEFT_FOLDER = "peft_adapter"
 PEFT_FILES = {"adapter_config.json", "adapter_model.safetensors", "README.md"}  # what peft's save_pretrained writes
 ABSORB_RECORD = "absorb.json"  # written last: its presence marks a finished absorb folder
+RECORD_FIELDS = {"model": str, "model_fingerprint": str, "model_fingerprint_bf16": str, "prompt_tokens": int,
+                 "peft_adapter": dict}  # absorb.json's fields that generate reads, and their types
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' end-of-turn tokens
 
 
@@ -53,12 +57,12 @@ def read_prompt(text: str | None, file: Path | None) -> str:
 
 
 def check_absorb_out(out: Path) -> None:
-    """An absorb folder may be new, empty, or an earlier absorb folder holding only this command's files."""
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a folder")
+    """An absorb folder may be new, empty, or an earlier absorb folder (absorb's marker) holding only this command's
+    files; it must be writable."""
+    claim_output_folder(out, "absorb", create=False)
     if not out.is_dir() or not any(out.iterdir()):
         return
-    ours = set(ADAPTED_FILES) | {PEFT_FOLDER, ABSORB_RECORD}
+    ours = set(ADAPTED_FILES) | {PEFT_FOLDER, ABSORB_RECORD, EXPERIMENT_MARKER}
     foreign = sorted(p.name for p in out.iterdir() if p.name not in ours)
     peft = out / PEFT_FOLDER
     if peft.exists():
@@ -111,10 +115,7 @@ def _prompt_ids(codec, text: str, model, spec: str, where: str) -> list[int]:
 def _prepare(args, device: str):
     """The method (options checked), the loaded model on `device` and its codec; one-line errors first."""
     options = parse_overrides(args.set, flat=True)
-    try:
-        method = get_absorb_method(args.method, **options)
-    except TypeError as error:  # a value of the wrong kind for the method's constructor
-        raise ValueError(f"{args.method}: bad option value ({error})") from None
+    method = get_absorb_method(args.method, **options)  # names, types and ranges checked (config.parse_options)
     loaded = load_model(args.model, device, args.dtype)
     reason = method.unsupported(loaded.model)
     if reason is not None:
@@ -146,10 +147,10 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
     """Absorb one prompt and write its folder (adapted model or PEFT adapter, then absorb.json last)."""
     model = loaded.model
     start = time.perf_counter()
-    adapted = method.absorb(model, torch.tensor(ids, device=device_of(model)))
+    adapted = method.absorb(model, torch.tensor(ids, device=device_of(model)))  # checked: finite, not exploded
     seconds = time.perf_counter() - start
 
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_folder(out, "absorb")
     written, peft_note = [], None
     if isinstance(adapted, DistilledLoRA):  # the adapter alone (a few MB): generate puts it back on the base
         peft_note = _save_peft(adapted, model, out / PEFT_FOLDER)
@@ -168,14 +169,14 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
         "model_fingerprint": model_fingerprint(model), "model_fingerprint_bf16": model_fingerprint(model, rounded=True),
         "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
         "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
-        "files": written + [ABSORB_RECORD],
+        "files": [EXPERIMENT_MARKER] + written + [ABSORB_RECORD],
     }
     if peft_note is not None:
         record["peft_adapter"] = peft_note
     history = getattr(adapted, "history", None)
     if history:
         record["history"] = history
-    (out / ABSORB_RECORD).write_text(json.dumps(record, indent=2, default=str))
+    (out / ABSORB_RECORD).write_text(strict_json(json.loads(json.dumps(record, default=str))))
     return record
 
 
@@ -191,13 +192,9 @@ def prompt_files(folder: Path) -> list[Path]:
 def check_many_out(out: Path, stems: list[str]) -> None:
     """A folder of `absorb --prompts` may be new, empty, or an earlier one (its marker present, only its own
     per-prompt folders in it); each per-prompt folder is checked like a single absorb's."""
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a folder")
+    claim_output_folder(out, "absorb-many", create=False)
     if not out.is_dir() or not any(out.iterdir()):
         return
-    if not (out / MANY_RECORD).is_file():
-        raise FileExistsError(f"--out {out} is not empty and not an earlier `absorb --prompts` folder (no {MANY_RECORD}); "
-                              "choose an empty or new folder")
     for stem in stems:
         check_absorb_out(out / stem)
 
@@ -233,7 +230,7 @@ def absorb_many(args) -> int:
         method, options, loaded, codec = _prepare(args, device)
         ids = {stem: _prompt_ids(codec, text, loaded.model, args.model, f"prompt file {stem}.txt")
                for stem, text in texts.items()}  # every rank checks every file: all refuse alike, before writing
-        args.out.mkdir(parents=True, exist_ok=True)
+        claim_output_folder(args.out, "absorb-many")
         mine = [p.stem for p in files][info.rank::info.world_size]
         for stem in tqdm(mine, desc=f"absorb ({args.method})", disable=not info.is_main):
             check_absorb_out(args.out / stem)
@@ -261,6 +258,8 @@ def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
     from .interop.families import export_family
     from .interop.lora_export import save_hf_backend_adapter, save_peft_adapter
 
+    check_tensors(((f"{name}.lora_{ab}", t) for name, pair in adapted.lora_factors().items() for ab, t in zip("AB", pair)),
+                  "distill-lora")  # absorb checked the adapted model; the adapter's own tensors again, as written
     if getattr(model, "backend", "incontext") == "hf":
         if model.family is None:
             return {"written": False, "reason": f"model_type {model.config.model_type!r} is not in the families table"}
@@ -293,8 +292,12 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     try:
         record = json.loads(record_file.read_text()) if record_file.is_file() else {}
         peft_note = record.get("peft_adapter") or {}
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, UnicodeDecodeError):
         raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
+    for key, kind in RECORD_FIELDS.items():
+        if key in record and not isinstance(record[key], kind) or not isinstance(peft_note, dict):
+            raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt "
+                             f"({'peft_adapter' if not isinstance(peft_note, dict) else key} has the wrong type)")
     absorbed_into = record.get("model", "another model")
     fingerprint = model_fingerprint(model)  # a folder saved without absorb.json is checked by its config alone
     if record.get("model_fingerprint", fingerprint) != fingerprint:
@@ -345,8 +348,15 @@ def generate(args) -> int:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.sample and (args.temperature is not None or args.top_k is not None):
         raise ValueError("--temperature and --top-k only apply with --sample")
-    if args.temperature is not None and not args.temperature > 0:
-        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise ValueError(f"--temperature must be a finite number > 0, got {args.temperature}")
+    if args.temperature is not None:
+        from .runtime import parse_dtype
+
+        tiny = torch.finfo(parse_dtype(args.dtype)).tiny
+        if args.temperature < tiny:
+            raise ValueError(f"--temperature {args.temperature:g} underflows {args.dtype} (its smallest normal number is "
+                             f"{tiny:g}): logits / temperature would overflow")
     if args.top_k is not None and args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.text:

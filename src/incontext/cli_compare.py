@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .absorb import absorb_methods, get_absorb_method
 from .absorb.harness import compare, method_name
 from .outputs import Result, claim_output_folder, pyplot, save_result
@@ -63,12 +65,17 @@ def parse_tune(items: list[str]) -> dict[str, list[Any]]:
             raise ValueError(f"--tune {item!r} must look like METHOD.OPTION=v1,v2,... (e.g. dynamic-eval.learning_rate=1e-5,1e-4)")
         if method not in absorb_methods():
             raise ValueError(f"--tune {item!r}: unknown method {method!r}; methods: {', '.join(absorb_methods())}")
-        out[key] = [scalar(v) for v in raw.split(",")]
+        try:
+            out[key] = [scalar(v) for v in raw.split(",")]
+        except yaml.YAMLError:
+            raise ValueError(f"--tune {item!r}: a value is not a valid YAML scalar (give v1,v2,... e.g. 1e-5,1e-4)") from None
     return out
 
 
-def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progress: bool = True) -> dict[str, Any]:
-    """Runs the comparison (loading the model unless `loaded` is given) and writes the result files."""
+def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progress: bool = True,
+                owner: str = "compare") -> dict[str, Any]:
+    """Runs the comparison (loading the model unless `loaded` is given) and writes the result files into `out_dir`,
+    the output folder of `owner` (compare, or demo)."""
     from .interop.models import load_model
 
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
@@ -82,6 +89,14 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
             raise ValueError(f"options given for {name!r}, which is not among the compared methods ({', '.join(methods)})")
     for name, options in method_options.items():
         get_absorb_method(method_name(name), **options)  # unknown options fail here
+    if spec.tune and spec.validation_episodes < 1:
+        raise ValueError(f"--validation-episodes must be >= 1 with --tune, got {spec.validation_episodes}")
+    for key, values in spec.tune.items():  # every candidate is checked before the model loads
+        name, option = key.split(".", 1)
+        if name not in methods:
+            raise ValueError(f"--tune {key}: {name!r} is not among the compared methods")
+        for value in values:
+            get_absorb_method(method_name(name), **{**method_options[name], option: value})
     start = time.perf_counter()
     loaded = loaded or load_model(spec.model, spec.device, spec.dtype)
     load_s = time.perf_counter() - start
@@ -91,8 +106,6 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
                                  tokenizer=loaded.tokenizer, task=loaded.task) if spec.tune else []
     for key, values in spec.tune.items():
         name, option = key.split(".", 1)
-        if name not in methods:
-            raise ValueError(f"--tune {key}: {name!r} is not among the compared methods")
         scores = {}
         for value in values:
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
@@ -116,7 +129,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         "command": command_line(spec),
     }
     if out_dir is not None:
-        write_results(results, out_dir)
+        write_results(results, out_dir, owner)
     return results
 
 
@@ -170,14 +183,14 @@ def table(results: dict[str, Any]) -> str:
         if row["status"] != "ok":
             lines.append(f"| {label} | {row['status']}: {row['reason']} |" + " |" * (len(head) - 2))
             continue
-        a = row["agreement"]
+        a = row["agreement"] or {"top1": None, "kl": None, "relative_logits_error": None}  # None: no prompted reference
         cells = [label, _interval(row["score"], percent)]
         if extra:
             cells.append(_interval(row["score_calibrated"], True))
         cells += [
             "–" if a["top1"] is None else f"{100 * a['top1']:.1f}",
             "–" if a["kl"] is None else f"{a['kl']:.3g}",
-            f"{a['relative_logits_error']:.2g}",
+            "–" if a["relative_logits_error"] is None else f"{a['relative_logits_error']:.2g}",
             f"{row['absorb_ms']:.1f}", f"{row['query_ms']:.1f}", f"{row['kept_bytes'] / 1024:.0f}",
             "–" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.0f}",
         ]
@@ -220,6 +233,8 @@ def plot(results: dict[str, Any]):
         middle.annotate(r["method"], (kept, scale * s["mean"]), fontsize=8, xytext=(3, 3), textcoords="offset points")
         points.append((r["query_ms"], s["mean"]))
         a = r["agreement"]
+        if a is None:  # no prompted reference to agree with
+            continue
         y = a["kl"] if a["kl"] is not None else a["relative_logits_error"]
         right.scatter(max(r["absorb_ms"], 1e-2), y, label=r["method"])
         right.annotate(r["method"], (max(r["absorb_ms"], 1e-2), y), fontsize=8, xytext=(3, 3), textcoords="offset points")
@@ -243,12 +258,13 @@ def plot(results: dict[str, Any]):
     left.legend(fontsize=8)
     right.set_xscale("log")
     right.set_xlabel("absorb cost (ms per prompt; drawn at >= 0.01)")
-    right.set_ylabel("KL(prompted || method)" if rows and rows[0]["agreement"]["kl"] is not None else "relative logits error")
+    right.set_ylabel("KL(prompted || method)" if rows and (rows[0]["agreement"] or {}).get("kl") is not None
+                     else "relative logits error")
     right.set_title("agreement with the prompted model")
     fig.tight_layout()
     return fig
 
 
-def write_results(results: dict[str, Any], out_dir: Path) -> None:
-    claim_output_folder(out_dir, "compare")
+def write_results(results: dict[str, Any], out_dir: Path, owner: str = "compare") -> None:
+    claim_output_folder(out_dir, owner)
     save_result(Result(results, {"table.md": table}, {"compare.png": plot}), out_dir)

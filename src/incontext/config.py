@@ -110,6 +110,81 @@ def from_dict(cls: type[T], values: dict[str, Any], where: str | None = None) ->
         raise ConfigError(f"{where}: {error}") from error
 
 
+def limit(default: Any, **bounds: float) -> Any:
+    """A dataclass field with a range that `parse_options` checks: min / max (inclusive), gt / lt (exclusive)."""
+    return dataclasses.field(default=default, metadata=bounds)
+
+
+_BOUND_WORDS = {"min": ">=", "gt": ">", "max": "<=", "lt": "<"}
+
+
+def _wording(annotation: Any, bounds: dict[str, float]) -> str:
+    """What a value of `annotation` within `bounds` is, in words ("an integer >= 1 (or null)")."""
+    origin = typing.get_origin(annotation)
+    options = typing.get_args(annotation) if origin in (typing.Union, types.UnionType) else (annotation,)
+    optional = type(None) in options
+    range_ = " and ".join(f"{_BOUND_WORDS[k]} {v:g}" for k, v in bounds.items() if k in _BOUND_WORDS)
+    words = []
+    for option in options:
+        option_origin = typing.get_origin(option)
+        if option is type(None):
+            continue
+        if option is bool:
+            words.append("true or false")
+        elif option is int:
+            words.append("an integer" + (f" {range_}" if range_ else ""))
+        elif option is float:
+            words.append("a finite number" + (f" {range_}" if range_ else ""))
+        elif option is str:
+            words.append("a string")
+        elif option_origin is typing.Literal:
+            words.append("one of " + ", ".join(map(str, typing.get_args(option))))
+        elif option_origin in (tuple, list):
+            args = [a for a in typing.get_args(option) if a is not Ellipsis]
+            words.append("a list" + (f" of {_wording(args[0], {})}s".replace("an ", "").replace("a ", "") if args else ""))
+        else:
+            words.append(_describe(option))
+    return " or ".join(words) + (" (or null)" if optional else "")
+
+
+def _within(value: Any, bounds: dict[str, float]) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    checks = {"min": lambda b: value >= b, "gt": lambda b: value > b, "max": lambda b: value <= b, "lt": lambda b: value < b}
+    return all(checks[k](b) for k, b in bounds.items() if k in checks)
+
+
+def parse_options(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """The options `values` (from Python, or YAML scalars from `--set KEY=VALUE`) checked against dataclass `cls`:
+    unknown names, types (integers stay integers, booleans are true/false, floats finite), Literal choices and the
+    fields' `limit` ranges; returns the given options converted to their types. Every error is one line naming
+    `where` (the method) and the option."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping of options to values, got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown option {key!r}; options: {', '.join(fields) or '(none)'}")
+    hints = typing.get_type_hints(cls)
+    coerced = {}
+    for key, value in values.items():
+        bounds = dict(fields[key].metadata)
+        try:
+            coerced[key] = _coerce(f"{where}.{key}", hints[key], value)
+        except ConfigError:
+            coerced[key] = None
+            bad = True
+        else:
+            bad = not _within(coerced[key], bounds)
+        if bad:
+            raise ConfigError(f"{where}: {key} must be {_wording(hints[key], bounds)}, got {value!r}")
+    try:
+        cls(**coerced)  # the dataclass's own checks (__post_init__) across options
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{where}: {' '.join(str(error).split())}") from None
+    return coerced
+
+
 def choices(cls: type) -> dict[str, tuple]:
     """Field name -> allowed values, for every field of dataclass `cls` annotated with a Literal."""
     return {name: typing.get_args(hint) for name, hint in typing.get_type_hints(cls).items()

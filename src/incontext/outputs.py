@@ -6,21 +6,46 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .fileio import strict_json
 
-# An experiment's output folder carries this file (naming the experiment): a later run of the same experiment
-# may replace what is in it; any other non-empty folder is refused, so no command writes over a user's files.
+# A command's output folder carries this file naming its owner (an experiment, or a command: compare, demo, absorb,
+# absorb-many): a later run of the same owner may replace what is in it; any other non-empty folder is refused,
+# whatever files it holds, so no command writes over files it did not create.
 EXPERIMENT_MARKER = ".incontext-experiment"
+
+
+def _missing_folders(out_dir: Path) -> list[Path]:
+    """out_dir and its ancestors that do not exist yet (deepest first): what creating out_dir makes."""
+    missing, path = [], out_dir
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def check_writable(out_dir: Path) -> None:
+    """OSError (one line) unless out_dir is, or can be created as, a folder this process can write into."""
+    import os
+
+    out_dir = Path(out_dir)
+    existing = out_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"--out {out_dir} cannot be created: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"--out {out_dir}: {existing} is not writable; choose another folder")
 
 
 def claim_output_folder(out_dir: Path, owner: str, create: bool = True) -> None:
     """Make out_dir the output folder of `owner` (an experiment, or a command such as compare): it must be new,
-    empty, or an earlier output of the same owner (one written before markers existed is recognised by its
-    results.json and table.md); anything else is refused before a file is written. create=False only checks."""
+    empty, or hold `owner`'s own marker (an earlier output of the same owner); anything else is refused before a
+    file is written, whatever files it holds, and so is a folder that cannot be written. create=False only checks."""
     out_dir = Path(out_dir)
     marker = out_dir / EXPERIMENT_MARKER
     if out_dir.exists() and not out_dir.is_dir():
@@ -28,20 +53,42 @@ def claim_output_folder(out_dir: Path, owner: str, create: bool = True) -> None:
     if marker.is_file():
         try:
             earlier = json.loads(marker.read_text()).get("experiment")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, UnicodeDecodeError):
             earlier = None
         if earlier != owner:
             raise FileExistsError(f"--out {out_dir} holds the output of experiment {earlier!r}, not {owner!r}: "
                                   "choose another --out")
-        return
-    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    if entries and not {"results.json", "table.md"} <= set(entries):
-        raise FileExistsError(f"--out {out_dir} is not empty: it holds files this command did not write "
-                              f"({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and is no output of "
-                              f"{owner!r}; choose a new or empty folder (incontext never writes over files it did not create)")
+    else:
+        entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+        if entries:
+            raise FileExistsError(f"--out {out_dir} is not empty: it holds files this command did not write "
+                                  f"({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and no marker of "
+                                  f"{owner!r}; choose a new or empty folder (incontext never writes over files it did "
+                                  "not create)")
+    check_writable(out_dir)
     if create:
         out_dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"experiment": owner}) + "\n")
+        if not marker.is_file():
+            marker.write_text(json.dumps({"experiment": owner}) + "\n")
+
+
+@contextmanager
+def output_folder(out_dir: Path, owner: str):
+    """`claim_output_folder` for the duration of a command: if the command then fails, what the claim made (the
+    folder, its missing parents, the marker) is removed again when the folder holds nothing else."""
+    out_dir = Path(out_dir)
+    created = _missing_folders(out_dir)
+    marked = not (out_dir / EXPERIMENT_MARKER).exists()
+    claim_output_folder(out_dir, owner)
+    try:
+        yield out_dir
+    except BaseException:
+        if marked and [p.name for p in out_dir.iterdir()] == [EXPERIMENT_MARKER]:
+            (out_dir / EXPERIMENT_MARKER).unlink()
+            for folder in created:
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+        raise
 
 
 @dataclass

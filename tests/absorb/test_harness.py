@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import ByteCodec
+from incontext.absorb import get_absorb_method
 from incontext.absorb.harness import agreement, compare
 from incontext.tasks.metrics import get_metric
 
@@ -93,7 +94,7 @@ def test_inapplicable_and_failing_methods_are_reported_not_raised():
                                   {"iclca": {}, "cgt-fold": {}, "dynamic-eval": {"learning_rate": 1e30}}, progress=False))
     assert rows["iclca"]["status"] == "n/a" and "linear" in rows["iclca"]["reason"]
     assert rows["cgt-fold"]["status"] == "n/a" and "CGT" in rows["cgt-fold"]["reason"]
-    assert rows["dynamic-eval"]["status"] == "failed" and "non-finite" in rows["dynamic-eval"]["reason"]
+    assert rows["dynamic-eval"]["status"] == "failed" and "the update exploded" in rows["dynamic-eval"]["reason"]
 
 
 def test_unknown_method_and_option_are_refused_before_any_work():
@@ -239,3 +240,18 @@ def test_no_applicable_method_is_a_one_line_error_not_a_crash():
     model = tiny()
     with pytest.raises(ValueError, match="no compared method applies to this model .*iclca: "):
         compare(model, get_episode_source("facts"), facts_episodes(1), {"iclca": {}}, progress=False, references=False)
+
+
+def test_a_cgt_is_its_own_prompted_reference():
+    """keep-prompt on a CGT is the CGT's forward over prompt and query (it has no cache): agreement is measured."""
+    from incontext.absorb.base import PromptPrepended
+    from incontext.models import CGT, CGTConfig
+
+    torch.manual_seed(0)
+    model = CGT(CGTConfig(vocab_size=11, n_layer=2, split_layer=1, d_x=8, n_head_x=2, d_y=4, n_head_y=1,
+                          rank=2, n_templates=2, max_seq_len=16)).eval()
+    prompt, query = torch.randint(0, 11, (1, 5)), torch.randint(0, 11, (1, 3))
+    adapted = get_absorb_method("keep-prompt").absorb(model, prompt)
+    assert isinstance(adapted, PromptPrepended)
+    assert torch.equal(adapted(query), model(torch.cat([prompt, query], 1))[:, 5:])
+    assert get_absorb_method("drop-prompt").unsupported(model) is None

@@ -165,7 +165,7 @@ def test_bad_params_fail_with_one_line():
     ids = torch.arange(6)
     with pytest.raises(ValueError, match="unknown parameter group 'attn'"):
         get_absorb_method("dynamic-eval", params="attn,mlp")
-    with pytest.raises(ValueError, match="params must be a group name or a list"):
+    with pytest.raises(ValueError, match="params must be a string or a list of strings"):
         get_absorb_method("dynamic-eval", params=3)
     with pytest.raises(ValueError, match="cannot be combined"):
         get_absorb_method("dynamic-eval", params="tint", lora_rank=2)

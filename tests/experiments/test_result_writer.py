@@ -42,7 +42,7 @@ def test_every_module_that_registers_an_experiment_is_found():
 def test_the_output_claim_refuses_foreign_folders_and_other_owners(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match=r"not empty: it holds files this command did not write \(notes.txt\)"):
+    with pytest.raises(FileExistsError, match=r"not empty: it holds files this command did not write \(notes.txt\) and no marker"):
         claim_output_folder(tmp_path / "mine", "compare", create=False)
     claim_output_folder(tmp_path / "out", "compare", create=False)
     assert not (tmp_path / "out").exists()  # a check writes nothing

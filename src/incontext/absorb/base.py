@@ -10,17 +10,18 @@
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from ..config import from_dict, to_dict
+from ..config import from_dict, parse_options, to_dict
 from ..fileio import sha256_file
 from ..models import Cache, Transformer, TransformerConfig
 from ..models.lm import copy_cache, internals_reason, is_causal_lm
@@ -68,12 +69,18 @@ class AdaptedModel(nn.Module, ABC):
 
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_model(self, str(folder / "adapted.safetensors"))
+        check_tensors(self.state_dict().items(), self.method)
         dtype = dtype_name(next(self.base.parameters()).dtype)
         backend = getattr(self.base, "backend", "incontext")
         description = {"method": self.method, "dtype": dtype, "backend": backend, "base_config": to_dict(self.base.config),
-                       "extra": self.extra_state(), "sha256": sha256_file(folder / "adapted.safetensors")}
+                       "extra": self.extra_state()}
+        try:
+            json.dumps(description, allow_nan=False)
+        except ValueError:
+            raise ValueError(f"{self.method}: the adapted model's description holds a non-finite number; nothing was written") from None
+        folder.mkdir(parents=True, exist_ok=True)
+        save_model(self, str(folder / "adapted.safetensors"))
+        description["sha256"] = sha256_file(folder / "adapted.safetensors")
         (folder / "adapted.json").write_text(json.dumps(description, indent=2))
         return folder
 
@@ -88,43 +95,115 @@ class AdaptedModel(nn.Module, ABC):
             description = json.loads((folder / "adapted.json").read_text())
         except (ValueError, UnicodeDecodeError):
             raise ValueError(f"{folder / 'adapted.json'} is not valid JSON") from None
+        where = folder / "adapted.json"
         if not isinstance(description, dict) or not isinstance(description.get("method"), str):
-            raise ValueError(f"{folder / 'adapted.json'} is not an adapted model's description")
+            raise ValueError(f"{where} is not an adapted model's description")
         cls = _ADAPTED.get(description["method"])
         if cls is None:
-            raise ValueError(f"unknown absorb method {description['method']!r}; known: {sorted(_ADAPTED)}")
-        dtype = parse_dtype(description.get("dtype", "float32"))
-        if description.get("backend", "incontext") == "incontext":
+            raise ValueError(f"{where}: unknown absorb method {description['method']!r}; known: {sorted(_ADAPTED)}")
+        for key, kind in (("dtype", str), ("backend", str), ("base_config", dict), ("extra", dict), ("sha256", str)):
+            if not isinstance(description.get(key), kind):
+                raise ValueError(f"{where} is corrupt: {key} is {'missing' if key not in description else 'not a ' + kind.__name__}"
+                                 f"{' (no checksum of adapted.safetensors)' if key == 'sha256' else ''}")
+        if description["backend"] not in ("incontext", "hf"):
+            raise ValueError(f"{where} is corrupt: backend {description['backend']!r} is neither 'incontext' nor 'hf'")
+        try:
+            dtype = parse_dtype(description["dtype"])
+        except ValueError as error:
+            raise ValueError(f"{where} is corrupt: {error}") from None
+        if description["backend"] == "hf" and base is None:
+            raise ValueError(f"{folder} was absorbed into a Hugging Face model: load it with its base model")
+        weights = folder / "adapted.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights} is missing")
+        if sha256_file(weights) != description["sha256"]:
+            raise ValueError(f"{weights} is corrupt: its sha256 differs from the one recorded in adapted.json")
+        try:
+            return AdaptedModel._load(weights, description, cls, dtype, base)
+        except (KeyError, TypeError, ValueError, RuntimeError, SafetensorError) as error:  # shapes, buffers, header
+            raise ValueError(f"{where} and adapted.safetensors do not make an adapted model "
+                             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
+
+    @staticmethod
+    def _load(weights: Path, description: dict[str, Any], cls: type["AdaptedModel"], dtype: torch.dtype,
+              base: nn.Module | None) -> "AdaptedModel":
+        if description["backend"] == "incontext":
             base_model = Transformer(from_dict(TransformerConfig, description["base_config"])).to(dtype)
             if base is not None:
                 base_model = base_model.to(next(base.parameters()).device)
         else:
-            if base is None:
-                raise ValueError(f"{folder} was absorbed into a Hugging Face model: load it with its base model")
             import copy
 
             base_model = copy.deepcopy(base)
         model = cls.empty(base_model, description["extra"]).to(device=next(base_model.parameters()).device, dtype=dtype)
-        weights = folder / "adapted.safetensors"
-        if "sha256" in description and sha256_file(weights) != description["sha256"]:  # older saves have none
-            raise ValueError(f"{weights} is corrupt: its sha256 differs from the one recorded in adapted.json")
         load_model(model, str(weights), device=str(next(model.parameters()).device))
         return model.eval()
+
+
+EXPLODED = 1e4  # an updated tensor whose largest |value| exceeds this many times what the base holds has exploded
+
+
+def check_tensors(named, where: str, scale: float | dict[str, float] | None = None) -> None:
+    """One-line ValueError naming the first floating tensor of `named` ((name, tensor) pairs) that holds NaN or an
+    infinity, or whose largest |value| exceeds EXPLODED times its reference `scale` (one number for all, or per name;
+    None: finiteness only). The one check before anything adapted is written (adapted models, PEFT adapters)."""
+    for name, tensor in named:
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{where}: {name} holds non-finite values (NaN or infinity); nothing was written "
+                             "(lower the learning rate or the number of steps)")
+        reference = scale.get(name) if isinstance(scale, dict) else scale
+        if reference is not None:
+            top = float(tensor.detach().abs().max())
+            if top > EXPLODED * max(reference, torch.finfo(tensor.dtype).tiny):
+                raise ValueError(f"{where}: the update exploded: {name} reaches |{top:.3g}|, more than {EXPLODED:g} times "
+                                 f"the largest |value| before the update ({reference:.3g}); lower the learning rate")
+
+
+def check_adapted(adapted: nn.Module, model: nn.Module, where: str) -> None:
+    """Checks what absorbing `model` produced before it is used or saved: every tensor `adapted` does not share with
+    `model` is finite, and those that update one of `model`'s tensors (same name, after `base.`, and shape), or that
+    the adapted model says it trained from a start (`initial_scales`: name -> largest |value| at the start), have not
+    grown EXPLODED times beyond the model's largest |value| (or that start)."""
+    own = model.state_dict()
+    shared = {t.untyped_storage().data_ptr() for t in own.values()}
+    fresh = [(name, t) for name, t in adapted.state_dict().items()
+             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in shared]
+    if not fresh:
+        return
+    check_tensors(fresh, where)
+    scales = dict(getattr(adapted, "initial_scales", {}))
+    updated = [name for name, t in fresh if own.get(name.removeprefix("base."), torch.empty(0)).shape == t.shape
+               and name not in scales and t.is_floating_point()]
+    if updated:
+        largest = max((float(t.detach().abs().max()) for t in own.values() if t.is_floating_point() and t.numel()),
+                      default=0.0)
+        scales.update({name: largest for name in updated})
+    check_tensors([(name, t) for name, t in fresh if name in scales], where, scales)
 
 
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
+@dataclasses.dataclass
+class NoOptions:
+    """The options of a method that takes none."""
+
+
 class AbsorbMethod(ABC):
     """A way to absorb a prompt into a model. Subclasses set `name` (the registry key), `summary` (what the
     method does with the context, one line) and `needs` (what it needs of the model), which `compare --help`,
-    `absorb --help` and `absorb --list` show (through cli_catalog.json), and implement `_absorb` for one prompt
-    (or, with `batched = True`, for a batch of prompts); `absorb` checks the input once for every method. Why a
-    method does not apply to a given model is `unsupported(model)` (the harness's "n/a: <reason>")."""
+    `absorb --help` and `absorb --list` show (through cli_catalog.json), `Options` (a dataclass of the
+    constructor's keyword options with their types, defaults and ranges: `get_absorb_method` checks given options
+    against it through config.parse_options), and implement `_absorb` for one prompt (or, with `batched = True`,
+    for a batch of prompts); `absorb` checks the input once for every method. Why a method does not apply to a
+    given model is `unsupported(model)` (the harness's "n/a: <reason>")."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
     needs: ClassVar[str] = "a causal LM"
     batched: ClassVar[bool] = False  # _absorb takes (B, M) prompts; otherwise one prompt at a time
 
@@ -174,9 +253,14 @@ class AbsorbMethod(ABC):
             if tuple(loss_mask.shape) != tuple(prompt.shape[:2]):
                 raise ValueError(f"loss_mask has shape {tuple(loss_mask.shape)}; the prompt is {tuple(prompt.shape[:2])}")
         if self.batched or prompt.shape[0] == 1:
-            return self._absorb(model, prompt, loss_mask, train_queries)
-        return PerPrompt([self._absorb(model, prompt[i : i + 1], None if loss_mask is None else loss_mask[i : i + 1],
-                                       train_queries) for i in range(prompt.shape[0])])
+            return self._checked(model, self._absorb(model, prompt, loss_mask, train_queries))
+        return PerPrompt([self._checked(model, self._absorb(model, prompt[i : i + 1], None if loss_mask is None
+                                                            else loss_mask[i : i + 1], train_queries))
+                          for i in range(prompt.shape[0])])
+
+    def _checked(self, model: nn.Module, adapted: AdaptedModel) -> AdaptedModel:
+        check_adapted(adapted, model, self.name)
+        return adapted
 
     @abstractmethod
     def _absorb(self, model: nn.Module, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
@@ -238,22 +322,18 @@ def absorb_methods() -> list[str]:
 
 
 def method_options(name: str) -> list[str]:
-    """The options a method's constructor takes (a method taking **options lists them in `option_names`)."""
-    cls = _METHODS[name]
-    if hasattr(cls, "option_names"):
-        return list(cls.option_names())
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [n for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self" and p.kind in kinds]
+    """The names of a method's options (the fields of its `Options` dataclass)."""
+    return [f.name for f in dataclasses.fields(_METHODS[name].Options)]
 
 
 def get_absorb_method(name: str, **options) -> AbsorbMethod:
+    """The method `name` with `options` (Python values, or YAML scalars from `--set KEY=VALUE`) checked and converted
+    through the method's `Options` (config.parse_options): one-line ValueError for an unknown option, a value of
+    the wrong type, a non-finite number or one out of range."""
     if name not in _METHODS:
         raise KeyError(f"unknown absorb method {name!r}; registered: {', '.join(sorted(_METHODS))}")
-    allowed = method_options(name)
-    for key in options:
-        if key not in allowed:
-            raise ValueError(f"{name}: unknown option {key!r}; options: {', '.join(allowed) or '(none)'}")
-    return _METHODS[name](**options)
+    cls = _METHODS[name]
+    return cls(**parse_options(cls.Options, options, where=name))
 
 
 # ----------------------------------------------------------------------------- the two reference points
@@ -295,6 +375,41 @@ class PromptInContext(AdaptedModel):
         return cls(base, torch.zeros(extra["prompt_shape"], dtype=torch.long, device=next(base.parameters()).device))
 
 
+def reads_whole_sequences(model: nn.Module) -> bool:
+    """A model of ours without the causal-LM protocol's cache (CGT, a CGT adapter): its forward over prompt and query
+    together is the prompted model."""
+    from ..models import CGT, CGTAdapter
+
+    return isinstance(model, (CGT, CGTAdapter))
+
+
+class PromptPrepended(AdaptedModel):
+    """The prompt stays in the context of a model that has no cache (CGT): each query runs after the whole prompt,
+    and the outputs of the query's positions are returned."""
+
+    method = "keep-prompt-sequence"
+
+    def __init__(self, base: nn.Module, prompt: torch.Tensor):
+        super().__init__(base)
+        self.register_buffer("prompt", prompt)
+
+    def forward(self, query: torch.Tensor) -> torch.Tensor:
+        prompt = self.prompt.expand(query.shape[0], *self.prompt.shape[1:])
+        return self.base(torch.cat([prompt, query.to(prompt.dtype)], 1))[:, prompt.shape[1]:]
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"prompt_shape": list(self.prompt.shape), "vectors": self.prompt.is_floating_point()}
+
+    def kept_bytes(self, base: nn.Module) -> int:
+        return tensor_bytes([self.prompt])
+
+    @classmethod
+    def empty(cls, base, extra):
+        parameter = next(base.parameters())
+        dtype = parameter.dtype if extra.get("vectors") else torch.long
+        return cls(base, torch.zeros(extra["prompt_shape"], dtype=dtype, device=parameter.device))
+
+
 class BaseAlone(AdaptedModel):
     """The base model alone answers the queries, which start at position 0 (no prompt in the context); a
     subclass names its `method`."""
@@ -319,7 +434,12 @@ class KeepPrompt(AbsorbMethod):
     summary = "the reference: the prompt stays in the context as a K/V cache"
     batched = True
 
+    def check_model(self, model: nn.Module) -> str | None:
+        return None if reads_whole_sequences(model) else AbsorbMethod.check_model(self, model)
+
     def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
+        if reads_whole_sequences(model):
+            return PromptPrepended(model, prompt)
         adapted = PromptInContext(model, prompt)
         adapted.prompt_cache()  # the prompt's pass belongs to absorbing, not to the first query
         return adapted
@@ -329,6 +449,7 @@ class DropPrompt(AbsorbMethod):
     name = "drop-prompt"
     summary = "the floor: the prompt is removed"
     batched = True
+    check_model = KeepPrompt.check_model
 
     def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
         return WithoutPrompt(model)

@@ -30,6 +30,11 @@ from ..models.transformer import Transformer
 from .base import AbsorbMethod, AdaptedModel, BaseAlone
 
 
+@dataclasses.dataclass
+class CGTFoldOptions:
+    adapter: str = ""
+
+
 def _dtype(model: CGT | CGTAdapter) -> torch.dtype:
     return next(model.parameters()).dtype
 
@@ -105,6 +110,7 @@ class CGTFold(AbsorbMethod):
     e.g. results/cgt-pretrained/adapter for SmolLM2)."""
 
     name = "cgt-fold"
+    Options = CGTFoldOptions
     needs = "a CGT model, or a CGT adapter trained on this model (option adapter=FOLDER)"
     summary = "its context vector folded into the weights"
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..config import limit
 from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
 from .base import AbsorbMethod, AdaptedModel, tensor_bytes
@@ -206,6 +207,38 @@ def compose_loras(*adapted: DistilledLoRA) -> DistilledLoRA:
 
 # ----------------------------------------------------------------------------- the method
 
+@dataclass
+class DataStageOptions:
+    """The options of the distillation data stage (self_study.StudyOptions) that distill-lora and kv-prefix share."""
+
+    window_tokens: int = limit(24, min=1)
+    n_continuations: int = limit(2, min=0)
+    continuation_tokens: int = limit(32, min=1)
+    answer_tokens: int = limit(8, min=0)
+    n_questions: int = limit(16, min=0)
+    contrast: bool = False
+    chat_answer_tokens: int = limit(24, min=1)
+    temperature: float = limit(1.0, gt=0)
+
+
+@dataclass
+class DistillLoRAOptions(DataStageOptions):
+    rank: int = limit(8, min=1)
+    alpha: float = limit(16.0, gt=0)
+    target_modules: tuple[str, ...] | str = ("attn.qkv", "attn.out")
+    steps: int = limit(48, min=0)
+    learning_rate: float = limit(3e-3, gt=0)
+    batch_size: int = limit(4, min=1)
+    patience: int = limit(8, min=1)
+    min_improvement: float = limit(0.01, min=0)
+    autocast: bool = False
+    merge: bool = True
+    seed: int = limit(0, min=0)
+    progress: bool = True
+    top_k: int | None = limit(20, min=1)
+    data_cache: str = ""
+
+
 class DistillLoRA(AbsorbMethod):
     """Distil the prompted model into a LoRA on the model without the prompt (see the module docstring).
 
@@ -240,6 +273,7 @@ class DistillLoRA(AbsorbMethod):
     autocast changed the count of right answers by no more than noise, so they stay off."""
 
     name = "distill-lora"
+    Options = DistillLoRAOptions
     needs = "a token-input causal LM"
     summary = "context distillation into a LoRA adapter (a PEFT folder for the family's own transformers class)"
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from ..config import limit
 from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
 from .base import AbsorbMethod, AdaptedModel, PromptInContext
@@ -237,12 +239,29 @@ def check_lora_options(rank, alpha, targets) -> None:
         raise ValueError(f"lora_targets must be a non-empty subset of {LORA_TARGETS}, got {targets}")
 
 
+@dataclass
+class DynamicEvalOptions:
+    learning_rate: float = limit(1e-3, gt=0)
+    n_steps: int = limit(1, min=1)
+    reduction: Literal["sum", "mean"] = "sum"
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    n_top_layers: int | None = limit(None, min=1)
+    keep_prompt: bool = False
+    separator: list[int] | None = None
+    lora_rank: int | None = limit(None, min=1)
+    lora_alpha: float | None = limit(None, gt=0)
+    lora_targets: tuple[str, ...] | str = ("attn.qkv", "attn.out")
+    seed: int = limit(0, min=0)
+    params: str | list[str] | None = None
+
+
 class DynamicEval(AbsorbMethod):
     """Gradient steps on the prompt's LM loss (or its masked tokens): plain SGD on all parameters by default,
     as Krause et al. and TinT's R-dyn; AdamW, the top-n layers only, some parameter groups only (`params`, e.g.
     "tint": TinT's subset) and a LoRA (`lora_rank`, merged into the weights) are options."""
 
     name = "dynamic-eval"
+    Options = DynamicEvalOptions
     needs = "a token-input causal LM"
     summary = "gradient steps on the prompt (params=GROUPS: our Transformer's groups)"
 
@@ -332,10 +351,23 @@ def tint_update(model: CausalLM, sequences: list[torch.Tensor], targets: list[to
     return updated.eval().requires_grad_(False)
 
 
+def _tint_options() -> type:
+    """TinT's options: the simulator's (TintConfig, with its ranges) and the two that say what the update trains on."""
+    from ..tint import TintConfig
+
+    @dataclass
+    class TintOptions(TintConfig):
+        keep_prompt: bool = False
+        separator: list[int] | None = None
+
+    return TintOptions
+
+
 class TinTStep(AbsorbMethod):
     """TinT's simulated SGD step(s) on the prompt; the auxiliary weights are read back from the prefixes."""
 
     name = "tint"
+    Options = _tint_options()
     needs = "a token-input causal LM that TinT can simulate (our Transformer, or a family that converts to it)"
     summary = "a simulated SGD step on the prompt"
 
@@ -345,14 +377,6 @@ class TinTStep(AbsorbMethod):
         check_separator(separator)
         self.keep_prompt, self.separator = keep_prompt, separator
         self.config = TintConfig(**tint_options)
-
-    @classmethod
-    def option_names(cls) -> list[str]:
-        import dataclasses
-
-        from ..tint import TintConfig
-
-        return ["keep_prompt", "separator"] + [f.name for f in dataclasses.fields(TintConfig)]
 
     needs_internals = True
 

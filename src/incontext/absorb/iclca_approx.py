@@ -21,6 +21,7 @@ positions do); features are drawn once per layer, shared by heads, seeded, optio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # annotations only: the method runs on the model the protocol
     from ..models import Transformer
 from ..ops.feature_maps import LearnedFeatures, draw_favor_projection
 from ..ops.prefix_attention import FeaturePrefix, absorb_layer
+from ..config import limit
 from .base import AbsorbMethod, AdaptedModel
 from ..train.attention_transfer import load_feature_maps
 from .iclca import ConversionError
@@ -176,12 +178,23 @@ def parse_layers(spec: str | int) -> list[int] | None:
     return sorted(chosen)
 
 
+@dataclass
+class ICLCAApproxOptions:
+    n_features: int = limit(256, min=1)
+    orthogonal: bool = True
+    seed: int = limit(0, min=0)
+    exact_sinks: int = limit(0, min=0)
+    features: str = "favor"
+    layers: str | int = "all"
+
+
 class ICLCAApprox(AbsorbMethod):
     """Approximate prompt conversion for softmax attention through FAVOR+ random features (features="favor")
     or learned feature maps (features=<folder saved by train/attention_transfer.py>; n_features then comes from
     the maps); layers="all" or a list like "0-14" (the others keep the prompt's exact keys and values)."""
 
     name = "iclca-approx"
+    Options = ICLCAApproxOptions
 
     def __init__(self, n_features: int = 256, orthogonal: bool = True, seed: int = 0, exact_sinks: int = 0,
                  features: str = "favor", layers: str = "all"):

@@ -20,15 +20,18 @@ With p = M and init "document" and no training steps the prefix is the document'
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..config import limit
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from .base import AbsorbMethod, AdaptedModel
+from .distill_lora import DataStageOptions
 from .self_study import StudyOptions, distillation_kl, next_token_loss, study
 
 INITS = ("document", "random-tokens", "random-vectors")
@@ -91,6 +94,27 @@ class TrainedPrefix(AdaptedModel):
         return cls(base, template)
 
 
+@dataclass
+class KVPrefixOptions(DataStageOptions):
+    prefix_tokens: int | None = limit(None, min=1)
+    init: Literal["document", "random-tokens", "random-vectors"] = "document"
+    freeze_first: bool = True
+    steps: int = limit(48, min=0)
+    learning_rate: float = limit(2e-2, gt=0)
+    batch_size: int = limit(4, min=1)
+    patience: int = limit(8, min=1)
+    min_improvement: float = limit(0.01, min=0, lt=1)
+    seed: int = limit(0, min=0)
+    progress: bool = True
+    top_k: int | None = limit(20, min=1)
+    data_cache: str = ""
+    n_conversations: int = limit(0, min=0)
+    seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"
+    message_tokens: int = limit(32, min=1)
+    n_questions: int = limit(0, min=0)  # distill-lora: 16 (see the class docstring)
+    objective: Literal["kl", "next-token"] = "kl"
+
+
 class KVPrefix(AbsorbMethod):
     """Self-study into a trained KV prefix (see the module docstring). Options: prefix_tokens (p; default a quarter
     of the document, Cartridges' memory budget for this comparison), init,
@@ -105,6 +129,7 @@ class KVPrefix(AbsorbMethod):
     "next-token" (the sequences' own next tokens; Cartridges' ablation)."""
 
     name = "kv-prefix"
+    Options = KVPrefixOptions
     needs = "a token-input causal LM with softmax attention"
     summary = "self-study into a trained K/V prefix of prefix_tokens=P vectors per layer (Cartridges)"
     stage_fields: ClassVar[tuple[str, ...]] = tuple(StudyOptions.__dataclass_fields__)
@@ -199,6 +224,8 @@ class KVPrefix(AbsorbMethod):
         teacher_seconds = time.perf_counter() - start
         history = self._train(model, template, sequences, generator) if self.steps and sequences else {"kl": [], "steps": 0}
         adapted = TrainedPrefix(model, with_kv(template, history.pop("kv", cache_kv(template))))
+        start_scale = max(float(t.abs().max()) for pair in cache_kv(template) for t in pair)
+        adapted.initial_scales = {name: start_scale for name, _ in adapted.named_buffers(recurse=False)}
         adapted.history = {**history, "pool": counts, "teacher_seconds": teacher_seconds,
                            "train_seconds": time.perf_counter() - start - teacher_seconds}
         return adapted.eval()

@@ -117,6 +117,7 @@ def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
 
 
 def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .families import FAMILIES
@@ -136,7 +137,7 @@ def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
     logging.set_verbosity_error()
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:  # e.g. truncated weights
         raise ValueError(f"{path}: transformers cannot load this model ({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
     finally:
         logging.set_verbosity(verbosity)

@@ -130,6 +130,8 @@ def pick_next_token(logits: torch.Tensor, greedy: bool = True, temperature: floa
     if greedy:
         return logits.argmax(-1)
     scaled = logits / temperature
+    if not bool(torch.isfinite(scaled).all()) and bool(torch.isfinite(logits).all()):
+        raise ValueError(f"temperature {temperature:g} is too small for {logits.dtype}: logits / temperature overflow")
     if top_k is not None:
         kth = scaled.topk(min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))

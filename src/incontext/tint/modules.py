@@ -32,19 +32,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..config import limit
+
 
 @dataclass
 class TintConfig:
-    rows_per_prefix: int = 3  # S: weight rows stacked in one prefix embedding
-    shards: int = 3  # S': each row is split into S' shards, one attention head each (H_sim = n_slots * S')
+    rows_per_prefix: int = limit(3, min=1)  # S: weight rows stacked in one prefix embedding
+    shards: int = limit(3, min=1)  # S': each row is split into S' shards, one attention head each (H_sim = n_slots * S')
     bias_slot: bool = True  # one more D_aux slot per prefix for the bias (released-code layout)
-    learning_rate: float = 1e-3  # eta of the simulated SGD step (summed loss)
-    n_steps: int = 1  # simulated SGD steps on the training tokens
-    n_simulation_layers: int | None = None  # top layers updated; None = all
+    learning_rate: float = limit(1e-3, gt=0)  # eta of the simulated SGD step (summed loss)
+    n_steps: int = limit(1, min=1)  # simulated SGD steps on the training tokens
+    n_simulation_layers: int | None = limit(None, min=1)  # top layers updated; None = all
     # finite-difference steps of the LayerNorm (Def. A.3) and activation (Def. G.3) backward: error O(eps) +
     # rounding / eps; 1e-4 suits float64; in float32 use ~1e-2 (the update is then ~3e-4 off exact SGD's, 3% with 1e-4)
-    ln_eps: float = 1e-4
-    act_eps: float = 1e-4
+    ln_eps: float = limit(1e-4, gt=0)
+    act_eps: float = limit(1e-4, gt=0)
     # the paper's construction (and the released code) descends on every LayerNorm bias, the final one included;
     # False freezes the final norm (it is still back-propagated through)
     update_final_norm: bool = True
