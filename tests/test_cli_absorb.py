@@ -5,6 +5,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,6 +214,56 @@ def test_absorb_may_rewrite_its_own_folder(llama, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == [".incontext-experiment", "absorb.json", "adapted.json", "adapted.safetensors"]
     absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
     assert sorted(p.name for p in out.iterdir()) == [".incontext-experiment", "absorb.json", "peft_adapter"]  # keep-prompt's model removed
+
+
+def test_a_kill_while_absorbing_leaves_no_absorb_folder(llama, tmp_path):
+    """SIGKILL in the middle of training: the files are written only after the method returns, into a hidden
+    staging folder that then takes the folder's place, so nothing (no folder, no half-written file) is left."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    child = subprocess.Popen([sys.executable, "-m", "incontext.cli", "absorb", "--model", llama, "--method", "kv-prefix",
+                              "--prompt", PROMPT, "--out", str(out), "--set", "steps=100000", "--set", "patience=100000",
+                              "--set", "progress=true"], stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        seen = ""
+        while "kv-prefix:" not in seen:  # the training bar: the data stage is done, training runs
+            char = child.stderr.read(1)
+            assert char, f"absorb ended before training: {seen[-300:]}"
+            seen += char
+        time.sleep(0.5)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_crash_while_writing_keeps_the_earlier_absorb_folder(llama, tmp_path, capsys, monkeypatch):
+    """A failure half-way through writing (here: after the adapted model's tensors are written) leaves the earlier
+    absorb folder as it was and no staging folder; the next absorb replaces the folder whole."""
+    out = tmp_path / "again"
+    absorb(capsys, llama, out, "keep-prompt")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def crash(self, folder):
+        (Path(folder) / "adapted.safetensors").write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(AdaptedModel, "save", crash)
+    code, _, err = run(capsys, "absorb", "--model", llama, "--method", "keep-prompt", "--prompt", PROMPT + "More.",
+                       "--out", str(out))
+    assert code != 0 and "disk full" in err and len(err.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
+    monkeypatch.undo()
+    record = absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
+    assert sorted(p.name for p in out.iterdir()) == [".incontext-experiment", "absorb.json", "peft_adapter"]
+    assert record["method"] == "distill-lora" and sorted(p.name for p in tmp_path.iterdir()) == ["again"]
 
 
 # ----------------------------------------------------------------------------- one-line errors

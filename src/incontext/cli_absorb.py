@@ -150,34 +150,70 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
     adapted = method.absorb(model, torch.tensor(ids, device=device_of(model)))  # checked: finite, not exploded
     seconds = time.perf_counter() - start
 
-    claim_output_folder(out, "absorb")
-    written, peft_note = [], None
-    if isinstance(adapted, DistilledLoRA):  # the adapter alone (a few MB): generate puts it back on the base
-        peft_note = _save_peft(adapted, model, out / PEFT_FOLDER)
-        if peft_note["written"]:
-            written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (out / PEFT_FOLDER).iterdir())
-    if not written:  # no low-rank update to save alone: the whole adapted model (safetensors + JSON)
-        adapted.save(out)
-        written = list(ADAPTED_FILES)
-    # what an earlier absorb left in this folder (check_absorb_out made sure it is only ours) is not this model's
-    for name in set(ADAPTED_FILES) - set(written):
-        (out / name).unlink(missing_ok=True)
-    if not peft_note or not peft_note["written"]:
-        shutil.rmtree(out / PEFT_FOLDER, ignore_errors=True)
-    record = {
-        "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
-        "model_fingerprint": model_fingerprint(model), "model_fingerprint_bf16": model_fingerprint(model, rounded=True),
-        "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
-        "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
-        "files": [EXPERIMENT_MARKER] + written + [ABSORB_RECORD],
-    }
-    if peft_note is not None:
-        record["peft_adapter"] = peft_note
-    history = getattr(adapted, "history", None)
-    if history:
-        record["history"] = history
-    (out / ABSORB_RECORD).write_text(strict_json(json.loads(json.dumps(record, default=str))))
+    check_absorb_out(out)  # again: the folder may have changed while the method ran
+    stage = _staging_folder(out)
+    try:
+        claim_output_folder(stage, "absorb")
+        written, peft_note = [], None
+        if isinstance(adapted, DistilledLoRA):  # the adapter alone (a few MB): generate puts it back on the base
+            peft_note = _save_peft(adapted, model, stage / PEFT_FOLDER)
+            if peft_note["written"]:
+                written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (stage / PEFT_FOLDER).iterdir())
+        if not written:  # no low-rank update to save alone: the whole adapted model (safetensors + JSON)
+            adapted.save(stage)
+            written = list(ADAPTED_FILES)
+        if not peft_note or not peft_note["written"]:
+            shutil.rmtree(stage / PEFT_FOLDER, ignore_errors=True)
+        record = {
+            "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
+            "model_fingerprint": model_fingerprint(model), "model_fingerprint_bf16": model_fingerprint(model, rounded=True),
+            "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
+            "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
+            "files": [EXPERIMENT_MARKER] + written + [ABSORB_RECORD],
+        }
+        if peft_note is not None:
+            record["peft_adapter"] = peft_note
+        history = getattr(adapted, "history", None)
+        if history:
+            record["history"] = history
+        (stage / ABSORB_RECORD).write_text(strict_json(json.loads(json.dumps(record, default=str))))
+        _swap_into(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return record
+
+
+def _staging_folder(out: Path) -> Path:
+    """A new hidden sibling of `out` where an absorb's files are written before they take out's place (a kill while
+    writing leaves no half-written absorb folder). Leftovers of killed absorbs into the same folder go first."""
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for kind in ("partial", "old"):
+        for leftover in out.parent.glob(f".{out.name}.{kind}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+
+
+def _swap_into(stage: Path, out: Path) -> None:
+    """The finished `stage` becomes `out` by renames: a new or empty `out` is replaced at once; an earlier absorb
+    folder (check_absorb_out made sure it is only ours) loses its absorb.json first (an unfinished folder, should
+    a kill come now), moves aside, and is removed once the new folder is in place."""
+    import os
+
+    from .fileio import fsync_dir
+
+    if out.is_dir() and any(out.iterdir()):
+        (out / ABSORB_RECORD).unlink(missing_ok=True)
+        old = stage.with_name(stage.name.replace(".partial-", ".old-"))
+        os.replace(out, old)
+        os.replace(stage, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        if out.is_dir():
+            out.rmdir()
+        os.replace(stage, out)
+    fsync_dir(out.parent)
 
 
 def prompt_files(folder: Path) -> list[Path]:
