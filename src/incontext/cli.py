@@ -60,9 +60,9 @@ def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
 
 
 DEMO = {"model": "smollm2", "task": "facts", "episodes": 10, "task_options": {"people": 2},
-        "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora"],
+        "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora", "kv-prefix"],
         "method_options": {"iclca-approx": {"n_features": 256, "exact_sinks": 1},
-                           "distill-lora": {"progress": False}},
+                           "distill-lora": {"progress": False}, "kv-prefix": {"progress": False}},
         "tune": {"dynamic-eval.learning_rate": [1e-5, 1e-4, 3e-4]}, "validation_episodes": 4}
 
 
