@@ -83,10 +83,14 @@ def main() -> None:
         for m in methods:
             rows.append({"prompt_tokens": int(prompt.shape[0]), "people": people, "method": m, "options": options[m],
                          "absorb_s": statistics.median(times[m]), "absorb_s_all": times[m], "runs": splits[m]})
-    results = {"model": loaded.description, "device": args.device, "threads": args.threads, "repeats": args.repeats,
+        write(rows, loaded.description, args)  # after each prompt length: a run cut short keeps what it measured
+
+
+def write(rows: list[dict], description: str, args) -> None:
+    results = {"model": description, "device": args.device, "threads": args.threads, "repeats": args.repeats,
                "torch": torch.__version__, "clock": "CUDA events" if args.device.startswith("cuda") else "CPU time per thread",
                "rows": rows}
-    lines = [f"Absorb cost on {loaded.description}, {results['clock']} ({args.threads} threads, {args.device}), "
+    lines = [f"Absorb cost on {description}, {results['clock']} ({args.threads} threads, {args.device}), "
              f"median of {args.repeats}; `facts` prompts, each absorb building its own data stage.", "",
              "| prompt tokens | method | absorb s | data stage s (wall) | training s (wall) | steps | kept KiB |",
              "|---|---|---|---|---|---|---|"]
@@ -97,7 +101,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
