@@ -7,7 +7,7 @@
 #     same generator (two people);
 #   results/absorb-example/one-person: the same with make_people(1, random.Random(123)).
 # METHOD (default distill-lora) picks the absorb method: distill-lora writes DIR/adapted/ and DIR/exchange.md, any
-# other method DIR/adapted-METHOD/ and DIR/exchange-METHOD.md (METHOD=kv-prefix: a trained K/V prefix, ~2 MB, not
+# other method DIR/adapted-METHOD/ and DIR/exchange-METHOD.md (METHOD=kv-prefix: its adapted.safetensors holds the base too, not
 # committed: re-run the script to make it). distill-lora's folder holds absorb.json and the PEFT adapter only: generate
 # puts it back on the base model, so that exchange can be re-run from the committed folder without absorbing again.
 set -u

@@ -186,13 +186,18 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
 def _staging_folder(out: Path) -> Path:
     """A new hidden sibling of `out` where an absorb's files are written before they take out's place (a kill while
     writing leaves no half-written absorb folder). Leftovers of killed absorbs into the same folder go first."""
+    import os
     import tempfile
 
     out.parent.mkdir(parents=True, exist_ok=True)
     for kind in ("partial", "old"):
         for leftover in out.parent.glob(f".{out.name}.{kind}-*"):
             shutil.rmtree(leftover, ignore_errors=True)
-    return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    umask = os.umask(0)
+    os.umask(umask)
+    stage.chmod(0o777 & ~umask)  # mkdtemp's folder is private (0700); the absorb folder gets a folder's usual mode
+    return stage
 
 
 def _swap_into(stage: Path, out: Path) -> None:
