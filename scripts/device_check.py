@@ -101,6 +101,32 @@ def every_method_through_the_harness(device: str, work: Path) -> dict:
 
 
 @check
+def composition_and_the_next_token_objective(device: str, work: Path) -> dict:
+    """Two documents absorbed apart and composed (kv-prefix's prefixes, distill-lora's adapters) and kv-prefix's
+    next-token objective, on both backends on `device`: every row ok, the composed rows with a score per document."""
+    from incontext.absorb.harness import compare
+    from incontext.interop.models import load_model
+    from incontext.tasks.episodes import get_episode_source
+
+    folder = tiny_hf_folder(work / "llama-compose")
+    fast = {"steps": 2, "n_continuations": 1, "continuation_tokens": 8, "progress": False}
+    out = {}
+    for backend in ("incontext", "hf"):
+        loaded = load_model(str(folder), device, "float32")
+        model = loaded.model if backend == "hf" else loaded.model.as_transformer()
+        source = get_episode_source("facts", people=2, documents=2)
+        episodes = source.episodes(1, 0, tokenizer=loaded.tokenizer, task=None)
+        rows = compare(model, source, episodes, {"kv-prefix": fast, "kv-prefix:next": {**fast, "objective": "next-token"},
+                                                 "distill-lora": fast}, progress=False, codec=loaded.tokenizer)
+        rows = {row["method"]: row for row in rows}
+        assert all(row["status"] == "ok" for row in rows.values()), {k: r.get("reason") for k, r in rows.items()}
+        for name in ("kv-prefix (composed)", "distill-lora (composed)"):
+            assert len(rows[name]["composition"]["composed"]) == 2, rows[name]
+        out[backend] = sorted(rows)
+    return out
+
+
+@check
 def bfloat16_through_the_harness(device: str, work: Path) -> dict:
     methods = ["keep-prompt", "drop-prompt", "dynamic-eval", "distill-lora", "iclca-approx"]
     folder = tiny_hf_folder(work / "llama-bf16")
