@@ -14,7 +14,6 @@ stage (no cache), as a first absorb of a document does.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import statistics
 import time
@@ -24,6 +23,7 @@ import torch
 
 from incontext.absorb import get_absorb_method
 from incontext.absorb.harness import CostTimer
+from incontext.config import scalar
 from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
 
@@ -32,14 +32,12 @@ METHODS = ("kv-prefix", "distill-lora")
 
 
 def option(text: str) -> tuple[str, str, object]:
+    """METHOD.OPTION=VALUE, the value read as `--set` reads it (a YAML scalar: config.scalar)."""
     key, _, value = text.partition("=")
     method, _, name = key.partition(".")
     if method not in METHODS or not name:
         raise SystemExit(f"--set {text!r}: expected METHOD.OPTION=VALUE with METHOD one of {', '.join(METHODS)}")
-    try:
-        return method, name, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return method, name, value
+    return method, name, scalar(value)
 
 
 def main() -> None:

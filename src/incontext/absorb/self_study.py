@@ -303,24 +303,32 @@ def top_k_targets(sequences: list, k: int) -> list:
     return out
 
 
+def _padded(batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequences right-padded into (B, L) ids (causal: padding is unseen) and the mask of each one's taught
+    positions (its last n, n = rows of its teacher log-probs)."""
+    length = max(item[0].shape[0] for item in batch)
+    tokens = batch[0][0].new_zeros(len(batch), length)
+    mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
+    for row, item in enumerate(batch):
+        end, n = item[0].shape[0], item[1].shape[0]
+        tokens[row, :end], mask[row, end - n: end] = item[0], True
+    return tokens, mask
+
+
 def distillation_kl(student, batch) -> torch.Tensor:
     """Mean over the taught positions of KL(teacher || student); `student` maps (B, L) ids to logits. Sequences are
     right-padded (causal: padding is unseen) and each teaches its last n positions (n = rows of its teacher
     log-probs). A sequence given as (ids, top-k log-probs, their ids) is taught on the teacher's top k tokens:
     sum_i p_i (log p_i - log q_i) over them (the full KL when k = V; the gradient of the cross-entropy on the
     teacher's top-k probabilities otherwise)."""
-    length = max(item[0].shape[0] for item in batch)
-    tokens = batch[0][0].new_zeros(len(batch), length)
+    tokens, mask = _padded(batch)
     width = batch[0][1].shape[-1]
     top_k = len(batch[0]) == 3
-    teacher = batch[0][1].new_zeros(len(batch), length, width)
-    index = batch[0][2].new_zeros(len(batch), length, width) if top_k else None
-    mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
+    teacher = batch[0][1].new_zeros(len(batch), tokens.shape[1], width)
+    index = batch[0][2].new_zeros(len(batch), tokens.shape[1], width) if top_k else None
     for row, item in enumerate(batch):
-        ids, logp = item[0], item[1]
-        end, n = ids.shape[0], logp.shape[0]
-        tokens[row, :end] = ids
-        teacher[row, end - n: end], mask[row, end - n: end] = logp, True
+        end, n = item[0].shape[0], item[1].shape[0]
+        teacher[row, end - n: end] = item[1]
         if top_k:
             index[row, end - n: end] = item[2]
     logits = student(tokens)
@@ -336,14 +344,9 @@ def next_token_loss(student, batch) -> torch.Tensor:
     """The ablation of distillation_kl (Cartridges' next-token objective): the mean cross-entropy of the sequences'
     own next tokens (the teacher's samples, the document's windows) at the taught positions that have one in the
     sequence; the teacher's distributions are not used."""
-    length = max(item[0].shape[0] for item in batch)
-    tokens = batch[0][0].new_zeros(len(batch), length)
-    mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
+    tokens, mask = _padded(batch)
     for row, item in enumerate(batch):
-        ids, n = item[0], item[1].shape[0]
-        end = ids.shape[0]
-        tokens[row, :end] = ids
-        mask[row, end - n: end - 1] = True  # the last position's next token is not in the sequence
+        mask[row, item[0].shape[0] - 1] = False  # the last position's next token is not in the sequence
     logits = student(tokens)[:, :-1]
     nll = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).transpose(1, 2), tokens[:, 1:],
                           reduction="none")
