@@ -9,6 +9,12 @@ stage (no cache), as a first absorb of a document does.
     python benchmarks/absorb_cost.py                             # 160 / 512 / 2000 tokens, 1 repeat, 2 threads
     python benchmarks/absorb_cost.py --people 2 --repeats 3 --set kv-prefix.steps=96
     python benchmarks/absorb_cost.py --device cuda                # on a GPU: CUDA events
+    python benchmarks/absorb_cost.py --device cuda --random-weights --tokenizer DIR --warmup  # no SmolLM2 file there
+
+--random-weights: a random model of SmolLM2-135M's shapes (benchmarks/gpu_backends.py's SMOLLM2) with SmolLM2's
+tokenizer (`--tokenizer`: a folder saved with `save_pretrained`, default the one in the shipped GGUF), for a machine
+that cannot hold the model file. Same work per absorb, except that the text the model writes (continuations,
+answers, questions) runs to its token limits: random weights do not stop early, so this is an upper bound.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import torch
 from incontext.absorb import get_absorb_method
 from incontext.absorb.harness import CostTimer
 from incontext.config import scalar
-from incontext.interop.models import load_model
+from incontext.interop.models import HFCodec, load_model
 from incontext.tasks.episodes import get_episode_source
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -48,6 +54,9 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
+    p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")
+    p.add_argument("--warmup", action="store_true", help="one untimed absorb per method first (CUDA start-up, caches)")
     p.add_argument("--out", type=Path, default=RESULTS / "absorb_cost")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -55,14 +64,20 @@ def main() -> None:
     options = {m: {"progress": False} for m in methods}
     for method, name, value in args.set:
         options.setdefault(method, {"progress": False})[name] = value
-    loaded = load_model("smollm2", args.device)
-    model, codec = loaded.model, loaded.tokenizer
+    if args.random_weights:
+        model, codec, description = random_smollm2(args.device, args.tokenizer)
+    else:
+        loaded = load_model("smollm2", args.device)
+        model, codec, description = loaded.model, loaded.tokenizer, loaded.description
     timer = CostTimer(torch.device(args.device))
     rows = []
     for people in args.people:
         episode = get_episode_source("facts", people=people).episodes(1, seed=0, tokenizer=codec)[0]
         prompt = episode.prompt.to(args.device)
         train = [t.to(args.device) for t in episode.train_queries]
+        if args.warmup and people == args.people[0]:
+            for m in methods:
+                get_absorb_method(m, **options[m]).use_codec(codec).absorb(model, prompt, train_queries=train)
         times = {m: [] for m in methods}
         splits = {m: [] for m in methods}
         for r in range(args.repeats):
@@ -81,7 +96,24 @@ def main() -> None:
         for m in methods:
             rows.append({"prompt_tokens": int(prompt.shape[0]), "people": people, "method": m, "options": options[m],
                          "absorb_s": statistics.median(times[m]), "absorb_s_all": times[m], "runs": splits[m]})
-        write(rows, loaded.description, args)  # after each prompt length: a run cut short keeps what it measured
+        write(rows, description, args)  # after each prompt length: a run cut short keeps what it measured
+
+
+def random_smollm2(device: str, tokenizer: Path | None):
+    """(model, codec, description): random weights of SmolLM2-135M's shapes and SmolLM2's tokenizer."""
+    from gpu_backends import SMOLLM2  # this folder's sibling script: one table of SmolLM2's shapes
+
+    from incontext.models import Transformer, TransformerConfig
+
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    else:
+        from incontext.interop.pretrained import load_smollm2
+        tok = load_smollm2()[1]
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(**SMOLLM2)).to(device).eval()
+    return model, HFCodec(tok), "random weights of SmolLM2-135M's shapes"
 
 
 def write(rows: list[dict], description: str, args) -> None:

@@ -39,7 +39,8 @@ SMOLLM2 = dict(n_layer=30, n_head=9, n_kv_head=3, d_model=576, d_mlp=1536, vocab
                tie_embeddings=True)
 TINY = dict(SMOLLM2, n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_mlp=128, vocab_size=512, max_seq_len=1024)
 METHODS = {"keep-prompt": {}, "drop-prompt": {}, "dynamic-eval": {"learning_rate": 1e-4},
-           "distill-lora": {"progress": False}, "iclca-approx": {"n_features": 256, "exact_sinks": 1}}
+           "distill-lora": {"progress": False}, "kv-prefix": {"progress": False},
+           "iclca-approx": {"n_features": 256, "exact_sinks": 1}}
 
 
 def timed(timer: CostTimer, fn, repeats: int) -> list[float]:
@@ -123,10 +124,11 @@ def speed(ours: Transformer, theirs, device: torch.device, sizes: dict, repeats:
 
 
 def absorb_costs(ours: Transformer, theirs, device: torch.device, lengths: list[int], query_tokens: int,
-                 repeats: int) -> list[dict]:
+                 repeats: int, rows: list[dict], save) -> list[dict]:
+    """Appends a row per (length, backend, method) to `rows`, calling save() after each (a run cut short keeps
+    what it measured)."""
     timer = CostTimer(device)
     backends = {"incontext": ours, "hf": HFCausalLM(theirs).eval()}
-    rows = []
     g = torch.Generator().manual_seed(1)
     for length in lengths:
         prompt = torch.randint(0, ours.config.vocab_size, (length,), generator=g).to(device)
@@ -153,6 +155,7 @@ def absorb_costs(ours: Transformer, theirs, device: torch.device, lengths: list[
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 rows.append(row)
+                save()
                 print(json.dumps(row), flush=True)
     return rows
 
@@ -219,11 +222,18 @@ def main(argv=None) -> int:
               "device_name": torch.cuda.get_device_name(runtime.device) if runtime.device.type == "cuda" else "cpu",
               "speed": speed(ours, theirs, runtime.device, sizes, args.repeats)}
     print(json.dumps(record["speed"], indent=1), flush=True)
-    record["absorb"] = [] if args.skip_absorb else absorb_costs(ours, theirs, runtime.device, lengths, 16, args.repeats)
-    record["seconds"] = time.perf_counter() - start
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
-    out.with_suffix(".md").write_text(markdown(record))
+    record["absorb"] = []
+
+    def save():
+        record["seconds"] = time.perf_counter() - start
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1))
+        out.with_suffix(".md").write_text(markdown(record))
+
+    save()
+    if not args.skip_absorb:
+        absorb_costs(ours, theirs, runtime.device, lengths, 16, args.repeats, record["absorb"], save)
+    save()
     print(markdown(record))
     return 0
 
