@@ -20,6 +20,7 @@ answers, questions) runs to its token limits: random weights do not stop early, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from incontext.absorb import get_absorb_method
+from incontext.absorb import get_absorb_method, self_study
 from incontext.absorb.harness import CostTimer
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
@@ -35,13 +36,30 @@ from incontext.tasks.episodes import get_episode_source
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("kv-prefix", "distill-lora")
+PEER = ":one-query-at-a-time"  # METHOD:one-query-at-a-time: the data stage answers its queries one by one (the reference)
+
+
+@contextlib.contextmanager
+def answers_one_at_a_time(label: str):
+    """For a PEER label, the data stage's batched answers replaced by its reference loop (self_study._answered per
+    query): the speed-up of batching measured in the same run."""
+    if not label.endswith(PEER):
+        yield
+        return
+    batched = self_study._answered_batched
+    self_study._answered_batched = lambda model, cache, queries, n_answers, rows=16: [
+        self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)]
+    try:
+        yield
+    finally:
+        self_study._answered_batched = batched
 
 
 def option(text: str) -> tuple[str, str, object]:
     """METHOD.OPTION=VALUE, the value read as `--set` reads it (a YAML scalar: config.scalar)."""
     key, _, value = text.partition("=")
     method, _, name = key.partition(".")
-    if method not in METHODS or not name:
+    if method.removesuffix(PEER) not in METHODS or not name:
         raise SystemExit(f"--set {text!r}: expected METHOD.OPTION=VALUE with METHOD one of {', '.join(METHODS)}")
     return method, name, scalar(value)
 
@@ -52,7 +70,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS), help=f"of {', '.join(METHODS)}, each also as METHOD{PEER}")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")
@@ -64,6 +82,9 @@ def main() -> None:
     options = {m: {"progress": False} for m in methods}
     for method, name, value in args.set:
         options.setdefault(method, {"progress": False})[name] = value
+    for m in methods:  # a peer runs its method's options
+        if m.endswith(PEER):
+            options[m] = {**options.get(m.removesuffix(PEER), {}), **options[m]}
     if args.random_weights:
         model, codec, description = random_smollm2(args.device, args.tokenizer)
     else:
@@ -77,14 +98,16 @@ def main() -> None:
         train = [t.to(args.device) for t in episode.train_queries]
         if args.warmup and people == args.people[0]:
             for m in methods:
-                get_absorb_method(m, **options[m]).use_codec(codec).absorb(model, prompt, train_queries=train)
+                with answers_one_at_a_time(m):
+                    get_absorb_method(m.removesuffix(PEER), **options[m]).use_codec(codec).absorb(model, prompt, train_queries=train)
         times = {m: [] for m in methods}
         splits = {m: [] for m in methods}
         for r in range(args.repeats):
             for m in methods[r % len(methods):] + methods[: r % len(methods)]:
-                method = get_absorb_method(m, **options[m]).use_codec(codec)
+                method = get_absorb_method(m.removesuffix(PEER), **options[m]).use_codec(codec)
                 wall = time.perf_counter()
-                adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train))
+                with answers_one_at_a_time(m):
+                    adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train))
                 wall = time.perf_counter() - wall
                 times[m].append(ms / 1000)
                 h = adapted.history

@@ -102,3 +102,24 @@ def test_seed_prompts_write_messages_the_teacher_answers():
     with pytest.raises(ValueError, match="seed_prompts must be"):
         self_study._seed_messages(model, prompt, codec, StudyOptions(n_conversations=1, seed_prompts=("poetry",)),
                                   torch.Generator())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_answers_equal_one_query_at_a_time(seed):
+    """`_answered_batched` (queries grouped by length, chunks of `rows`) against the reference `_answered`, float64."""
+    from incontext.models import Cache
+
+    model = tiny(seed)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 61, (int(torch.randint(5, 30, (), generator=g)),), generator=g)
+    queries = [torch.randint(0, 61, (int(torch.randint(1, 5, (), generator=g)),), generator=g) for _ in range(11)]
+    n_answers = [int(torch.randint(0, 4, (), generator=g)) for _ in queries]
+    with torch.no_grad():
+        cache = Cache.empty(model.config.n_layer)
+        model(prompt[None], cache=cache)
+        reference = [self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)]
+        batched = self_study._answered_batched(model, cache, queries, n_answers, rows=2)
+    assert len(batched) == len(reference)
+    for (ids, logp), (ref_ids, ref_logp) in zip(batched, reference):
+        assert torch.equal(ids, ref_ids) and ids.dtype == ref_ids.dtype
+        assert logp.shape == ref_logp.shape and torch.allclose(logp, ref_logp, atol=1e-10, rtol=0)

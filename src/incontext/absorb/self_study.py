@@ -91,17 +91,15 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
     plain = queries + [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in questions)
                        if q.shape[0] + options.answer_tokens < room]
-    for query in plain:
-        sequences.append(_answered(model, _copy(cache), query, min(options.answer_tokens, room - query.shape[0])))
+    sequences += _answered_batched(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain])
     counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
     messages = _seed_messages(model, prompt, codec, options, generator) if codec is not None and options.n_conversations else []
     counts["conversations"] = len(messages)
     templated = codec is not None and _has_template(codec)  # a base model (Gemma-3-270M) has no chat template
     if messages and not templated:  # a base model: the messages as plain Q/A turns
-        for text in messages:
-            query = torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device)
-            if query.shape[0] + options.answer_tokens < room:
-                sequences.append(_answered(model, _copy(cache), query, min(options.chat_answer_tokens, room - query.shape[0])))
+        asked = [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in messages)
+                 if q.shape[0] + options.answer_tokens < room]
+        sequences += _answered_batched(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked])
     asked = questions + (messages if templated else [])
     chat = _chat_turns(model, prompt, asked, room, codec, options.chat_answer_tokens) if asked and templated else []
     sequences += chat
@@ -278,6 +276,40 @@ def _answered(model, cache, query, n_answer):
         return query, _log_probs(logits)
     tokens, answer_logits = _greedy(model, cache, logits[-1], n_answer)
     return torch.cat([query, tokens[:-1]]), _log_probs(torch.cat([logits, answer_logits[1:]]))
+
+
+def _answered_batched(model, cache, queries: list[torch.Tensor], n_answers: list[int], rows: int = 16) -> list:
+    """`_answered` (the reference, one query at a time) for many queries at once: queries of one length and answer
+    length go through the model together, up to `rows` at a time, so a document's many training queries cost a few
+    batched decodes instead of one decode each (on a GPU, where each decode step is launch-bound, ~8x fewer steps at
+    489 tokens). The same sequences in the same order; equal to the reference up to float rounding of batched
+    products (tests/absorb/test_self_study.py)."""
+    out: list = [None] * len(queries)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (query, n) in enumerate(zip(queries, n_answers)):
+        groups.setdefault((query.shape[0], n), []).append(i)
+    for (_, n), members in groups.items():
+        for chunk in (members[j: j + rows] for j in range(0, len(members), rows)):
+            batch = torch.stack([queries[i] for i in chunk])
+            step = _copy(cache, len(chunk))
+            logits = model(batch, cache=step)  # (b, L, V)
+            answers, answer_logits = [], []
+            if n >= 1:
+                last = logits[:, -1]
+                for k in range(n):
+                    answers.append(last.argmax(-1, keepdim=True))
+                    if k + 1 == n:
+                        break
+                    last = model(answers[-1], cache=step)[:, -1]
+                    answer_logits.append(last)
+            for r, i in enumerate(chunk):
+                if n < 1:
+                    out[i] = (queries[i], _log_probs(logits[r]))
+                    continue
+                tokens = torch.cat([a[r] for a in answers])
+                teacher = torch.cat([logits[r]] + [x[r: r + 1] for x in answer_logits])
+                out[i] = (torch.cat([queries[i], tokens[:-1]]), _log_probs(teacher))
+    return out
 
 
 def _recall_windows(model, cache, prompt, width):
