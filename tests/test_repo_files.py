@@ -21,3 +21,8 @@ def test_no_tracked_weight_file_is_over_1_mb():
     big = [f"{name} ({(ROOT / name).stat().st_size / 1e6:.1f} MB)" for name in tracked()
            if name.endswith(WEIGHTS) and (ROOT / name).is_file() and (ROOT / name).stat().st_size > LIMIT]
     assert not big, "weight files over 1 MB in git (ignore them; their command remakes them): " + ", ".join(big)
+
+
+def test_no_leftover_merge_or_editor_files_are_tracked():
+    stray = [name for name in tracked() if name.endswith((".orig", ".rej", ".bak", ".swp", "~"))]
+    assert not stray, "leftover files tracked by git: " + ", ".join(stray)

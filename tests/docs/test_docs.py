@@ -29,6 +29,11 @@ def tint(name: str) -> float:
     return data["perplexity"][name][data["config"]["fractions"].index(0.5)]
 
 
+def gpu_absorb_s(method: str, tokens: int) -> float:
+    rows = json.loads((ROOT / "benchmarks/results/absorb_cost_cuda_h100_batched.json").read_text())["rows"]
+    return next(r["absorb_s"] for r in rows if r["method"] == method and r["prompt_tokens"] == tokens)
+
+
 def mean(values) -> float:
     return sum(values) / len(values)
 
@@ -40,6 +45,7 @@ HEADLINES = [
     ("{:.1f}% exact match (demo) |", lambda: 100 * row("demo", "distill-lora")["score"]["mean"]),
     ("{:.1f}% exact match vs keep-prompt's", lambda: 100 * row("compare-smollm2-facts-kv-prefix", "kv-prefix")["score"]["mean"]),
     ("vs keep-prompt's {:.1f}% at a quarter", lambda: 100 * row("compare-smollm2-facts-kv-prefix", "keep-prompt")["score"]["mean"]),
+    ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: gpu_absorb_s("kv-prefix", 489)),
     ("perplexity {:.2f} vs", lambda: tint("dynamic eval")),
     ("vs {:.2f} without (Shakespeare", lambda: tint("vanilla")),
     ("perplexity {:.2f} (dynamic eval", lambda: tint("TinT")),
