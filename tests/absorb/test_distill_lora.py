@@ -274,11 +274,12 @@ def test_a_codec_adds_questions_and_chat_turns(monkeypatch):
     questions = []
     original = self_study._questions
     monkeypatch.setattr(self_study, "_questions", lambda model, prompt, codec, n: questions or original(model, prompt, codec, n))
-    plain = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
+    plain = method(steps=2, n_questions=16).use_codec(codec).absorb(model, prompt).history["pool"]
     questions += ["Where was Abe born?", "What is Bea's pet called?"]
-    asked = method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]
+    asked = method(steps=2, n_questions=16).use_codec(codec).absorb(model, prompt).history["pool"]
     assert asked["questions"] == asked["chat_turns"] == 2 and asked["recall_windows"] == plain["recall_windows"] > 0
-    assert method(steps=2).absorb(model, prompt).history["pool"]["chat_turns"] == 0  # no codec: no chat turns
+    assert method(steps=2, n_questions=16).absorb(model, prompt).history["pool"]["chat_turns"] == 0  # no codec: none
+    assert method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]["questions"] == 0  # the default: 0
 
 
 def test_contrastive_questions_ask_each_question_about_every_subject():
@@ -301,7 +302,7 @@ def test_contrast_adds_the_swapped_questions_to_the_pool(monkeypatch):
     prompt = torch.tensor(codec.encode("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss is a potter.\n"
                                        "Bea Voss has a cat."))
     monkeypatch.setattr(self_study, "_questions", lambda model, prompt, codec, n: ["Where was Abe Lonn born?"])
-    pools = [method(steps=1, contrast=contrast).use_codec(codec).absorb(model, prompt).history["pool"]
+    pools = [method(steps=1, contrast=contrast, n_questions=16).use_codec(codec).absorb(model, prompt).history["pool"]
              for contrast in (False, True)]
     assert pools[0]["questions"] == pools[0]["chat_turns"] == 1
     assert pools[1]["questions"] == pools[1]["chat_turns"] == 2  # and "Where was Bea Voss born?"

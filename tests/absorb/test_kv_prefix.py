@@ -95,7 +95,10 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     name = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"  # transformers >= 5.24
     theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
                          pad_token_id=-1, **{name: prefix_cache(adapted, hf.config)})
-    assert theirs[0, adapted.position + query.shape[1]:].tolist() == ours
+    eos = hf.generation_config.eos_token_id  # transformers stops at the end-of-text token; our stream goes on
+    if isinstance(eos, int) and eos in ours:
+        ours = ours[: ours.index(eos) + 1]
+    assert len(ours) >= 3 and theirs[0, adapted.position + query.shape[1]:].tolist() == ours
 
 
 @pytest.mark.parametrize("options, message", [

@@ -33,7 +33,7 @@ class StudyOptions:
     n_continuations: int = 2
     continuation_tokens: int = 32
     answer_tokens: int = 8
-    n_questions: int = 16
+    n_questions: int = 0
     contrast: bool = False
     chat_answer_tokens: int = 24
     temperature: float = 1.0
