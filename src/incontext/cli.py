@@ -59,7 +59,7 @@ def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
     return results
 
 
-DEMO = {"model": "smollm2", "task": "facts", "episodes": 10, "task_options": {"people": 2},
+DEMO = {"model": "smollm2", "task": "facts", "episodes": 5, "task_options": {"people": 2},
         "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora", "kv-prefix"],
         "method_options": {"iclca-approx": {"n_features": 256, "exact_sinks": 1},
                            "distill-lora": {"progress": False}, "kv-prefix": {"progress": False}},
