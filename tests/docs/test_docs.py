@@ -12,7 +12,7 @@ from incontext import docs
 ROOT = docs.repo_root()
 README = ROOT / "README.md"
 SETUP = ("# incontext\n\n```bash\n"
-         "bash scripts/env.sh incontext demo          # main job: absorb prompts into SmolLM2 with each method, one table (~10 min, CPU)\n"
+         "bash scripts/env.sh incontext demo          # main job: absorb prompts into SmolLM2 with each method, one table (~11 min, CPU)\n"
          "bash scripts/env.sh python -m pytest        # tests (what CI runs: .ci/run)\n```\n")
 
 
