@@ -111,7 +111,6 @@ class KVPrefixOptions(DataStageOptions):
     n_conversations: int = limit(0, min=0)
     seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"
     message_tokens: int = limit(32, min=1)
-    n_questions: int = limit(0, min=0)
     objective: Literal["kl", "next-token"] = "kl"
 
 
