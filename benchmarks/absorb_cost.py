@@ -55,12 +55,17 @@ def answers_one_at_a_time(label: str):
         self_study._answered_batched = batched
 
 
+def base(label: str) -> str:
+    """The method of a label METHOD[:VARIANT] (a variant is the method with its own --set options)."""
+    return label.partition(":")[0]
+
+
 def option(text: str) -> tuple[str, str, object]:
     """METHOD.OPTION=VALUE, the value read as `--set` reads it (a YAML scalar: config.scalar)."""
     key, _, value = text.partition("=")
     method, _, name = key.partition(".")
-    if method.removesuffix(PEER) not in METHODS or not name:
-        raise SystemExit(f"--set {text!r}: expected METHOD.OPTION=VALUE with METHOD one of {', '.join(METHODS)}")
+    if base(method) not in METHODS or not name:
+        raise SystemExit(f"--set {text!r}: expected LABEL.OPTION=VALUE with LABEL one of {', '.join(METHODS)}[:VARIANT]")
     return method, name, scalar(value)
 
 
@@ -70,7 +75,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"of {', '.join(METHODS)}, each also as METHOD{PEER}")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
+                        f"--set gives its label (after METHOD's own); METHOD{PEER} also answers the data stage's queries "
+                        "one at a time")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")
@@ -82,9 +90,9 @@ def main() -> None:
     options = {m: {"progress": False} for m in methods}
     for method, name, value in args.set:
         options.setdefault(method, {"progress": False})[name] = value
-    for m in methods:  # a peer runs its method's options
-        if m.endswith(PEER):
-            options[m] = {**options.get(m.removesuffix(PEER), {}), **options[m]}
+    for m in methods:  # a variant runs its method's options, then its own
+        if m != base(m):
+            options[m] = {**options.get(base(m), {}), **options.get(m, {})}
     if args.random_weights:
         model, codec, description = random_smollm2(args.device, args.tokenizer)
     else:
@@ -99,12 +107,12 @@ def main() -> None:
         if args.warmup and people == args.people[0]:
             for m in methods:
                 with answers_one_at_a_time(m):
-                    get_absorb_method(m.removesuffix(PEER), **options[m]).use_codec(codec).absorb(model, prompt, train_queries=train)
+                    get_absorb_method(base(m), **options[m]).use_codec(codec).absorb(model, prompt, train_queries=train)
         times = {m: [] for m in methods}
         splits = {m: [] for m in methods}
         for r in range(args.repeats):
             for m in methods[r % len(methods):] + methods[: r % len(methods)]:
-                method = get_absorb_method(m.removesuffix(PEER), **options[m]).use_codec(codec)
+                method = get_absorb_method(base(m), **options[m]).use_codec(codec)
                 wall = time.perf_counter()
                 with answers_one_at_a_time(m):
                     adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train))
@@ -112,7 +120,7 @@ def main() -> None:
                 times[m].append(ms / 1000)
                 h = adapted.history
                 splits[m].append({"wall_s": wall, "teacher_wall_s": h.get("teacher_seconds"),
-                                  "train_wall_s": h.get("train_seconds"), "steps": h.get("steps"),
+                                  "train_wall_s": h.get("train_seconds"), "steps": h.get("steps"), "cuda_graph": h.get("cuda_graph"),
                                   "kept_bytes": adapted.kept_bytes(model)})
                 print(f"{prompt.shape[0]:5d} tokens  {m:12s} {ms / 1000:7.1f} s per thread ({wall:.1f} s wall)", flush=True)
                 adapted = None

@@ -166,3 +166,26 @@ def test_the_next_token_objective_is_the_sequences_own_cross_entropy():
     trained = get_absorb_method("kv-prefix", prefix_tokens=5, steps=20, learning_rate=0.05, objective="next-token",
                                 **FAST).absorb(model, prompt)
     assert trained.history["kl"][-1] < trained.history["kl"][0]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeypatch, seed):
+    """On a CUDA device the training step is captured as a CUDA graph, which needs fixed shapes (every batch padded
+    to the longest sequence) and a loss without host syncs; run eagerly here, that step trains the same prefix as
+    the eager one whose batches are padded to their own longest sequence (float64, 1e-10)."""
+    from incontext.absorb.kv_prefix import KVPrefix
+
+    model = tiny(seed=seed)
+    prompt, _ = prompt_and_query(m=16, seed=seed + 3)
+    g = torch.Generator().manual_seed(seed)
+    queries = [torch.randint(0, 61, (1, n), generator=g) for n in (3, 5, 9, 2)]  # sequences of several lengths
+    options = dict(FAST, prefix_tokens=4, steps=12, learning_rate=0.05, patience=50, window_tokens=6, answer_tokens=2)
+    eager = get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries)
+    monkeypatch.setattr(KVPrefix, "_graphed", lambda self, model, device: True)
+    fixed = get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries)
+    assert eager.history["steps"] == fixed.history["steps"] == 12 and eager.history["pool"]["train_queries"] == 4
+    for (k0, v0), (k1, v1) in zip(eager._tensors(), fixed._tensors()):
+        assert (k0 - k1).abs().max() < 1e-10 and (v0 - v1).abs().max() < 1e-10
+    assert max(abs(a - b) for a, b in zip(eager.history["kl"], fixed.history["kl"])) < 1e-10
+    initial = get_absorb_method("kv-prefix", **{**options, "steps": 0}).absorb(model, prompt)
+    assert max((k0 - k1).abs().max() for (k0, _), (k1, _) in zip(initial._tensors(), fixed._tensors())) > 1e-3

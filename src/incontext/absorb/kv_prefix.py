@@ -112,6 +112,7 @@ class KVPrefixOptions(DataStageOptions):
     seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"
     message_tokens: int = limit(32, min=1)
     objective: Literal["kl", "next-token"] = "kl"
+    cuda_graph: bool = True
 
 
 class KVPrefix(AbsorbMethod):
@@ -127,7 +128,8 @@ class KVPrefix(AbsorbMethod):
     17.9%, and raised the KL, 0.91 vs 0.73 nats; results/kv-prefix-validation), then steps=96, patience=16 and
     learning_rate=0.1 (21.4% and KL 0.55 against 17.9% and 0.73 at 48 steps and 2e-2, and 21.4% and 0.66 at 5e-2;
     results/kv-prefix-validation-sweep), which double the absorb time. objective: "kl" (the teacher's distributions) or
-    "next-token" (the sequences' own next tokens; Cartridges' ablation)."""
+    "next-token" (the sequences' own next tokens; Cartridges' ablation). cuda_graph: on a CUDA device, the KL training
+    step is captured once as a CUDA graph and replayed (every batch padded to the longest sequence; false: eager)."""
 
     name = "kv-prefix"
     Options = KVPrefixOptions
@@ -142,7 +144,7 @@ class KVPrefix(AbsorbMethod):
                  continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 0, contrast: bool = False,
                  chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
                  seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
-                 objective: str = "kl"):
+                 objective: str = "kl", cuda_graph: bool = True):
         import math
 
         def integer(name, value, low):
@@ -171,13 +173,14 @@ class KVPrefix(AbsorbMethod):
             raise ValueError(f"kv-prefix: init must be one of {', '.join(INITS)}, got {init!r}")
         if objective not in OBJECTIVES:
             raise ValueError(f"kv-prefix: objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-        for name, value in (("freeze_first", freeze_first), ("progress", progress), ("contrast", contrast)):
+        for name, value in (("freeze_first", freeze_first), ("progress", progress), ("contrast", contrast),
+                            ("cuda_graph", cuda_graph)):
             if not isinstance(value, bool):
                 raise ValueError(f"kv-prefix: {name} must be true or false, got {value!r}")
         self.prefix_tokens, self.init, self.freeze_first = prefix_tokens, init, freeze_first
         self.steps, self.learning_rate, self.batch_size = steps, float(learning_rate), batch_size
         self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
-        self.top_k, self.data_cache, self.objective = top_k, data_cache, objective
+        self.top_k, self.data_cache, self.objective, self.cuda_graph = top_k, data_cache, objective, cuda_graph
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
                                   n_questions=n_questions, contrast=contrast, chat_answer_tokens=chat_answer_tokens,
@@ -250,34 +253,47 @@ class KVPrefix(AbsorbMethod):
     def _train(self, model, template: Cache, sequences, generator) -> dict[str, Any]:
         from .distill_lora import _plateau
 
-        params = [(nn.Parameter(k.detach().clone()), nn.Parameter(v.detach().clone())) for k, v in cache_kv(template)]
+        # float32 master copies for a half-precision model (bf16 rounds away Adam's late, small steps); the student
+        # reads them in the model's dtype
+        kv_dtype = cache_kv(template)[0][0].dtype
+        master = torch.promote_types(kv_dtype, torch.float32)
+        params = [(nn.Parameter(k.detach().to(master, copy=True)), nn.Parameter(v.detach().to(master, copy=True)))
+                  for k, v in cache_kv(template)]
         flat = [t for pair in params for t in pair]
         if self.freeze_first:  # the attention sink: its gradient is dropped
             for t in flat:
                 t.register_hook(lambda grad: torch.cat([torch.zeros_like(grad[:, :, :1]), grad[:, :, 1:]], 2))
         flags = [q.requires_grad for q in model.parameters()]
         model.requires_grad_(False)  # the base stays frozen: no gradients into its weights
-        optimizer = torch.optim.AdamW(flat, lr=self.learning_rate, weight_decay=0.0)
+        fixed = self._graphed(model, flat[0].device)
+        graphed = fixed and flat[0].device.type == "cuda"
+        optimizer = torch.optim.AdamW(flat, lr=self.learning_rate, weight_decay=0.0, capturable=graphed)
         losses, order, stopped_early = [], [], False
-        objective = distillation_kl if self.objective == "kl" else next_token_loss
         bar = tqdm(total=self.steps, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
 
         def student(tokens: torch.Tensor) -> torch.Tensor:
             batch = tokens.shape[0]
-            cache = with_kv(template, [(k.expand(batch, *k.shape[1:]), v.expand(batch, *v.shape[1:])) for k, v in params])
+            cache = with_kv(template, [(k.to(kv_dtype).expand(batch, *k.shape[1:]), v.to(kv_dtype).expand(batch, *v.shape[1:]))
+                                       for k, v in params])
             return model(tokens, cache=cache)
 
-        try:
-            for _ in range(self.steps):
+        def batches():
+            nonlocal order
+            while True:
                 if len(order) < self.batch_size:
                     order += torch.randperm(len(sequences), generator=generator).tolist()
                 picked, order = order[: self.batch_size], order[self.batch_size:]
-                loss = objective(student, [sequences[i] for i in picked])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
-                if not all(bool(torch.isfinite(t).all()) for t in flat):
+                yield [sequences[i] for i in picked]
+
+        try:
+            if fixed:
+                steps = _FixedShapeSteps(student, optimizer, flat, sequences, capture=graphed)
+            else:
+                steps = _EagerSteps(student, optimizer, flat, distillation_kl if self.objective == "kl" else next_token_loss)
+            for _, batch in zip(range(self.steps), batches()):
+                loss, finite = steps(batch)
+                losses.append(loss)
+                if not finite:
                     raise FloatingPointError("kv-prefix: the prefix became non-finite; lower the learning rate")
                 bar.update(1)
                 bar.set_postfix(kl=f"{losses[-1]:.4f}")
@@ -288,8 +304,87 @@ class KVPrefix(AbsorbMethod):
             bar.close()
             for q, flag in zip(model.parameters(), flags):
                 q.requires_grad_(flag)
-        return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early,
-                "kv": [(k.detach(), v.detach()) for k, v in params]}
+        return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early, "cuda_graph": graphed,
+                "kv": [(k.detach().to(kv_dtype), v.detach().to(kv_dtype)) for k, v in params]}
+
+    def _graphed(self, model, device: torch.device) -> bool:
+        """Whether training replays one captured CUDA graph per step (see _FixedShapeSteps): on a CUDA device, for the
+        KL objective, on our Transformer (transformers' mask code reads tensors on the host, which capture forbids)."""
+        return self.cuda_graph and device.type == "cuda" and self.objective == "kl" and model.backend == "incontext"
+
+
+def _finite(flat: list[torch.Tensor]) -> torch.Tensor:
+    """One device-side flag: every prefix tensor finite (one host sync to read, not one per tensor)."""
+    return torch.stack([torch.isfinite(t).all() for t in flat]).all()
+
+
+class _EagerSteps:
+    """One optimizer step per call, shapes following each batch: (loss, whether the prefix is still finite)."""
+
+    def __init__(self, student, optimizer, flat, objective):
+        self.student, self.optimizer, self.flat, self.objective = student, optimizer, flat, objective
+
+    def __call__(self, batch) -> tuple[float, bool]:
+        loss = self.objective(self.student, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item(), bool(_finite(self.flat))
+
+
+class _FixedShapeSteps:
+    """The same steps with fixed shapes, every batch padded to the longest training sequence (causal attention and
+    the loss mask make padding inert), and with `capture` (a CUDA device) the step's forward, backward and AdamW
+    update captured once as a CUDA graph and replayed: a 135M model's step is a few thousand small kernels,
+    launch-bound on a GPU. Capture: the first `warmup` steps run eagerly on a side stream (real steps: they warm up
+    autograd, the optimizer's state and cuBLAS, as capture requires), the capture itself trains nothing, then each
+    later step copies its batch into the graph's inputs and replays it. Without `capture` the fixed-shape step runs
+    eagerly (how tests on a CPU check it against _EagerSteps)."""
+
+    warmup = 3
+
+    def __init__(self, student, optimizer, flat, sequences, capture: bool):
+        from .self_study import distillation_loss
+
+        self.student, self.optimizer, self.flat, self.loss_of = student, optimizer, flat, distillation_loss
+        self.length = max(item[0].shape[0] for item in sequences)
+        self.static: dict[str, torch.Tensor] | None = None
+        self.graph, self.calls, self.capture = None, 0, capture
+        self.stream = torch.cuda.Stream() if capture else None
+
+    def _step(self):
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_of(self.student(self.static["tokens"]), self.static)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach(), _finite(self.flat)
+
+    def __call__(self, batch) -> tuple[float, bool]:
+        from .self_study import distillation_batch
+
+        tensors = distillation_batch(batch, self.length)
+        if self.static is None:
+            self.static = tensors
+        else:
+            for name, tensor in tensors.items():
+                self.static[name].copy_(tensor)
+        self.calls += 1
+        if not self.capture:
+            loss, finite = self._step()
+            return loss.item(), bool(finite)
+        if self.calls <= self.warmup:
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                loss, finite = self._step()
+            torch.cuda.current_stream().wait_stream(self.stream)
+            return loss.item(), bool(finite)
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.cuda.graph(self.graph):
+                self.loss, self.finite = self._step()
+        self.graph.replay()
+        return self.loss.item(), bool(self.finite)
 
 
 def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:

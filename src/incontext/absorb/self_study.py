@@ -335,10 +335,10 @@ def top_k_targets(sequences: list, k: int) -> list:
     return out
 
 
-def _padded(batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sequences right-padded into (B, L) ids (causal: padding is unseen) and the mask of each one's taught
-    positions (its last n, n = rows of its teacher log-probs)."""
-    length = max(item[0].shape[0] for item in batch)
+def _padded(batch, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequences right-padded into (B, L) ids (causal: padding is unseen; L the longest, or `length`) and the mask
+    of each one's taught positions (its last n, n = rows of its teacher log-probs)."""
+    length = length or max(item[0].shape[0] for item in batch)
     tokens = batch[0][0].new_zeros(len(batch), length)
     mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
     for row, item in enumerate(batch):
@@ -347,13 +347,11 @@ def _padded(batch) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, mask
 
 
-def distillation_kl(student, batch) -> torch.Tensor:
-    """Mean over the taught positions of KL(teacher || student); `student` maps (B, L) ids to logits. Sequences are
-    right-padded (causal: padding is unseen) and each teaches its last n positions (n = rows of its teacher
-    log-probs). A sequence given as (ids, top-k log-probs, their ids) is taught on the teacher's top k tokens:
-    sum_i p_i (log p_i - log q_i) over them (the full KL when k = V; the gradient of the cross-entropy on the
-    teacher's top-k probabilities otherwise)."""
-    tokens, mask = _padded(batch)
+def distillation_batch(batch, length: int | None = None) -> dict[str, torch.Tensor]:
+    """A batch of the stage's sequences as the tensors distillation_loss reads: ids (B, L) right-padded to the
+    longest sequence (or to `length`, for a step of fixed shapes), the taught positions' mask, the teacher's
+    log-probs (B, L, k or V) and, for top-k targets, their token ids."""
+    tokens, mask = _padded(batch, length)
     width = batch[0][1].shape[-1]
     top_k = len(batch[0]) == 3
     teacher = batch[0][1].new_zeros(len(batch), tokens.shape[1], width)
@@ -363,13 +361,30 @@ def distillation_kl(student, batch) -> torch.Tensor:
         teacher[row, end - n: end] = item[1]
         if top_k:
             index[row, end - n: end] = item[2]
-    logits = student(tokens)
+    out = {"tokens": tokens, "mask": mask, "teacher": teacher}
+    return out if index is None else {**out, "index": index}
+
+
+def distillation_loss(logits: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean over the taught positions of KL(teacher || student) from the student's logits (B, L, V) on
+    distillation_batch's ids; without a host sync (a CUDA graph can hold it)."""
     log_q = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
-    if top_k:
-        log_q = log_q.gather(-1, index)
-    log_p = teacher.to(log_q.dtype)
+    if "index" in tensors:
+        log_q = log_q.gather(-1, tensors["index"])
+    log_p = tensors["teacher"].to(log_q.dtype)
     kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
-    return kl[mask].mean()
+    mask = tensors["mask"].to(kl.dtype)
+    return (kl * mask).sum() / mask.sum()
+
+
+def distillation_kl(student, batch) -> torch.Tensor:
+    """Mean over the taught positions of KL(teacher || student); `student` maps (B, L) ids to logits. Sequences are
+    right-padded (causal: padding is unseen) and each teaches its last n positions (n = rows of its teacher
+    log-probs). A sequence given as (ids, top-k log-probs, their ids) is taught on the teacher's top k tokens:
+    sum_i p_i (log p_i - log q_i) over them (the full KL when k = V; the gradient of the cross-entropy on the
+    teacher's top-k probabilities otherwise)."""
+    tensors = distillation_batch(batch)
+    return distillation_loss(student(tensors["tokens"]), tensors)
 
 
 def next_token_loss(student, batch) -> torch.Tensor:

@@ -453,8 +453,10 @@ class Transformer(nn.Module):
         if c.tokens:
             if inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"token inputs must be integer ids of shape (B, T); got {tuple(inputs.shape)} {inputs.dtype}")
-            # the range check reads values (a device sync, and a graph break under torch.compile): eager only
-            if inputs.numel() and not torch.compiler.is_compiling():
+            # the range check reads values (a device sync, and a graph break under torch.compile): eager only, and
+            # not while a CUDA graph is captured (kv-prefix's training step), where a sync is an error
+            capturing = inputs.is_cuda and torch.cuda.is_current_stream_capturing()
+            if inputs.numel() and not torch.compiler.is_compiling() and not capturing:
                 low, high = (int(v) for v in torch.aminmax(inputs))
                 if low < 0 or high >= c.vocab_size:
                     raise ValueError(f"token ids must lie in [0, {c.vocab_size}); got [{low}, {high}]")
