@@ -7,15 +7,21 @@
 #     same generator (two people);
 #   results/absorb-example/one-person: the same with make_people(1, random.Random(123)).
 # METHOD (default distill-lora) picks the absorb method: distill-lora writes DIR/adapted/ and DIR/exchange.md, any
-# other method DIR/adapted-METHOD/ and DIR/exchange-METHOD.md (METHOD=kv-prefix: its adapted.safetensors holds the base too, not
-# committed: re-run the script to make it). distill-lora's folder holds absorb.json and the PEFT adapter only: generate
+# other method DIR/adapted-METHOD/ and DIR/exchange-METHOD.md (METHOD=kv-prefix: its adapted.safetensors holds the prefix
+# alone, 1.9 MB, over the repository's 1 MB limit for weight files, so not committed: re-run the script to make it). distill-lora's folder holds absorb.json and the PEFT adapter only: generate
 # puts it back on the base model, so that exchange can be re-run from the committed folder without absorbing again.
 set -u
 export PYTHONWARNINGS="ignore::FutureWarning"  # a transformers deprecation notice would name a local path
 D=${1:-results/absorb-example}
 MODEL=${MODEL:-smollm2}  # any model name `incontext generate` takes (a tiny one to try the script)
 METHOD=${METHOD:-distill-lora}
-if [ "$METHOD" = distill-lora ]; then A=$D/adapted OUT=$D/exchange.md; else A=$D/adapted-$METHOD OUT=$D/exchange-$METHOD.md; fi
+# SETS: more `--set KEY=VALUE` options for the absorb (space-separated), with NAME naming the run's folder and
+# transcript (DIR/adapted-NAME/, DIR/exchange-NAME.md); e.g. SETS="n_questions=16" NAME=distill-lora-questions
+SETS=${SETS:-}
+NAME=${NAME:-$METHOD}
+if [ "$NAME" = distill-lora ]; then A=$D/adapted OUT=$D/exchange.md; else A=$D/adapted-$NAME OUT=$D/exchange-$NAME.md; fi
+EXTRA=()
+for s in $SETS; do EXTRA+=(--set "$s"); done
 mapfile -t QUESTIONS < "$D/questions.txt"
 LAST=$((${#QUESTIONS[@]} - 1))
 Q1="Q: ${QUESTIONS[0]%|*}"$'\nA:'
@@ -31,9 +37,9 @@ step() {  # step TITLE ARGS...: run `incontext ARGS...`, append the command, its
     } >> "$OUT"
 }
 
-printf '# absorb ('"$METHOD"') -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
+printf '# absorb ('"$METHOD${SETS:+ with $SETS}"') -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
 step "absorb the passage ($METHOD, default options)" absorb --model "$MODEL" --method "$METHOD" \
-    --prompt-file $D/facts.txt --set progress=false --out "$A"
+    --prompt-file $D/facts.txt --set progress=false "${EXTRA[@]}" --out "$A"
 right=0
 for qa in "${QUESTIONS[@]}"; do
     q=${qa%|*} a=${qa#*|}

@@ -83,6 +83,15 @@ def test_save_and_load_give_the_same_model(model, tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(query), adapted(query))
     assert loaded.query_cache().position == 6
+    # the file holds the prefix alone (what the method keeps), not the frozen base; the base is shared on load
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "prefix" / "adapted.safetensors"))
+    assert sorted(saved) == sorted(n for n, _ in adapted.named_buffers(recurse=False))
+    assert sum(t.numel() * t.element_size() for t in saved.values()) == adapted.kept_bytes(model)
+    assert loaded.base is model
+    with pytest.raises(ValueError, match="its base model"):
+        AdaptedModel.load(tmp_path / "prefix")
 
 
 def test_transformers_generates_from_the_prefix_as_past_key_values(model):

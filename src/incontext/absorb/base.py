@@ -35,6 +35,9 @@ class AdaptedModel(nn.Module, ABC):
     """A model with a prompt absorbed: forward(query) gives logits for the query tokens only."""
 
     method: ClassVar[str]
+    # whether save() writes the base model's tensors too (a self-contained file); False: only this model's own
+    # tensors (a K/V prefix of a few MB instead of the whole model), and load() needs the base it was absorbed into
+    saves_base: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -67,19 +70,29 @@ class AdaptedModel(nn.Module, ABC):
         """An instance with buffers of the right shapes, to load saved values into."""
         raise NotImplementedError
 
+    def own_state(self) -> dict[str, torch.Tensor]:
+        """What save() writes: the whole state, or without the base's tensors when `saves_base` is False."""
+        state = self.state_dict()
+        return state if self.saves_base else {k: v for k, v in state.items() if not k.startswith("base.")}
+
     def save(self, folder: str | Path) -> Path:
+        from safetensors.torch import save_file
+
         folder = Path(folder)
         check_tensors(self.state_dict().items(), self.method)
         dtype = dtype_name(next(self.base.parameters()).dtype)
         backend = getattr(self.base, "backend", "incontext")
         description = {"method": self.method, "dtype": dtype, "backend": backend, "base_config": to_dict(self.base.config),
-                       "extra": self.extra_state()}
+                       "extra": self.extra_state(), "base_saved": self.saves_base}
         try:
             json.dumps(description, allow_nan=False)
         except ValueError:
             raise ValueError(f"{self.method}: the adapted model's description holds a non-finite number; nothing was written") from None
         folder.mkdir(parents=True, exist_ok=True)
-        save_model(self, str(folder / "adapted.safetensors"))
+        if self.saves_base:
+            save_model(self, str(folder / "adapted.safetensors"))
+        else:
+            save_file({k: v.detach().contiguous() for k, v in self.own_state().items()}, str(folder / "adapted.safetensors"))
         description["sha256"] = sha256_file(folder / "adapted.safetensors")
         (folder / "adapted.json").write_text(json.dumps(description, indent=2))
         return folder
@@ -113,6 +126,9 @@ class AdaptedModel(nn.Module, ABC):
             raise ValueError(f"{where} is corrupt: {error}") from None
         if description["backend"] == "hf" and base is None:
             raise ValueError(f"{folder} was absorbed into a Hugging Face model: load it with its base model")
+        if description.get("base_saved", True) is False and base is None:
+            raise ValueError(f"{folder} holds a {description['method']} without its base model: load it with the base "
+                             "it was absorbed into (AdaptedModel.load(folder, base=model); generate --model)")
         weights = folder / "adapted.safetensors"
         if not weights.is_file():
             raise FileNotFoundError(f"{weights} is missing")
@@ -127,6 +143,16 @@ class AdaptedModel(nn.Module, ABC):
     @staticmethod
     def _load(weights: Path, description: dict[str, Any], cls: type["AdaptedModel"], dtype: torch.dtype,
               base: nn.Module | None) -> "AdaptedModel":
+        if description.get("base_saved", True) is False:  # the file holds this model's own tensors; `base` is shared
+            from safetensors.torch import load_file
+
+            model = cls.empty(base, description["extra"])
+            tensors = load_file(str(weights), device=str(next(base.parameters()).device))
+            missing, unexpected = model.load_state_dict(tensors, strict=False)
+            if unexpected or any(not name.startswith("base.") for name in missing):
+                raise ValueError(f"the saved tensors do not fit a {description['method']} of this base (missing "
+                                 f"{[n for n in missing if not n.startswith('base.')][:3]}, unexpected {unexpected[:3]})")
+            return model.eval()
         if description["backend"] == "incontext":
             base_model = Transformer(from_dict(TransformerConfig, description["base_config"])).to(dtype)
             if base is not None:

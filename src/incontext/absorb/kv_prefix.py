@@ -52,6 +52,7 @@ class TrainedPrefix(AdaptedModel):
     """The base with a trained K/V prefix of `position` tokens: forward(query) attends to it first."""
 
     method = "kv-prefix"
+    saves_base = False  # the prefix alone (kept bytes), not the frozen base it was trained against
 
     def __init__(self, base: nn.Module, state: Cache):
         super().__init__(base)
