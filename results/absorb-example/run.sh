@@ -38,7 +38,7 @@ step() {  # step TITLE ARGS...: run `incontext ARGS...`, append the command, its
 }
 
 printf '# absorb ('"$METHOD${SETS:+ with $SETS}"') -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
-step "absorb the passage ($METHOD, default options)" absorb --model "$MODEL" --method "$METHOD" \
+step "absorb the passage ($METHOD, ${SETS:-default options})" absorb --model "$MODEL" --method "$METHOD" \
     --prompt-file $D/facts.txt --set progress=false "${EXTRA[@]}" --out "$A"
 right=0
 for qa in "${QUESTIONS[@]}"; do
