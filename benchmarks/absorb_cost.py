@@ -36,23 +36,30 @@ from incontext.tasks.episodes import get_episode_source
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("kv-prefix", "distill-lora")
-PEER = ":one-query-at-a-time"  # METHOD:one-query-at-a-time: the data stage answers its queries one by one (the reference)
+# data-stage peers: METHOD:VARIANT with one of these variants answers the training queries another way, measured in the
+# same run (self_study._answer picks full passes on a GPU and batched incremental decoding elsewhere)
+ANSWERS = {
+    "one-query-at-a-time": lambda model, cache, queries, n_answers: [
+        self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)],
+    "batched-decode": lambda model, cache, queries, n_answers: self_study._answered_batched(model, cache, queries, n_answers),
+    "full-passes": lambda model, cache, queries, n_answers: self_study._answered_full_passes(model, cache, queries, n_answers),
+}
 
 
 @contextlib.contextmanager
 def answers_one_at_a_time(label: str):
-    """For a PEER label, the data stage's batched answers replaced by its reference loop (self_study._answered per
-    query): the speed-up of batching measured in the same run."""
-    if not label.endswith(PEER):
+    """For a label METHOD:VARIANT with VARIANT in ANSWERS, the data stage's answers given that way instead (the
+    speed-up of batching measured in the same run)."""
+    variant = label.partition(":")[2]
+    if variant not in ANSWERS:
         yield
         return
-    batched = self_study._answered_batched
-    self_study._answered_batched = lambda model, cache, queries, n_answers, rows=16: [
-        self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)]
+    chosen = self_study._answer
+    self_study._answer = ANSWERS[variant]
     try:
         yield
     finally:
-        self_study._answered_batched = batched
+        self_study._answer = chosen
 
 
 def base(label: str) -> str:
@@ -77,8 +84,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
-                        f"--set gives its label (after METHOD's own); METHOD{PEER} also answers the data stage's queries "
-                        "one at a time")
+                        f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
+                        "stage's queries that way")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")

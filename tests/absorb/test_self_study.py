@@ -106,7 +106,8 @@ def test_seed_prompts_write_messages_the_teacher_answers():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batched_answers_equal_one_query_at_a_time(seed):
-    """`_answered_batched` (queries grouped by length, chunks of `rows`) against the reference `_answered`, float64."""
+    """`_answered_batched` (queries grouped by length, chunks of `rows`) and `_answered_full_passes` (queries of any
+    length right-padded together, one full pass per answer token) against the reference `_answered`, float64."""
     from incontext.models import Cache
 
     model = tiny(seed)
@@ -119,7 +120,9 @@ def test_batched_answers_equal_one_query_at_a_time(seed):
         model(prompt[None], cache=cache)
         reference = [self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)]
         batched = self_study._answered_batched(model, cache, queries, n_answers, rows=2)
-    assert len(batched) == len(reference)
-    for (ids, logp), (ref_ids, ref_logp) in zip(batched, reference):
-        assert torch.equal(ids, ref_ids) and ids.dtype == ref_ids.dtype
-        assert logp.shape == ref_logp.shape and torch.allclose(logp, ref_logp, atol=1e-10, rtol=0)
+        passes = self_study._answered_full_passes(model, cache, queries, n_answers, rows=3)  # the GPU's way
+    for answers in (batched, passes):
+        assert len(answers) == len(reference)
+        for (ids, logp), (ref_ids, ref_logp) in zip(answers, reference):
+            assert torch.equal(ids, ref_ids) and ids.dtype == ref_ids.dtype
+            assert logp.shape == ref_logp.shape and torch.allclose(logp, ref_logp, atol=1e-10, rtol=0)

@@ -30,7 +30,7 @@ def tint(name: str) -> float:
 
 
 def gpu_absorb_s(method: str, tokens: int) -> float:
-    rows = json.loads((ROOT / "benchmarks/results/absorb_cost_cuda_h100_graph.json").read_text())["rows"]
+    rows = json.loads((ROOT / "benchmarks/results/absorb_cost_cuda_h100_passes.json").read_text())["rows"]
     return next(r["absorb_s"] for r in rows if r["method"] == method and r["prompt_tokens"] == tokens)
 
 

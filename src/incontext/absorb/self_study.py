@@ -91,7 +91,7 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
     plain = queries + [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in questions)
                        if q.shape[0] + options.answer_tokens < room]
-    sequences += _answered_batched(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain])
+    sequences += _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain])
     counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
     messages = _seed_messages(model, prompt, codec, options, generator) if codec is not None and options.n_conversations else []
     counts["conversations"] = len(messages)
@@ -99,7 +99,7 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     if messages and not templated:  # a base model: the messages as plain Q/A turns
         asked = [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in messages)
                  if q.shape[0] + options.answer_tokens < room]
-        sequences += _answered_batched(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked])
+        sequences += _answer(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked])
     asked = questions + (messages if templated else [])
     chat = _chat_turns(model, prompt, asked, room, codec, options.chat_answer_tokens) if asked and templated else []
     sequences += chat
@@ -310,6 +310,50 @@ def _answered_batched(model, cache, queries: list[torch.Tensor], n_answers: list
                 teacher = torch.cat([logits[r]] + [x[r: r + 1] for x in answer_logits])
                 out[i] = (torch.cat([queries[i], tokens[:-1]]), _log_probs(teacher))
     return out
+
+
+def _answered_full_passes(model, cache, queries: list[torch.Tensor], n_answers: list[int], rows: int = 32) -> list:
+    """`_answered` for many queries of any lengths at once, for a GPU: the queries with the same answer length go
+    right-padded into one batch (up to `rows`), and their n greedy answer tokens come from n full passes over the
+    batch (pass j reads each query and its first j answer tokens and picks token j+1 at each row's own last
+    position; causal attention leaves the padding unseen), the last pass giving every taught position's logits. On
+    a GPU, where a pass costs about what a one-token decode step costs (launch-bound), that is n passes per batch
+    instead of n decode steps per group of one query length; on a CPU each pass re-reads the whole batch, so
+    `_answered_batched` (incremental decoding) is cheaper there. Equal to the reference up to float rounding of
+    batched products (tests/absorb/test_self_study.py)."""
+    out: list = [None] * len(queries)
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(n_answers):
+        groups.setdefault(n, []).append(i)
+    for n, members in groups.items():
+        for chunk in (members[j: j + rows] for j in range(0, len(members), rows)):
+            lengths = [queries[i].shape[0] for i in chunk]
+            width = max(lengths) + max(n - 1, 0)
+            tokens = queries[chunk[0]].new_zeros(len(chunk), width)
+            for r, i in enumerate(chunk):
+                tokens[r, : lengths[r]] = queries[i]
+            last = torch.tensor(lengths, device=tokens.device) - 1  # each row's last filled position
+            rows_index = torch.arange(len(chunk), device=tokens.device)
+            for k in range(max(n, 1)):
+                logits = model(tokens[:, : max(lengths) + k], cache=_copy(cache, len(chunk)))
+                if n < 1 or k + 1 == n:
+                    break
+                tokens[rows_index, last + 1] = logits[rows_index, last].argmax(-1)  # answer token k + 1 of n
+                last = last + 1
+            for r, i in enumerate(chunk):
+                taught = lengths[r] + max(n - 1, 0)
+                out[i] = (tokens[r, :taught].clone(), _log_probs(logits[r, :taught]))
+    return out
+
+
+def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int]) -> list:
+    """The teacher's greedy answers to the training queries: full passes on a GPU, incremental decoding elsewhere
+    (see _answered_full_passes); both equal the one-query-at-a-time reference `_answered`."""
+    if not queries:
+        return []
+    if queries[0].is_cuda:
+        return _answered_full_passes(model, cache, queries, n_answers)
+    return _answered_batched(model, cache, queries, n_answers)
 
 
 def _recall_windows(model, cache, prompt, width):
