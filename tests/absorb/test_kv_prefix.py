@@ -198,3 +198,47 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeyp
     assert max(abs(a - b) for a, b in zip(eager.history["kl"], fixed.history["kl"])) < 1e-10
     initial = get_absorb_method("kv-prefix", **{**options, "steps": 0}).absorb(model, prompt)
     assert max((k0 - k1).abs().max() for (k0, _), (k1, _) in zip(initial._tensors(), fixed._tensors())) > 1e-3
+
+
+def test_rerotate_moves_rope_keys_to_other_positions():
+    """A RoPE model's keys are shift-equivariant: the document read from position d has keys R(d) times those read
+    from 0 in every layer, so rerotate(keys at 0, d) equals them (float64, 1e-10); negative shifts too."""
+    from incontext.absorb.kv_prefix import rerotate
+    from incontext.models import Cache
+    from incontext.models.lm import cache_kv
+
+    model = tiny(seed=3)
+    prompt, _ = prompt_and_query(m=12, seed=4)
+    at_zero = cache_kv(model.prefill(prompt[None]))
+    for d in (5, 17):
+        cache = Cache.empty(model.config.n_layer, position=d)
+        with torch.no_grad():
+            model(prompt[None], cache=cache)
+        for (k0, _), (kd, _) in zip(at_zero, cache_kv(cache)):
+            shift = torch.full((12,), d)
+            assert (rerotate(model, k0, shift) - kd).abs().max() < 1e-10
+            assert (rerotate(model, kd, -shift) - k0).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("m,p", [(9, 9), (20, 5), (21, 7)])
+def test_document_spread_keeps_the_documents_own_kv_from_across_it(m, p):
+    """init=document-spread: the prefix's values are the whole document's values at p positions spread over it (the
+    first included), its keys those keys moved to the prefix's positions; at p = M it is keep-prompt exactly."""
+    from incontext.absorb.kv_prefix import rerotate
+    from incontext.models.lm import cache_kv
+
+    model = tiny(seed=m)
+    prompt, query = prompt_and_query(m, seed=p)
+    adapted = get_absorb_method("kv-prefix", prefix_tokens=p, steps=0, init="document-spread", **FAST).absorb(model, prompt)
+    index = torch.linspace(0, m - 1, p, dtype=torch.float64).round().long()
+    assert index[0] == 0 and len(set(index.tolist())) == p
+    for (k, v), (fk, fv) in zip(adapted._tensors(), cache_kv(model.prefill(prompt[None]))):
+        assert torch.equal(v, fv[:, :, index])
+        assert (rerotate(model, k, index - torch.arange(p)) - fk[:, :, index]).abs().max() < 1e-10
+    assert adapted.position == p
+    if p == m:
+        with torch.no_grad():
+            assert (adapted(query) - KeepPrompt().absorb(model, prompt)(query)).abs().max() < 1e-10
+    hf = HFCausalLM(to_hf_llama(model).eval()).eval()
+    with pytest.raises(ValueError, match="init=document-spread"):
+        get_absorb_method("kv-prefix", prefix_tokens=p, steps=0, init="document-spread", **FAST).absorb(hf, prompt)

@@ -5,8 +5,9 @@ with the whole document in its context. The base model stays frozen.
     adapted = get_absorb_method("kv-prefix", prefix_tokens=32).use_codec(codec).absorb(model, prompt)
     logits = adapted(query)               # the query attends to the prefix (positions p, p+1, ...)
 
-- initialisation (`init`): the K/V of the document's first p tokens ("document", Cartridges' best), of p random
-  tokens ("random-tokens") or random vectors with the document K/V's per-layer scale ("random-vectors");
+- initialisation (`init`): the K/V of the document's first p tokens ("document", Cartridges' best), p of the
+  document's K/V pairs spread evenly over it, keys re-rotated to the prefix's positions ("document-spread"; ours),
+  of p random tokens ("random-tokens") or random vectors with the document K/V's per-layer scale ("random-vectors");
 - the first prefix position stays frozen (`freeze_first`): the attention sink (Gemma's BOS where the model reads one);
 - training sequences and the teacher's next-token distributions come from the data stage (absorb/self_study.py),
   the loss is KL(teacher || student) over the taught positions, AdamW on the prefix alone;
@@ -34,7 +35,7 @@ from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions
 from .self_study import StudyOptions, distillation_kl, next_token_loss, study
 
-INITS = ("document", "random-tokens", "random-vectors")
+INITS = ("document", "document-spread", "random-tokens", "random-vectors")
 OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
 
 
@@ -98,7 +99,7 @@ class TrainedPrefix(AdaptedModel):
 @dataclass
 class KVPrefixOptions(DataStageOptions):
     prefix_tokens: int | None = limit(None, min=1)
-    init: Literal["document", "random-tokens", "random-vectors"] = "document"
+    init: Literal["document", "document-spread", "random-tokens", "random-vectors"] = "document"
     freeze_first: bool = True
     steps: int = limit(96, min=0)
     learning_rate: float = limit(0.1, gt=0)
@@ -211,8 +212,12 @@ class KVPrefix(AbsorbMethod):
         prompt = prompt[0].long()
         m, limit = prompt.shape[0], model.config.max_seq_len
         p = self.prefix_tokens if self.prefix_tokens is not None else max(1, m // 4)
-        if self.init == "document" and p > m:
-            raise ValueError(f"kv-prefix: prefix_tokens={p} exceeds the document's {m} tokens (init=document)")
+        if self.init.startswith("document") and p > m:
+            raise ValueError(f"kv-prefix: prefix_tokens={p} exceeds the document's {m} tokens (init={self.init})")
+        if self.init == "document-spread" and (getattr(model, "backend", None) != "incontext"
+                                              or model.config.positions != "rope"):
+            raise ValueError("kv-prefix: init=document-spread re-rotates RoPE keys: it needs our Transformer with RoPE "
+                             "(use init=document)")
         if limit is not None and p >= limit:
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({limit})")
         queries = [q[0] if q.dim() == 2 else q for q in (train_queries or [])]
@@ -239,6 +244,8 @@ class KVPrefix(AbsorbMethod):
     def _initial(self, model, prompt: torch.Tensor, p: int, generator: torch.Generator) -> Cache:
         if self.init == "document":
             return model.prefill(prompt[None, :p])
+        if self.init == "document-spread":
+            return spread_prefix(model, prompt, p)
         if self.init == "random-tokens":
             ids = torch.randint(0, model.config.vocab_size, (1, p), generator=generator).to(prompt.device)
             return model.prefill(ids)
@@ -312,6 +319,30 @@ class KVPrefix(AbsorbMethod):
         """Whether training replays one captured CUDA graph per step (see _FixedShapeSteps): on a CUDA device, for the
         KL objective, on our Transformer (transformers' mask code reads tensors on the host, which capture forbids)."""
         return self.cuda_graph and device.type == "cuda" and self.objective == "kl" and model.backend == "incontext"
+
+
+def rerotate(model, k: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """RoPE keys (B, H, S, D) moved by `shift` (S,) positions each: a key computed at position a becomes the key at
+    a + shift (rotations compose, R(shift) R(a) = R(a + shift); our Transformer's RoPE)."""
+    from ..ops import apply_rope, rope_cos_sin
+
+    cos, sin = rope_cos_sin(shift, model.rope_dim, model.config.rope_theta, k.dtype)
+    return apply_rope(k, cos, sin)
+
+
+@torch.no_grad()
+def spread_prefix(model, prompt: torch.Tensor, p: int) -> Cache:
+    """init=document-spread: p of the document's own K/V pairs, from positions spread evenly over the whole document
+    (the first one always, the attention sink), computed with the whole document in context, each key re-rotated
+    from its document position to its place in the prefix (0 .. p-1): a quarter of the document's cache that covers
+    all of it, where `document` keeps its first quarter. At p = M it is the document's own cache (keep-prompt)."""
+    m = prompt.shape[0]
+    index = torch.linspace(0, m - 1, p, dtype=torch.float64).round().long().to(prompt.device)
+    full = model.prefill(prompt[None])
+    shaped = model.prefill(prompt[None, :p])  # the layers' bookkeeping at position p
+    shift = torch.arange(p, device=prompt.device) - index
+    kv = [(rerotate(model, k[:, :, index], shift), v[:, :, index]) for k, v in cache_kv(full)]
+    return with_kv(shaped, kv)
 
 
 def _finite(flat: list[torch.Tensor]) -> torch.Tensor:
