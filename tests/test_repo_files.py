@@ -26,3 +26,12 @@ def test_no_tracked_weight_file_is_over_1_mb():
 def test_no_leftover_merge_or_editor_files_are_tracked():
     stray = [name for name in tracked() if name.endswith((".orig", ".rej", ".bak", ".swp", "~"))]
     assert not stray, "leftover files tracked by git: " + ", ".join(stray)
+
+
+def test_every_committed_output_folder_keeps_its_marker():
+    """A committed command output (an absorb folder's absorb.json) keeps the marker that lets its command write it
+    again: its weight files are not committed, so re-running the command that remakes them must be allowed to."""
+    names = set(tracked())
+    unmarked = [str(Path(name).parent) for name in names
+                if Path(name).name == "absorb.json" and str(Path(name).parent / ".incontext-experiment") not in names]
+    assert not unmarked, "absorb folders committed without .incontext-experiment: " + ", ".join(sorted(unmarked))

@@ -29,7 +29,9 @@ Q1="Q: ${QUESTIONS[0]%|*}"$'\nA:'
 step() {  # step TITLE ARGS...: run `incontext ARGS...`, append the command, its output and its time; output in $output
     local title=$1; shift
     local start=$SECONDS
-    output=$(incontext "$@" 2>&1 | grep -v '^Loading weights')
+    output=$(incontext "$@" 2>&1; echo "exit $?")
+    status=${output##*exit }
+    output=$(printf '%s\n' "${output%exit *}" | grep -v '^Loading weights')
     {
         echo "## $title"; echo; echo '```'
         printf 'incontext'; printf ' %q' "$@"; echo; echo '```'; echo; echo '```'; echo "$output"; echo '```'
@@ -40,6 +42,7 @@ step() {  # step TITLE ARGS...: run `incontext ARGS...`, append the command, its
 printf '# absorb ('"$METHOD${SETS:+ with $SETS}"') -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
 step "absorb the passage ($METHOD, ${SETS:-default options})" absorb --model "$MODEL" --method "$METHOD" \
     --prompt-file $D/facts.txt --set progress=false "${EXTRA[@]}" --out "$A"
+if [ "$status" != 0 ]; then echo "the absorb failed (see $OUT): $output" >&2; exit 1; fi
 right=0
 for qa in "${QUESTIONS[@]}"; do
     q=${qa%|*} a=${qa#*|}
