@@ -82,6 +82,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the model's weights (kv-prefix trains a float32 copy of its prefix whatever the dtype)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
                         f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
@@ -100,11 +102,15 @@ def main() -> None:
     for m in methods:  # a variant runs its method's options, then its own
         if m != base(m):
             options[m] = {**options.get(base(m), {}), **options.get(m, {})}
-    if args.random_weights:
-        model, codec, description = random_smollm2(args.device, args.tokenizer)
-    else:
-        loaded = load_model("smollm2", args.device)
-        model, codec, description = loaded.model, loaded.tokenizer, loaded.description
+    # `--set LABEL.dtype=bfloat16` is the benchmark's, not the method's: that label runs on the model in that dtype
+    dtypes = {m: options[m].pop("dtype", args.dtype) for m in methods}
+    models = {}
+    for dtype in dict.fromkeys([args.dtype, *dtypes.values()]):
+        if args.random_weights:
+            models[dtype], codec, description = random_smollm2(args.device, args.tokenizer, dtype)
+        else:
+            loaded = load_model("smollm2", args.device, dtype)
+            models[dtype], codec, description = loaded.model, loaded.tokenizer, loaded.description
     timer = CostTimer(torch.device(args.device))
     rows = []
     for people in args.people:
@@ -114,12 +120,14 @@ def main() -> None:
         if args.warmup and people == args.people[0]:
             for m in methods:
                 with answers_one_at_a_time(m):
-                    get_absorb_method(base(m), **options[m]).use_codec(codec).absorb(model, prompt, train_queries=train)
+                    get_absorb_method(base(m), **options[m]).use_codec(codec).absorb(models[dtypes[m]], prompt,
+                                                                                       train_queries=train)
         times = {m: [] for m in methods}
         splits = {m: [] for m in methods}
         for r in range(args.repeats):
             for m in methods[r % len(methods):] + methods[: r % len(methods)]:
                 method = get_absorb_method(base(m), **options[m]).use_codec(codec)
+                model = models[dtypes[m]]
                 wall = time.perf_counter()
                 with answers_one_at_a_time(m):
                     adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train))
@@ -133,11 +141,12 @@ def main() -> None:
                 adapted = None
         for m in methods:
             rows.append({"prompt_tokens": int(prompt.shape[0]), "people": people, "method": m, "options": options[m],
+                         "dtype": dtypes[m],
                          "absorb_s": statistics.median(times[m]), "absorb_s_all": times[m], "runs": splits[m]})
         write(rows, description, args)  # after each prompt length: a run cut short keeps what it measured
 
 
-def random_smollm2(device: str, tokenizer: Path | None):
+def random_smollm2(device: str, tokenizer: Path | None, dtype: str = "float32"):
     """(model, codec, description): random weights of SmolLM2-135M's shapes and SmolLM2's tokenizer."""
     from gpu_backends import SMOLLM2  # this folder's sibling script: one table of SmolLM2's shapes
 
@@ -150,15 +159,15 @@ def random_smollm2(device: str, tokenizer: Path | None):
         from incontext.interop.pretrained import load_smollm2
         tok = load_smollm2()[1]
     torch.manual_seed(0)
-    model = Transformer(TransformerConfig(**SMOLLM2)).to(device).eval()
+    model = Transformer(TransformerConfig(**SMOLLM2)).to(device, getattr(torch, dtype)).eval()
     return model, HFCodec(tok), "random weights of SmolLM2-135M's shapes"
 
 
 def write(rows: list[dict], description: str, args) -> None:
-    results = {"model": description, "device": args.device, "threads": args.threads, "repeats": args.repeats,
+    results = {"model": description, "device": args.device, "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats,
                "torch": torch.__version__, "clock": "CUDA events" if args.device.startswith("cuda") else "CPU time per thread",
                "rows": rows}
-    lines = [f"Absorb cost on {description}, {results['clock']} ({args.threads} threads, {args.device}), "
+    lines = [f"Absorb cost on {description}, {results['clock']} ({args.threads} threads, {args.device}, {args.dtype}), "
              f"median of {args.repeats}; `facts` prompts, each absorb building its own data stage.", "",
              "| prompt tokens | method | absorb s | data stage s (wall) | training s (wall) | steps | kept KiB |",
              "|---|---|---|---|---|---|---|"]
