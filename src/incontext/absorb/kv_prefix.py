@@ -13,7 +13,9 @@ with the whole document in its context. The base model stays frozen.
   the loss is KL(teacher || student) over the taught positions, AdamW on the prefix alone;
 - written once against the causal-LM protocol: the prefix is a cache of either backend (our K/V tuples or
   transformers' DynamicCache layers), so it runs on our Transformer and on any Hugging Face family; on transformers
-  it is an ordinary `past_key_values` (interop.hf_backend.prefix_cache).
+  it is an ordinary `past_key_values` (interop.hf_backend.prefix_cache);
+- on a CUDA device the training step is captured once as a CUDA graph and replayed (_FixedShapeSteps; the step of a
+  small model is launch-bound there); saved, the adapted model holds the prefix alone (`saves_base = False`).
 
 With p = M and init "document" and no training steps the prefix is the document's own K/V: keep-prompt exactly.
 """
