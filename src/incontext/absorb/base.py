@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from ..config import from_dict, parse_options, to_dict
@@ -76,8 +76,6 @@ class AdaptedModel(nn.Module, ABC):
         return state if self.saves_base else {k: v for k, v in state.items() if not k.startswith("base.")}
 
     def save(self, folder: str | Path) -> Path:
-        from safetensors.torch import save_file
-
         folder = Path(folder)
         check_tensors(self.state_dict().items(), self.method)
         dtype = dtype_name(next(self.base.parameters()).dtype)
@@ -144,8 +142,6 @@ class AdaptedModel(nn.Module, ABC):
     def _load(weights: Path, description: dict[str, Any], cls: type["AdaptedModel"], dtype: torch.dtype,
               base: nn.Module | None) -> "AdaptedModel":
         if description.get("base_saved", True) is False:  # the file holds this model's own tensors; `base` is shared
-            from safetensors.torch import load_file
-
             model = cls.empty(base, description["extra"])
             tensors = load_file(str(weights), device=str(next(base.parameters()).device))
             missing, unexpected = model.load_state_dict(tensors, strict=False)
