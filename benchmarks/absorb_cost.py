@@ -47,7 +47,7 @@ ANSWERS = {
 
 
 @contextlib.contextmanager
-def answers_one_at_a_time(label: str):
+def answers_by(label: str):
     """For a label METHOD:VARIANT with VARIANT in ANSWERS, the data stage's answers given that way instead (the
     speed-up of batching measured in the same run)."""
     variant = label.partition(":")[2]
@@ -119,7 +119,7 @@ def main() -> None:
         train = [t.to(args.device) for t in episode.train_queries]
         if args.warmup and people == args.people[0]:
             for m in methods:
-                with answers_one_at_a_time(m):
+                with answers_by(m):
                     get_absorb_method(base(m), **options[m]).use_codec(codec).absorb(models[dtypes[m]], prompt,
                                                                                        train_queries=train)
         times = {m: [] for m in methods}
@@ -129,7 +129,7 @@ def main() -> None:
                 method = get_absorb_method(base(m), **options[m]).use_codec(codec)
                 model = models[dtypes[m]]
                 wall = time.perf_counter()
-                with answers_one_at_a_time(m):
+                with answers_by(m):
                     adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train))
                 wall = time.perf_counter() - wall
                 times[m].append(ms / 1000)

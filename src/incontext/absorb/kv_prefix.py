@@ -33,9 +33,10 @@ from tqdm.auto import tqdm
 from ..config import limit
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
+from ..ops import apply_rope, rope_cos_sin
 from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions
-from .self_study import StudyOptions, distillation_kl, next_token_loss, study
+from .self_study import StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, study
 
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
 OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
@@ -326,8 +327,6 @@ class KVPrefix(AbsorbMethod):
 def rerotate(model, k: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """RoPE keys (B, H, S, D) moved by `shift` (S,) positions each: a key computed at position a becomes the key at
     a + shift (rotations compose, R(shift) R(a) = R(a + shift); our Transformer's RoPE)."""
-    from ..ops import apply_rope, rope_cos_sin
-
     cos, sin = rope_cos_sin(shift, model.rope_dim, model.config.rope_theta, k.dtype)
     return apply_rope(k, cos, sin)
 
@@ -340,11 +339,9 @@ def spread_prefix(model, prompt: torch.Tensor, p: int) -> Cache:
     all of it, where `document` keeps its first quarter. At p = M it is the document's own cache (keep-prompt)."""
     m = prompt.shape[0]
     index = torch.linspace(0, m - 1, p, dtype=torch.float64).round().long().to(prompt.device)
-    full = model.prefill(prompt[None])
-    shaped = model.prefill(prompt[None, :p])  # the layers' bookkeeping at position p
     shift = torch.arange(p, device=prompt.device) - index
-    kv = [(rerotate(model, k[:, :, index], shift), v[:, :, index]) for k, v in cache_kv(full)]
-    return with_kv(shaped, kv)
+    kv = [(rerotate(model, k[:, :, index], shift), v[:, :, index]) for k, v in cache_kv(model.prefill(prompt[None]))]
+    return Cache(layers=kv, position=p)  # our Transformer's layers are (k, v) pairs, nothing else to keep
 
 
 def _finite(flat: list[torch.Tensor]) -> torch.Tensor:
@@ -378,9 +375,7 @@ class _FixedShapeSteps:
     warmup = 3
 
     def __init__(self, student, optimizer, flat, sequences, capture: bool):
-        from .self_study import distillation_loss
-
-        self.student, self.optimizer, self.flat, self.loss_of = student, optimizer, flat, distillation_loss
+        self.student, self.optimizer, self.flat = student, optimizer, flat
         self.length = max(item[0].shape[0] for item in sequences)
         self.static: dict[str, torch.Tensor] | None = None
         self.graph, self.calls, self.capture = None, 0, capture
@@ -388,14 +383,12 @@ class _FixedShapeSteps:
 
     def _step(self):
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_of(self.student(self.static["tokens"]), self.static)
+        loss = distillation_loss(self.student(self.static["tokens"]), self.static)
         loss.backward()
         self.optimizer.step()
         return loss.detach(), _finite(self.flat)
 
     def __call__(self, batch) -> tuple[float, bool]:
-        from .self_study import distillation_batch
-
         tensors = distillation_batch(batch, self.length)
         if self.static is None:
             self.static = tensors
