@@ -40,6 +40,7 @@ from .self_study import StudyOptions, distillation_batch, distillation_kl, disti
 
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
 OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
+SCHEDULES = ("constant", "cosine")  # the learning rate over the steps: fixed, or decayed to 0 along half a cosine
 
 
 def _seed_kinds(value) -> tuple[str, ...]:
@@ -118,6 +119,7 @@ class KVPrefixOptions(DataStageOptions):
     message_tokens: int = limit(32, min=1)
     objective: Literal["kl", "next-token"] = "kl"
     cuda_graph: bool = True
+    schedule: Literal["constant", "cosine"] = "constant"
 
 
 class KVPrefix(AbsorbMethod):
@@ -149,7 +151,7 @@ class KVPrefix(AbsorbMethod):
                  continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 0, contrast: bool = False,
                  chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
                  seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
-                 objective: str = "kl", cuda_graph: bool = True):
+                 objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant"):
         import math
 
         def integer(name, value, low):
@@ -178,6 +180,8 @@ class KVPrefix(AbsorbMethod):
             raise ValueError(f"kv-prefix: init must be one of {', '.join(INITS)}, got {init!r}")
         if objective not in OBJECTIVES:
             raise ValueError(f"kv-prefix: objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"kv-prefix: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         for name, value in (("freeze_first", freeze_first), ("progress", progress), ("contrast", contrast),
                             ("cuda_graph", cuda_graph)):
             if not isinstance(value, bool):
@@ -186,6 +190,7 @@ class KVPrefix(AbsorbMethod):
         self.steps, self.learning_rate, self.batch_size = steps, float(learning_rate), batch_size
         self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
         self.top_k, self.data_cache, self.objective, self.cuda_graph = top_k, data_cache, objective, cuda_graph
+        self.schedule = schedule
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
                                   n_questions=n_questions, contrast=contrast, chat_answer_tokens=chat_answer_tokens,
@@ -278,7 +283,9 @@ class KVPrefix(AbsorbMethod):
         model.requires_grad_(False)  # the base stays frozen: no gradients into its weights
         fixed = self._graphed(model, flat[0].device)
         graphed = fixed and flat[0].device.type == "cuda"
-        optimizer = torch.optim.AdamW(flat, lr=self.learning_rate, weight_decay=0.0, capturable=graphed)
+        # a captured step reads the learning rate from a device tensor, which the schedule refills between replays
+        lr = torch.tensor(self.learning_rate, device=flat[0].device) if graphed else self.learning_rate
+        optimizer = torch.optim.AdamW(flat, lr=lr, weight_decay=0.0, capturable=graphed)
         losses, order, stopped_early = [], [], False
         bar = tqdm(total=self.steps, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
 
@@ -301,7 +308,12 @@ class KVPrefix(AbsorbMethod):
                 steps = _FixedShapeSteps(student, optimizer, flat, sequences, capture=graphed)
             else:
                 steps = _EagerSteps(student, optimizer, flat, distillation_kl if self.objective == "kl" else next_token_loss)
-            for _, batch in zip(range(self.steps), batches()):
+            for step, batch in zip(range(self.steps), batches()):
+                for group in optimizer.param_groups:
+                    if graphed:
+                        group["lr"].fill_(self.rate(step))
+                    else:
+                        group["lr"] = self.rate(step)
                 loss, finite = steps(batch)
                 losses.append(loss)
                 if not finite:
@@ -317,6 +329,14 @@ class KVPrefix(AbsorbMethod):
                 q.requires_grad_(flag)
         return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early, "cuda_graph": graphed,
                 "kv": [(k.detach().to(kv_dtype), v.detach().to(kv_dtype)) for k, v in params]}
+
+    def rate(self, step: int) -> float:
+        """The learning rate of step `step` (0-based) under the schedule."""
+        if self.schedule == "constant":
+            return self.learning_rate
+        import math
+
+        return 0.5 * self.learning_rate * (1.0 + math.cos(math.pi * step / self.steps))
 
     def _graphed(self, model, device: torch.device) -> bool:
         """Whether training replays one captured CUDA graph per step (see _FixedShapeSteps): on a CUDA device, for the
