@@ -118,10 +118,49 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"steps": -1}, "steps must be an integer >= 0"),
     ({"freeze_first": "yes"}, "freeze_first must be true or false"),
     ({"objective": "mse"}, "objective must be one of kl, next-token"),
+    ({"schedule": "linear"}, "schedule must be one of constant, cosine"),
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         get_absorb_method("kv-prefix", **options)
+
+
+def test_the_cosine_schedule_decays_the_learning_rate_and_training_follows_it(monkeypatch):
+    """cosine: lr at step 0, lr/2 halfway, decreasing towards 0; the training loop sets each step's rate (a schedule
+    of zeros leaves the prefix as initialised, one of constants trains it as the constant schedule does)."""
+    from incontext.absorb.kv_prefix import KVPrefix
+
+    method = get_absorb_method("kv-prefix", steps=10, learning_rate=0.2, schedule="cosine")
+    rates = [method.rate(i) for i in range(10)]
+    assert rates[0] == 0.2 and abs(rates[5] - 0.1) < 1e-12 and all(a > b > 0 for a, b in zip(rates, rates[1:]))
+    assert get_absorb_method("kv-prefix", learning_rate=0.2).rate(7) == 0.2
+    model = tiny()
+    prompt, _ = prompt_and_query()
+    options = dict(FAST, prefix_tokens=5, steps=6, learning_rate=0.05, patience=50)
+    initial = get_absorb_method("kv-prefix", **{**options, "steps": 0}).absorb(model, prompt)
+    constant = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
+    cosine = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
+    gap = max((k0 - k1).abs().max() for (k0, _), (k1, _) in zip(constant._tensors(), cosine._tensors()))
+    assert gap > 1e-6  # the decayed rates moved the prefix less far
+    monkeypatch.setattr(KVPrefix, "rate", lambda self, step: 0.0)
+    frozen = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
+    assert all(torch.equal(k0, k1) for (k0, _), (k1, _) in zip(initial._tensors(), frozen._tensors()))
+    monkeypatch.setattr(KVPrefix, "rate", lambda self, step: self.learning_rate)
+    same = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
+    assert all(torch.equal(k0, k1) for (k0, _), (k1, _) in zip(constant._tensors(), same._tensors()))
+
+
+def test_early_stopping_waits_for_a_pass_over_the_sequences():
+    """The plateau test compares windows of `patience` steps, at least one pass over the data stage's sequences:
+    with patience 1 and a threshold every window meets, training stops after two passes, not after two steps."""
+    model = tiny()
+    prompt, _ = prompt_and_query()
+    g = torch.Generator().manual_seed(5)
+    queries = [torch.randint(0, 61, (1, 4), generator=g) for _ in range(9)]
+    options = dict(FAST, prefix_tokens=5, steps=200, learning_rate=0.01, patience=1, min_improvement=0.99, batch_size=2)
+    trained = get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries)
+    n = sum(v for k, v in trained.history["pool"].items() if k != "cached")
+    assert n > 9 and trained.history["stopped_early"] and trained.history["steps"] == 2 * -(-n // 2)
 
 
 def test_a_prefix_longer_than_the_document_or_the_context_is_refused(model):
