@@ -233,7 +233,7 @@ def test_every_method_declares_its_options_with_the_constructors_defaults():
     ("dynamic-eval", ["learning_rate=1e30", "optimizer=adamw"], "dynamic-eval: the update exploded"),
     ("dynamic-eval", ["learning_rate=3e38", "n_steps=2"], "dynamic evaluation diverged"),
     ("distill-lora", ["learning_rate=1e30", "steps=2", *QUICK], "distill-lora: "),
-    ("kv-prefix", ["learning_rate=1e30", "steps=1", "prefix_tokens=2", *QUICK], "kv-prefix: the update exploded"),
+    ("kv-prefix", ["learning_rate=1e30", "steps=1", "passes=0", "prefix_tokens=2", *QUICK], "kv-prefix: the update exploded"),
     ("dynamic-eval", ["learning_rate=1e30", "lora_rank=2"], "dynamic-eval"),
 ])
 def test_an_update_that_explodes_writes_nothing(capsys, world, tmp_path, method, options, fragment):

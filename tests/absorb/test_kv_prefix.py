@@ -16,7 +16,7 @@ from incontext.interop.hf import to_hf_llama  # noqa: E402
 from incontext.interop.hf_backend import HFCausalLM, prefix_cache  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 
-FAST = {"progress": False, "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8}
+FAST = {"progress": False, "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8, "passes": 0}
 
 
 def tiny(dtype=torch.float64, seed=0):
@@ -116,6 +116,7 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"learning_rate": float("nan")}, "learning_rate must be a finite number"),
     ({"init": "zeros"}, "init must be one of"),
     ({"steps": -1}, "steps must be an integer >= 0"),
+    ({"passes": -2}, "passes must be an integer >= 0"),
     ({"freeze_first": "yes"}, "freeze_first must be true or false"),
     ({"objective": "mse"}, "objective must be one of kl, next-token"),
     ({"schedule": "linear"}, "schedule must be one of constant, cosine"),
@@ -142,12 +143,27 @@ def test_the_cosine_schedule_decays_the_learning_rate_and_training_follows_it(mo
     cosine = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
     gap = max((k0 - k1).abs().max() for (k0, _), (k1, _) in zip(constant._tensors(), cosine._tensors()))
     assert gap > 1e-6  # the decayed rates moved the prefix less far
-    monkeypatch.setattr(KVPrefix, "rate", lambda self, step: 0.0)
+    monkeypatch.setattr(KVPrefix, "rate", lambda self, step, total: 0.0)
     frozen = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
     assert all(torch.equal(k0, k1) for (k0, _), (k1, _) in zip(initial._tensors(), frozen._tensors()))
-    monkeypatch.setattr(KVPrefix, "rate", lambda self, step: self.learning_rate)
+    monkeypatch.setattr(KVPrefix, "rate", lambda self, step, total: self.learning_rate)
     same = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
     assert all(torch.equal(k0, k1) for (k0, _), (k1, _) in zip(constant._tensors(), same._tensors()))
+
+
+def test_passes_over_a_large_data_stage_lengthen_training():
+    """Training runs max(steps, passes * sequences / batch_size) steps (none at steps = 0)."""
+    model = tiny()
+    prompt, _ = prompt_and_query()
+    g = torch.Generator().manual_seed(5)
+    queries = [torch.randint(0, 61, (1, 4), generator=g) for _ in range(9)]
+    options = dict(FAST, prefix_tokens=5, steps=3, learning_rate=0.01, patience=1000, batch_size=2)
+    trained = get_absorb_method("kv-prefix", **{**options, "passes": 2}).absorb(model, prompt, train_queries=queries)
+    n = sum(v for k, v in trained.history["pool"].items() if k != "cached")
+    assert n > 9 and trained.history["steps"] == -(-2 * n // 2) == \
+        get_absorb_method("kv-prefix", **{**options, "passes": 2}).total_steps(n)
+    assert get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries).history["steps"] == 3
+    assert get_absorb_method("kv-prefix", **{**options, "steps": 0}).total_steps(n) == 0
 
 
 def test_early_stopping_waits_for_a_pass_over_the_sequences():

@@ -106,6 +106,7 @@ class KVPrefixOptions(DataStageOptions):
     init: Literal["document", "document-spread", "random-tokens", "random-vectors"] = "document"
     freeze_first: bool = True
     steps: int = limit(96, min=0)
+    passes: int = limit(12, min=0)
     learning_rate: float = limit(0.1, gt=0)
     batch_size: int = limit(4, min=1)
     patience: int = limit(16, min=1)
@@ -125,7 +126,9 @@ class KVPrefixOptions(DataStageOptions):
 class KVPrefix(AbsorbMethod):
     """Self-study into a trained KV prefix (see the module docstring). Options: prefix_tokens (p; default a quarter
     of the document, Cartridges' memory budget for this comparison), init,
-    freeze_first, steps, learning_rate, batch_size, patience / min_improvement (early stop on a KL plateau), seed,
+    freeze_first, steps and passes (training runs max(steps, passes * sequences / batch_size) steps: at the defaults 96
+    for a 160-token document's ~30 sequences, about 580 for a 1,000-token one's ~190), learning_rate, batch_size,
+    patience / min_improvement (early stop on a KL plateau, over windows of at least one pass), seed,
     progress, top_k (the teacher's top-k log-probs per position; None: all), data_cache (a folder where the data
     stage is stored and reused when model, document and settings match), n_conversations (self-study messages the
     model writes from the seed prompts `seed_prompts`, up to `message_tokens` each, answered by the teacher), and
@@ -148,6 +151,7 @@ class KVPrefix(AbsorbMethod):
     stage_fields: ClassVar[tuple[str, ...]] = tuple(StudyOptions.__dataclass_fields__)
 
     def __init__(self, prefix_tokens: int | None = None, init: str = "document", freeze_first: bool = True, steps: int = 96,
+                 passes: int = 12,
                  learning_rate: float = 0.1, batch_size: int = 4, patience: int = 16, min_improvement: float = 0.01,
                  seed: int = 0, progress: bool = True, top_k: int | None = 20, data_cache: str = "",
                  window_tokens: int = 24, n_continuations: int = 2,
@@ -164,6 +168,7 @@ class KVPrefix(AbsorbMethod):
         if prefix_tokens is not None:  # None: a quarter of the document (at least 1)
             integer("prefix_tokens", prefix_tokens, 1)
         integer("steps", steps, 0)
+        integer("passes", passes, 0)
         integer("batch_size", batch_size, 1)
         integer("patience", patience, 1)
         if top_k is not None:  # None: the teacher's whole distribution
@@ -190,7 +195,7 @@ class KVPrefix(AbsorbMethod):
             if not isinstance(value, bool):
                 raise ValueError(f"kv-prefix: {name} must be true or false, got {value!r}")
         self.prefix_tokens, self.init, self.freeze_first = prefix_tokens, init, freeze_first
-        self.steps, self.learning_rate, self.batch_size = steps, float(learning_rate), batch_size
+        self.steps, self.passes, self.learning_rate, self.batch_size = steps, passes, float(learning_rate), batch_size
         self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
         self.top_k, self.data_cache, self.objective, self.cuda_graph = top_k, data_cache, objective, cuda_graph
         self.schedule = schedule
@@ -291,7 +296,8 @@ class KVPrefix(AbsorbMethod):
         # the plateau test compares the mean KL of the last `patience` steps with the steps before: windows shorter
         # than one pass over the sequences compare different sequences (a long document's ~200), so at least one pass
         patience = max(self.patience, -(-len(sequences) // self.batch_size))
-        bar = tqdm(total=self.steps, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
+        total = self.total_steps(len(sequences))
+        bar = tqdm(total=total, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
 
         def student(tokens: torch.Tensor) -> torch.Tensor:
             batch = tokens.shape[0]
@@ -312,9 +318,9 @@ class KVPrefix(AbsorbMethod):
                 steps = _FixedShapeSteps(student, optimizer, flat, sequences, capture=graphed)
             else:
                 steps = _EagerSteps(student, optimizer, flat, distillation_kl if self.objective == "kl" else next_token_loss)
-            for step, batch in zip(range(self.steps), batches()):
+            for step, batch in zip(range(total), batches()):
                 for group in optimizer.param_groups:  # a captured step keeps the constant rate it was captured with
-                    group["lr"] = self.rate(step)
+                    group["lr"] = self.rate(step, total)
                 loss, finite = steps(batch)
                 losses.append(loss)
                 if not finite:
@@ -331,13 +337,18 @@ class KVPrefix(AbsorbMethod):
         return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early, "cuda_graph": graphed,
                 "kv": [(k.detach().to(kv_dtype), v.detach().to(kv_dtype)) for k, v in params]}
 
-    def rate(self, step: int) -> float:
-        """The learning rate of step `step` (0-based) under the schedule."""
+    def total_steps(self, n_sequences: int) -> int:
+        """The training steps for a data stage of n sequences: `steps`, or more where `passes` passes over the
+        sequences need more (a long document's stage holds hundreds); none when steps = 0."""
+        return max(self.steps, -(-self.passes * n_sequences // self.batch_size)) if self.steps else 0
+
+    def rate(self, step: int, total: int | None = None) -> float:
+        """The learning rate of step `step` (0-based) of `total` (default `steps`) under the schedule."""
         if self.schedule == "constant":
             return self.learning_rate
         import math
 
-        return 0.5 * self.learning_rate * (1.0 + math.cos(math.pi * step / self.steps))
+        return 0.5 * self.learning_rate * (1.0 + math.cos(math.pi * step / (total or self.steps)))
 
     def _graphed(self, model, device: torch.device) -> bool:
         """Whether training replays one captured CUDA graph per step (see _FixedShapeSteps): on a CUDA device, for the
