@@ -27,7 +27,7 @@ def ids(n, seed, low=0):
 
 
 def method(**options):
-    return get_absorb_method("distill-lora", **{"steps": 6, "n_continuations": 2, "continuation_tokens": 8,
+    return get_absorb_method("distill-lora", **{"steps": 6, "passes": 0, "n_continuations": 2, "continuation_tokens": 8,
                                                  "window_tokens": 16, "progress": False, **options})
 
 
@@ -66,6 +66,17 @@ def test_early_stop_on_a_kl_plateau():
     assert adapted.history["stopped_early"] and adapted.history["steps"] == len(adapted.history["kl"]) == 4
     adapted = method(steps=3, patience=2, min_improvement=1.0, progress=True).absorb(model, prompt)
     assert not adapted.history["stopped_early"] and adapted.history["steps"] == 3
+
+
+def test_passes_over_a_large_data_stage_lengthen_training_and_the_plateau_window():
+    """max(steps, passes * sequences / batch_size) steps; the plateau test's window is at least one pass."""
+    model, prompt = llama_like(), ids(30, 1)
+    queries = [ids(5, 10 + i) for i in range(10)]
+    adapted = method(steps=2, passes=2, batch_size=3, patience=1000).absorb(model, prompt, train_queries=queries)
+    n = sum(adapted.history["pool"][k] for k in ("recall_windows", "continuations", "train_queries"))
+    assert n == 15 and adapted.history["steps"] == 10 and not adapted.history["stopped_early"]
+    adapted = method(steps=50, batch_size=3, patience=1, min_improvement=1.0).absorb(model, prompt, train_queries=queries)
+    assert adapted.history["stopped_early"] and adapted.history["steps"] == 2 * 5  # windows of one pass (5 steps)
 
 
 def test_zero_steps_is_the_base_model_at_positions_after_the_prompt():

@@ -227,6 +227,7 @@ class DistillLoRAOptions(DataStageOptions):
     alpha: float = limit(16.0, gt=0)
     target_modules: tuple[str, ...] | str = ("attn.qkv", "attn.out")
     steps: int = limit(48, min=0)
+    passes: int = limit(6, min=0)
     learning_rate: float = limit(3e-3, gt=0)
     batch_size: int = limit(4, min=1)
     patience: int = limit(8, min=1)
@@ -264,8 +265,9 @@ class DistillLoRA(AbsorbMethod):
     distribution), and the loss is KL(teacher || student) over them.
 
     Each epoch visits every sequence once in a seeded random order, `batch_size` per AdamW step. Training stops
-    after `steps` steps, or earlier when the mean KL of the last `patience` steps is not `min_improvement`
-    (relative) below the mean of the `patience` steps before. `autocast=True` runs the student's forward and
+    after max(steps, passes * sequences / batch_size) steps (48 for a 160-token document's ~30 sequences, about 290
+    for a 1,000-token one's ~190), or earlier when the mean KL of the last `patience` steps (at least one pass) is
+    not `min_improvement` (relative) below the mean of the `patience` steps before. `autocast=True` runs the student's forward and
     backward in bfloat16 autocast on CPU (faster matmuls; the LoRA factors and the loss stay float32).
     Randomness comes from one generator seeded with `seed` (CPU). The defaults (steps, batch_size, window_tokens,
     n_questions) were chosen on validation episodes of the `facts` task on SmolLM2 (seed 10000, never the test
@@ -285,6 +287,7 @@ class DistillLoRA(AbsorbMethod):
         alpha: float = 16.0,
         target_modules: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"),
         steps: int = 48,
+        passes: int = 6,
         learning_rate: float = 3e-3,
         n_continuations: int = 2,
         continuation_tokens: int = 32,
@@ -310,7 +313,7 @@ class DistillLoRA(AbsorbMethod):
         for key, value in positive.items():
             if not value > 0:
                 raise ValueError(f"distill-lora: {key} must be > 0, got {value}")
-        counts = {"steps": steps, "n_continuations": n_continuations, "answer_tokens": answer_tokens,
+        counts = {"steps": steps, "passes": passes, "n_continuations": n_continuations, "answer_tokens": answer_tokens,
                   "n_questions": n_questions, "min_improvement": min_improvement}
         for key, value in counts.items():
             if not value >= 0:
@@ -323,7 +326,7 @@ class DistillLoRA(AbsorbMethod):
             raise ValueError(f"distill-lora: target_modules must be a non-empty subset of {LORA_TARGETS}, "
                              f"got {target_modules}")
         self.rank, self.alpha, self.target_modules = int(rank), float(alpha), target_modules
-        self.steps, self.learning_rate, self.batch_size = steps, learning_rate, batch_size
+        self.steps, self.passes, self.learning_rate, self.batch_size = steps, passes, learning_rate, batch_size
         self.n_continuations, self.continuation_tokens = n_continuations, continuation_tokens
         self.window_tokens, self.answer_tokens = window_tokens, answer_tokens
         self.n_questions, self.chat_answer_tokens, self.contrast = n_questions, chat_answer_tokens, contrast
@@ -395,8 +398,10 @@ class DistillLoRA(AbsorbMethod):
         losses: list[float] = []
         stopped_early = False
         order: list[int] = []
-        bar = tqdm(total=self.steps, desc="distill-lora", unit="step", disable=not self.progress, leave=False)
-        for _ in range(self.steps if sequences else 0):
+        total = training_steps(self.steps, self.passes, len(sequences), self.batch_size)
+        patience = pass_patience(self.patience, len(sequences), self.batch_size)
+        bar = tqdm(total=total, desc="distill-lora", unit="step", disable=not self.progress, leave=False)
+        for _ in range(total):
             if len(order) < self.batch_size:
                 order += torch.randperm(len(sequences), generator=generator).tolist()
             picked, order = order[: self.batch_size], order[self.batch_size:]
@@ -408,7 +413,7 @@ class DistillLoRA(AbsorbMethod):
             losses.append(loss.item())
             bar.update(1)
             bar.set_postfix(kl=f"{losses[-1]:.4f}")
-            if _plateau(losses, self.patience, self.min_improvement):
+            if _plateau(losses, patience, self.min_improvement):
                 stopped_early = True
                 break
         bar.close()
@@ -458,6 +463,18 @@ def _kl_loss(adapted: DistilledLoRA, batch) -> torch.Tensor:
     """Mean over the taught positions of KL(teacher || student), the student being the adapted model (the data
     stage's loss, self_study.distillation_kl)."""
     return distillation_kl(adapted, batch)
+
+
+def training_steps(steps: int, passes: int, n_sequences: int, batch_size: int) -> int:
+    """Steps of training on a data stage of n sequences: `steps`, or more where `passes` passes over the sequences
+    need more (a long document's stage holds hundreds); none when steps = 0 or there is nothing to learn."""
+    return max(steps, -(-passes * n_sequences // batch_size)) if steps and n_sequences else 0
+
+
+def pass_patience(patience: int, n_sequences: int, batch_size: int) -> int:
+    """The plateau test's window: `patience` steps, at least one pass over the sequences (shorter windows compare
+    different sequences, whose noise looks like a plateau on a long document's stage)."""
+    return max(patience, -(-n_sequences // batch_size))
 
 
 def _plateau(losses: list[float], patience: int, min_improvement: float) -> bool:

@@ -35,7 +35,7 @@ from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
 from .base import AbsorbMethod, AdaptedModel
-from .distill_lora import DataStageOptions
+from .distill_lora import DataStageOptions, _plateau, pass_patience, training_steps
 from .self_study import StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, study
 
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
@@ -275,7 +275,6 @@ class KVPrefix(AbsorbMethod):
 
     @torch.enable_grad()
     def _train(self, model, template: Cache, sequences, generator) -> dict[str, Any]:
-        from .distill_lora import _plateau
 
         # float32 master copies for a half-precision model (bf16 rounds away Adam's late, small steps); the student
         # reads them in the model's dtype
@@ -293,9 +292,7 @@ class KVPrefix(AbsorbMethod):
         graphed = fixed and flat[0].device.type == "cuda"
         optimizer = torch.optim.AdamW(flat, lr=self.learning_rate, weight_decay=0.0, capturable=graphed)
         losses, order, stopped_early = [], [], False
-        # the plateau test compares the mean KL of the last `patience` steps with the steps before: windows shorter
-        # than one pass over the sequences compare different sequences (a long document's ~200), so at least one pass
-        patience = max(self.patience, -(-len(sequences) // self.batch_size))
+        patience = pass_patience(self.patience, len(sequences), self.batch_size)
         total = self.total_steps(len(sequences))
         bar = tqdm(total=total, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
 
@@ -340,7 +337,7 @@ class KVPrefix(AbsorbMethod):
     def total_steps(self, n_sequences: int) -> int:
         """The training steps for a data stage of n sequences: `steps`, or more where `passes` passes over the
         sequences need more (a long document's stage holds hundreds); none when steps = 0."""
-        return max(self.steps, -(-self.passes * n_sequences // self.batch_size)) if self.steps else 0
+        return training_steps(self.steps, self.passes, n_sequences, self.batch_size)
 
     def rate(self, step: int, total: int | None = None) -> float:
         """The learning rate of step `step` (0-based) of `total` (default `steps`) under the schedule."""
