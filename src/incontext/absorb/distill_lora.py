@@ -267,8 +267,8 @@ class DistillLoRA(AbsorbMethod):
     Each epoch visits every sequence once in a seeded random order, `batch_size` per AdamW step. Training stops
     after max(steps, passes * sequences / batch_size) steps (48 for a 160-token document's ~30 sequences, about 290
     for a 1,000-token one's ~190), or earlier when the mean KL of the last `patience` steps (at least one pass) is
-    not `min_improvement` (relative) below the mean of the `patience` steps before. `autocast=True` runs the student's forward and
-    backward in bfloat16 autocast on CPU (faster matmuls; the LoRA factors and the loss stay float32).
+    not `min_improvement` (relative) below the mean of the `patience` steps before. `autocast=True` runs the
+    student's forward and backward in bfloat16 autocast on CPU (faster matmuls; the LoRA factors and the loss stay float32).
     Randomness comes from one generator seeded with `seed` (CPU). The defaults (steps, batch_size, window_tokens,
     n_questions) were chosen on validation episodes of the `facts` task on SmolLM2 (seed 10000, never the test
     episodes); n_questions=0: without the 16 questions the 135M model writes, 21.4% exact match and KL 0.75 against

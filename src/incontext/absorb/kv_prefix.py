@@ -22,6 +22,7 @@ With p = M and init "document" and no training steps the prefix is the document'
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -159,8 +160,6 @@ class KVPrefix(AbsorbMethod):
                  chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
                  seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
                  objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant"):
-        import math
-
         def integer(name, value, low):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"kv-prefix: {name} must be an integer >= {low}, got {value!r}")
@@ -343,8 +342,6 @@ class KVPrefix(AbsorbMethod):
         """The learning rate of step `step` (0-based) of `total` (default `steps`) under the schedule."""
         if self.schedule == "constant":
             return self.learning_rate
-        import math
-
         return 0.5 * self.learning_rate * (1.0 + math.cos(math.pi * step / (total or self.steps)))
 
     def _graphed(self, model, device: torch.device) -> bool:
