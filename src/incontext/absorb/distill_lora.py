@@ -217,6 +217,7 @@ class DataStageOptions:
     answer_tokens: int = limit(8, min=0)
     n_questions: int = limit(0, min=0)
     contrast: bool = False
+    n_foreign: int = limit(0, min=0)
     chat_answer_tokens: int = limit(24, min=1)
     temperature: float = limit(1.0, gt=0)
 
@@ -295,6 +296,7 @@ class DistillLoRA(AbsorbMethod):
         answer_tokens: int = 8,
         n_questions: int = 0,
         contrast: bool = False,
+        n_foreign: int = 0,
         chat_answer_tokens: int = 24,
         batch_size: int = 4,
         temperature: float = 1.0,
@@ -314,7 +316,7 @@ class DistillLoRA(AbsorbMethod):
             if not value > 0:
                 raise ValueError(f"distill-lora: {key} must be > 0, got {value}")
         counts = {"steps": steps, "passes": passes, "n_continuations": n_continuations, "answer_tokens": answer_tokens,
-                  "n_questions": n_questions, "min_improvement": min_improvement}
+                  "n_questions": n_questions, "n_foreign": n_foreign, "min_improvement": min_improvement}
         for key, value in counts.items():
             if not value >= 0:
                 raise ValueError(f"distill-lora: {key} must be >= 0, got {value}")
@@ -330,6 +332,7 @@ class DistillLoRA(AbsorbMethod):
         self.n_continuations, self.continuation_tokens = n_continuations, continuation_tokens
         self.window_tokens, self.answer_tokens = window_tokens, answer_tokens
         self.n_questions, self.chat_answer_tokens, self.contrast = n_questions, chat_answer_tokens, contrast
+        self.n_foreign = n_foreign
         self.temperature, self.patience, self.min_improvement = temperature, patience, min_improvement
         self.autocast, self.merge, self.seed, self.progress = autocast, merge, seed, progress
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
@@ -342,7 +345,7 @@ class DistillLoRA(AbsorbMethod):
     def stage_options(self) -> StudyOptions:
         return StudyOptions(window_tokens=self.window_tokens, n_continuations=self.n_continuations,
                             continuation_tokens=self.continuation_tokens, answer_tokens=self.answer_tokens,
-                            n_questions=self.n_questions, contrast=self.contrast,
+                            n_questions=self.n_questions, contrast=self.contrast, n_foreign=self.n_foreign,
                             chat_answer_tokens=self.chat_answer_tokens, temperature=self.temperature)
 
     def use_codec(self, codec) -> "DistillLoRA":

@@ -157,7 +157,7 @@ class KVPrefix(AbsorbMethod):
                  seed: int = 0, progress: bool = True, top_k: int | None = 20, data_cache: str = "",
                  window_tokens: int = 24, n_continuations: int = 2,
                  continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 0, contrast: bool = False,
-                 chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
+                 n_foreign: int = 0, chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
                  seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
                  objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant"):
         def integer(name, value, low):
@@ -176,7 +176,7 @@ class KVPrefix(AbsorbMethod):
             raise ValueError(f"kv-prefix: data_cache must be a folder name, got {data_cache!r}")
         for name in ("window_tokens", "continuation_tokens", "chat_answer_tokens", "message_tokens"):
             integer(name, locals()[name], 1)
-        for name in ("n_continuations", "answer_tokens", "n_questions", "n_conversations"):
+        for name in ("n_continuations", "answer_tokens", "n_questions", "n_conversations", "n_foreign"):
             integer(name, locals()[name], 0)
         for name, value in (("learning_rate", learning_rate), ("temperature", temperature)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
@@ -200,7 +200,7 @@ class KVPrefix(AbsorbMethod):
         self.schedule = schedule
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
-                                  n_questions=n_questions, contrast=contrast, chat_answer_tokens=chat_answer_tokens,
+                                  n_questions=n_questions, contrast=contrast, n_foreign=n_foreign, chat_answer_tokens=chat_answer_tokens,
                                   temperature=float(temperature), n_conversations=n_conversations,
                                   seed_prompts=_seed_kinds(seed_prompts), message_tokens=message_tokens)
         self.codec = None

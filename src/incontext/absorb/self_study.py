@@ -35,6 +35,7 @@ class StudyOptions:
     answer_tokens: int = 8
     n_questions: int = 0
     contrast: bool = False
+    n_foreign: int = 0  # training queries asked about invented names the document does not hold (composition)
     chat_answer_tokens: int = 24
     temperature: float = 1.0
     n_conversations: int = 0  # self-study: messages the model writes from seed prompts, answered by the teacher
@@ -91,6 +92,11 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
     plain = queries + [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in questions)
                        if q.shape[0] + options.answer_tokens < room]
+    if options.n_foreign and codec is not None:
+        names = subjects(codec.decode(prompt.tolist()))
+        foreign = foreign_queries([codec.decode(q.tolist()) for q in plain], names, options.n_foreign, generator)
+        plain += [q for q in (torch.tensor(codec.encode(text), device=device) for text in foreign)
+                  if q.shape[0] + options.answer_tokens < room]
     sequences += _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain])
     counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
     messages = _seed_messages(model, prompt, codec, options, generator) if codec is not None and options.n_conversations else []
@@ -228,6 +234,33 @@ def contrastive_questions(questions: list[str], names: list[str], limit: int) ->
         for name in (n for n in names if n in question):
             out += [question.replace(name, other) for other in names if other != name]
     return list(dict.fromkeys(q for q in out if q not in questions))[:limit]
+
+
+def invented(name: str, generator: torch.Generator) -> str:
+    """`name` with the letters of each word shuffled (capitalised again): a name of the same look and length that
+    the document does not hold."""
+    words = []
+    for word in name.split(" "):
+        letters = list(word.lower())
+        for _ in range(8):  # a shuffle that leaves the word as it was is drawn again
+            shuffled = [letters[i] for i in torch.randperm(len(letters), generator=generator).tolist()]
+            if shuffled != letters or len(set(letters)) < 2:
+                break
+        words.append("".join(shuffled).capitalize())
+    return " ".join(words)
+
+
+def foreign_queries(texts: list[str], names: list[str], limit: int, generator: torch.Generator) -> list[str]:
+    """Up to `limit` of the texts that name one of `names`, each asked about an invented name instead (cycling
+    over the texts, a new name each round): the teacher, reading the document, answers questions about people it
+    does not hold, and the student learns to answer them as the document does (its facts bound to its own people,
+    which is what a prefix composed beside another document's needs)."""
+    asked = [(text, name) for text in texts for name in names if name in text]
+    out: list[str] = []
+    while asked and len(out) < limit:
+        for text, name in asked[: limit - len(out)]:
+            out.append(text.replace(name, invented(name, generator)))
+    return out
 
 
 def _log_probs(logits: torch.Tensor) -> torch.Tensor:
