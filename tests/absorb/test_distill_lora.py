@@ -198,7 +198,7 @@ def test_unsupported_models():
 @pytest.mark.parametrize("options, match", [
     (dict(rank=0), "rank must be an integer >= 1"), (dict(rank=-2), "rank must be an integer >= 1"), (dict(learning_rate=0.0), "learning_rate"),
     (dict(target_modules=("attn.q",)), "target_modules"), (dict(target_modules=()), "target_modules"),
-    (dict(steps=-1), "steps"),
+    (dict(steps=-1), "steps"), (dict(n_foreign=-1), "n_foreign must be an integer >= 0"),
 ])
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match) as error:

@@ -120,6 +120,8 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"freeze_first": "yes"}, "freeze_first must be true or false"),
     ({"objective": "mse"}, "objective must be one of kl, next-token"),
     ({"schedule": "linear"}, "schedule must be one of constant, cosine"),
+    ({"n_foreign": -1}, "n_foreign must be an integer >= 0"),
+    ({"compose_steps": -1}, "compose_steps must be an integer >= 0"),
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
@@ -205,6 +207,37 @@ def test_composed_prefixes_at_full_length_are_both_documents_in_context(model):
     assert torch.isfinite(out).all() and not torch.equal(out, a(query))
     with pytest.raises(ValueError, match="at least two"):
         compose_prefixes(a)
+
+
+def test_compose_steps_train_the_concatenation_on_both_stages(model, tmp_path):
+    """compose_steps: the concatenated prefixes trained on the union of both documents' data stages, each
+    document's first position (its sink) left as it was; it fits both stages better than the plain concatenation;
+    0 is the plain concatenation; a prefix loaded from a folder has no data stage: a one-line error."""
+    from incontext.absorb.kv_prefix import compose_prefixes
+    from incontext.absorb.self_study import distillation_kl
+
+    first, query = prompt_and_query(12, seed=1)
+    second, _ = prompt_and_query(16, seed=2)
+    options = dict(FAST, steps=4, learning_rate=0.05, patience=50)
+    a, b = (get_absorb_method("kv-prefix", **options).absorb(model, p) for p in (first, second))
+    plain = get_absorb_method("kv-prefix", **options).compose([a, b])
+    assert all(torch.equal(x, y) for x, y in zip(plain._tensors()[0], compose_prefixes(a, b)._tensors()[0]))
+    trained = get_absorb_method("kv-prefix", **options, compose_steps=12).compose([a, b])
+    assert trained.position == plain.position == a.position + b.position and trained.history["compose"]["steps"] == 12
+    for (k0, v0), (k1, v1) in zip(plain._tensors(), trained._tensors()):
+        for at in (0, a.position):  # each document's sink
+            assert torch.equal(k0[:, :, at], k1[:, :, at]) and torch.equal(v0[:, :, at], v1[:, :, at])
+        assert not torch.equal(k0, k1)
+    sequences = a.sequences + b.sequences
+    with torch.no_grad():
+        fit = [sum(float(distillation_kl(lambda t, c=c: model(t, cache=c.query_cache()), [item])) for item in sequences)
+               for c in (plain, trained)]
+    assert fit[1] < fit[0]
+    a.save(tmp_path / "a")
+    loaded = type(a).load(tmp_path / "a", model)
+    with pytest.raises(ValueError, match="compose_steps trains on each prefix's data stage") as error:
+        get_absorb_method("kv-prefix", **options, compose_steps=2).compose([loaded, b])
+    assert "\n" not in str(error.value)
 
 
 def test_the_next_token_objective_is_the_sequences_own_cross_entropy():

@@ -126,3 +126,37 @@ def test_batched_answers_equal_one_query_at_a_time(seed):
         for (ids, logp), (ref_ids, ref_logp) in zip(answers, reference):
             assert torch.equal(ids, ref_ids) and ids.dtype == ref_ids.dtype
             assert logp.shape == ref_logp.shape and torch.allclose(logp, ref_logp, atol=1e-10, rtol=0)
+
+
+def test_foreign_queries_ask_about_invented_names():
+    """n_foreign: training queries that name one of the document's subjects, asked again about an invented name (the
+    name's letters shuffled: same look, not in the document); seeded; at most n_foreign; none without a subject."""
+    from incontext.absorb.self_study import foreign_queries, invented
+
+    names = ["Abe Lonn", "Bea Voss"]
+    name = invented("Abe Lonn", torch.Generator().manual_seed(0))
+    assert name != "Abe Lonn" and [sorted(w.lower()) for w in name.split()] == [sorted("abe"), sorted("lonn")]
+    assert name == invented("Abe Lonn", torch.Generator().manual_seed(0)) and name.split()[1][0].isupper()
+    texts = ["Q: Where was Abe Lonn born?\nA:", "Bea Voss works as a", "Q: What is the cat called?\nA:"]
+    out = foreign_queries(texts, names, 5, torch.Generator().manual_seed(1))
+    assert len(out) == 5 and out == foreign_queries(texts, names, 5, torch.Generator().manual_seed(1))
+    assert all(n not in q for q in out for n in names)
+    assert [q.startswith("Q: Where was ") for q in out] == [True, False, True, False, True]  # cycling, new names
+    assert len(set(out)) == 5 and foreign_queries(texts[2:], names, 5, torch.Generator()) == []
+
+
+def test_foreign_queries_join_the_taught_queries():
+    from test_distill_lora import CharCodec
+
+    model, codec = tiny(vocab=64), CharCodec()
+    prompt = torch.tensor(codec.encode("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss is a potter.\n"
+                                       "Bea Voss has a cat.\n"))
+    queries = [torch.tensor(codec.encode("Q: Where was Abe Lonn born?\nA:"))]
+    options = StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3, n_foreign=2)
+    sequences, counts = study(model, prompt, queries, options, codec, torch.Generator().manual_seed(5), top_k=8)
+    plain, _ = study(model, prompt, queries, StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3), codec,
+                     torch.Generator().manual_seed(5), top_k=8)
+    assert counts["questions"] == 2 and len(sequences) == len(plain) + 2
+    asked = [codec.decode(s[0][:-3].tolist()) for s in sequences[-2:]]
+    assert all(q.startswith("Q: Where was ") and "Abe Lonn" not in q for q in asked)
+    assert study(model, prompt, queries, options, None, torch.Generator().manual_seed(5), top_k=8)[1]["questions"] == 0

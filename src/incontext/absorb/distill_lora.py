@@ -260,6 +260,9 @@ class DistillLoRA(AbsorbMethod):
       answer (up to `chat_answer_tokens`, to its end of turn); with `contrast`, each question that names one of
       the passage's subjects (`subjects`) is also asked about every other subject (up to `n_questions` more), so
       that the same question about two people gets two different answers (facts bound to their own person).
+      With `n_foreign`, up to that many training queries (and written questions) that name a subject are asked
+      again about an invented name (its letters shuffled), answered by the teacher: questions about people the
+      document does not hold, as a composed adapter meets the other document's.
 
     The sequences come from the data stage (absorb/self_study.py, shared with kv-prefix; `data_cache` keeps them on
     disk) with the teacher's top `top_k` log-probabilities per taught position (20, as Cartridges; unset: the whole

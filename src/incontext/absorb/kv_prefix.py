@@ -22,6 +22,7 @@ With p = M and init "document" and no training steps the prefix is the document'
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ class KVPrefixOptions(DataStageOptions):
     objective: Literal["kl", "next-token"] = "kl"
     cuda_graph: bool = True
     schedule: Literal["constant", "cosine"] = "constant"
+    compose_steps: int = limit(0, min=0)
 
 
 class KVPrefix(AbsorbMethod):
@@ -134,7 +136,9 @@ class KVPrefix(AbsorbMethod):
     stage is stored and reused when model, document and settings match), n_conversations (self-study messages the
     model writes from the seed prompts `seed_prompts`, up to `message_tokens` each, answered by the teacher), and
     the data stage's other options (window_tokens, n_continuations, continuation_tokens, answer_tokens,
-    n_questions, contrast, chat_answer_tokens, temperature). Defaults chosen on 4 validation episodes of `facts`
+    n_questions, contrast, chat_answer_tokens, temperature; n_foreign: that many training queries asked again about
+    invented names the document does not hold, answered by the teacher, so the prefix's facts stay with its own
+    people when it is composed beside another document's). Defaults chosen on 4 validation episodes of `facts`
     (seed 10000, never the test episodes): n_questions=0 (the base model's own questions lowered the score, 14.3% vs
     17.9%, and raised the KL, 0.91 vs 0.73 nats; results/kv-prefix-validation), then steps=96, patience=16 and
     learning_rate=0.1 (21.4% and KL 0.55 against 17.9% and 0.73 at 48 steps and 2e-2, and 21.4% and 0.66 at 5e-2;
@@ -159,7 +163,7 @@ class KVPrefix(AbsorbMethod):
                  continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 0, contrast: bool = False,
                  n_foreign: int = 0, chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
                  seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
-                 objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant"):
+                 objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant", compose_steps: int = 0):
         def integer(name, value, low):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"kv-prefix: {name} must be an integer >= {low}, got {value!r}")
@@ -168,6 +172,7 @@ class KVPrefix(AbsorbMethod):
             integer("prefix_tokens", prefix_tokens, 1)
         integer("steps", steps, 0)
         integer("passes", passes, 0)
+        integer("compose_steps", compose_steps, 0)
         integer("batch_size", batch_size, 1)
         integer("patience", patience, 1)
         if top_k is not None:  # None: the teacher's whole distribution
@@ -197,7 +202,7 @@ class KVPrefix(AbsorbMethod):
         self.steps, self.passes, self.learning_rate, self.batch_size = steps, passes, float(learning_rate), batch_size
         self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
         self.top_k, self.data_cache, self.objective, self.cuda_graph = top_k, data_cache, objective, cuda_graph
-        self.schedule = schedule
+        self.schedule, self.compose_steps = schedule, compose_steps
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
                                   n_questions=n_questions, contrast=contrast, n_foreign=n_foreign, chat_answer_tokens=chat_answer_tokens,
@@ -213,8 +218,29 @@ class KVPrefix(AbsorbMethod):
         return self
 
     def compose(self, adapted: list[TrainedPrefix]) -> TrainedPrefix:
-        """Documents absorbed one by one, answered together: their prefixes concatenated (compose_prefixes)."""
-        return compose_prefixes(*adapted)
+        """Documents absorbed one by one, answered together: their prefixes concatenated (compose_prefixes). With
+        `compose_steps`, the concatenation is then trained for that many steps on the union of the documents' data
+        stages, each sequence against its own document's teacher (every document's first position frozen): a prefix
+        trained alone never met another document's before it. It needs each prefix's data stage, which an absorb
+        keeps in memory (`sequences`), not in its saved folder."""
+        composed = compose_prefixes(*adapted)
+        if not self.compose_steps:
+            return composed
+        if any(getattr(a, "sequences", None) is None for a in adapted):
+            raise ValueError("kv-prefix: compose_steps trains on each prefix's data stage; a prefix loaded from a folder "
+                             "has none (absorb the documents in this process, or set compose_steps=0)")
+        frozen, start = [], 0
+        for a in adapted:
+            frozen.append(start)
+            start += a.position
+        trainer = copy.copy(self)
+        trainer.steps, trainer.passes = self.compose_steps, 0
+        sequences = [item for a in adapted for item in a.sequences]
+        history = trainer._train(composed.base, composed.state(), sequences, torch.Generator().manual_seed(self.seed),
+                                 frozen=frozen if self.freeze_first else [])
+        out = TrainedPrefix(composed.base, with_kv(composed.state(), history.pop("kv")))
+        out.history = {"compose": history}
+        return out.eval()
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
@@ -249,6 +275,7 @@ class KVPrefix(AbsorbMethod):
         teacher_seconds = time.perf_counter() - start
         history = self._train(model, template, sequences, generator) if self.steps and sequences else {"kl": [], "steps": 0}
         adapted = TrainedPrefix(model, with_kv(template, history.pop("kv", cache_kv(template))))
+        adapted.sequences = sequences  # the data stage, for compose_steps (in memory only: never saved)
         start_scale = max(float(t.abs().max()) for pair in cache_kv(template) for t in pair)
         adapted.initial_scales = {name: start_scale for name, _ in adapted.named_buffers(recurse=False)}
         adapted.history = {**history, "pool": counts, "teacher_seconds": teacher_seconds,
@@ -273,7 +300,7 @@ class KVPrefix(AbsorbMethod):
         return with_kv(shaped, kv)
 
     @torch.enable_grad()
-    def _train(self, model, template: Cache, sequences, generator) -> dict[str, Any]:
+    def _train(self, model, template: Cache, sequences, generator, frozen: list[int] | None = None) -> dict[str, Any]:
 
         # float32 master copies for a half-precision model (bf16 rounds away Adam's late, small steps); the student
         # reads them in the model's dtype
@@ -282,9 +309,12 @@ class KVPrefix(AbsorbMethod):
         params = [(nn.Parameter(k.detach().to(master, copy=True)), nn.Parameter(v.detach().to(master, copy=True)))
                   for k, v in cache_kv(template)]
         flat = [t for pair in params for t in pair]
-        if self.freeze_first:  # the attention sink: its gradient is dropped
+        frozen = ([0] if self.freeze_first else []) if frozen is None else frozen
+        if frozen:  # the attention sink(s): their gradient is dropped
+            still = torch.zeros(flat[0].shape[2], 1, dtype=torch.bool, device=flat[0].device)
+            still[frozen] = True
             for t in flat:
-                t.register_hook(lambda grad: torch.cat([torch.zeros_like(grad[:, :, :1]), grad[:, :, 1:]], 2))
+                t.register_hook(lambda grad: grad.masked_fill(still, 0.0))
         flags = [q.requires_grad for q in model.parameters()]
         model.requires_grad_(False)  # the base stays frozen: no gradients into its weights
         fixed = self._graphed(model, flat[0].device)

@@ -11,6 +11,9 @@ The teacher is the model with the document in its context; the student reads the
 - with a tokenizer: questions the model itself writes about the document's sentences (a generic few-shot
   question writer), answered by the teacher as "Q: ...\nA:" and, where the tokenizer has a chat template, as a
   chat turn (the teacher reads the document and the question in the user turn, the student the question).
+- with a tokenizer and `n_foreign`: training queries and questions that name one of the document's subjects,
+  asked again about invented names (`foreign_queries`), answered by the teacher: what the document does with
+  people it does not hold (composition meets the other document's people).
 
 Every tensor is made on the model's device; all randomness comes from the caller's generator.
 """
