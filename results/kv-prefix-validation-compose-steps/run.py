@@ -7,6 +7,8 @@ Per row: exact match of each document's questions by that document absorbed alon
 KL(keep-prompt || composed) over the scored positions, pooled over the episodes; the compose time (wall).
 
     PYTHONPATH=src python results/kv-prefix-validation-compose-steps/run.py 3 > results/kv-prefix-validation-compose-steps/output.md
+
+A third argument names another composing method (distill-lora: the summed adapter trained).
 """
 
 import sys
@@ -23,6 +25,7 @@ from incontext.tasks.metrics import get_metric
 torch.set_num_threads(2)
 n_episodes = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 STEPS = [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else [0, 24, 48]
+METHOD = sys.argv[3] if len(sys.argv) > 3 else "kv-prefix"
 loaded = load_model("smollm2", "cpu", torch.float32)
 model, codec = loaded.model, loaded.tokenizer
 source = get_episode_source("facts", people=4, documents=2)
@@ -38,7 +41,7 @@ alone_hits, alone_n = [0, 0], [0, 0]
 totals = {n: {"hits": [0, 0], "n": [0, 0], "kl": [0.0, 0], "seconds": []} for n in STEPS}
 for episode in source.episodes(n_episodes, seed=10000, tokenizer=codec):
     keep = KeepPrompt().absorb(model, episode.prompt)
-    method = get_absorb_method("kv-prefix", progress=False).use_codec(codec)
+    method = get_absorb_method(METHOD, progress=False).use_codec(codec)
     alone = [method.absorb(model, part.prompt, train_queries=list(part.train_queries)) for part in episode.parts]
     with torch.no_grad():
         references = [keep(q.inputs[None])[0] for q in episode.queries]
@@ -49,7 +52,7 @@ for episode in source.episodes(n_episodes, seed=10000, tokenizer=codec):
     owner = [d for d, part in enumerate(episode.parts) for _ in part.queries]
     for steps in STEPS:
         start = time.perf_counter()
-        composed = get_absorb_method("kv-prefix", progress=False, compose_steps=steps).compose(alone)
+        composed = get_absorb_method(METHOD, progress=False, compose_steps=steps).compose(alone)
         row = totals[steps]
         row["seconds"].append(time.perf_counter() - start)
         with torch.no_grad():
@@ -62,7 +65,7 @@ for episode in source.episodes(n_episodes, seed=10000, tokenizer=codec):
                 row["kl"][1] += n
     print({s: r for s, r in totals.items()}, alone_hits, alone_n, file=sys.stderr, flush=True)
 
-print(f"kv-prefix at its defaults, `facts` documents=2 people=4, {n_episodes} validation episodes (seed 10000); each "
+print(f"{METHOD} at its defaults, `facts` documents=2 people=4, {n_episodes} validation episodes (seed 10000); each "
       f"document alone: {100 * alone_hits[0] / alone_n[0]:.1f}% and {100 * alone_hits[1] / alone_n[1]:.1f}% exact match "
       f"on its own questions\n")
 print("| compose_steps | document 1 composed % (of alone) | document 2 composed % (of alone) | composed KL (nats) | compose s (wall, median) |")

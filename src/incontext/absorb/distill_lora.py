@@ -239,6 +239,7 @@ class DistillLoRAOptions(DataStageOptions):
     progress: bool = True
     top_k: int | None = limit(20, min=1)
     data_cache: str = ""
+    compose_steps: int = limit(0, min=0)
 
 
 class DistillLoRA(AbsorbMethod):
@@ -263,6 +264,8 @@ class DistillLoRA(AbsorbMethod):
       With `n_foreign`, up to that many training queries (and written questions) that name a subject are asked
       again about an invented name (its letters shuffled), answered by the teacher: questions about people the
       document does not hold, as a composed adapter meets the other document's.
+    `compose_steps`: `compose` trains the summed adapter that many steps on the documents' data stages (0: the plain
+    sum, the default).
 
     The sequences come from the data stage (absorb/self_study.py, shared with kv-prefix; `data_cache` keeps them on
     disk) with the teacher's top `top_k` log-probabilities per taught position (20, as Cartridges; unset: the whole
@@ -311,6 +314,7 @@ class DistillLoRA(AbsorbMethod):
         progress: bool = True,
         top_k: int | None = 20,
         data_cache: str = "",
+        compose_steps: int = 0,
     ):
         positive = {"rank": rank, "alpha": alpha, "learning_rate": learning_rate, "continuation_tokens": continuation_tokens,
                     "window_tokens": window_tokens, "batch_size": batch_size, "temperature": temperature,
@@ -319,7 +323,8 @@ class DistillLoRA(AbsorbMethod):
             if not value > 0:
                 raise ValueError(f"distill-lora: {key} must be > 0, got {value}")
         counts = {"steps": steps, "passes": passes, "n_continuations": n_continuations, "answer_tokens": answer_tokens,
-                  "n_questions": n_questions, "n_foreign": n_foreign, "min_improvement": min_improvement}
+                  "n_questions": n_questions, "n_foreign": n_foreign, "min_improvement": min_improvement,
+                  "compose_steps": compose_steps}
         for key, value in counts.items():
             if not value >= 0:
                 raise ValueError(f"distill-lora: {key} must be >= 0, got {value}")
@@ -342,7 +347,7 @@ class DistillLoRA(AbsorbMethod):
             raise ValueError(f"distill-lora: top_k must be an integer >= 1 (or unset: the whole distribution), got {top_k!r}")
         if not isinstance(data_cache, str):
             raise ValueError(f"distill-lora: data_cache must be a folder name, got {data_cache!r}")
-        self.top_k, self.data_cache = top_k, data_cache
+        self.top_k, self.data_cache, self.compose_steps = top_k, data_cache, compose_steps
         self.codec = None
 
     def stage_options(self) -> StudyOptions:
@@ -360,8 +365,38 @@ class DistillLoRA(AbsorbMethod):
         return self
 
     def compose(self, adapted: list[DistilledLoRA]) -> DistilledLoRA:
-        """Documents distilled one by one, answered together: the adapters added (compose_loras)."""
-        return compose_loras(*adapted)
+        """Documents distilled one by one, answered together: the adapters added (compose_loras). With
+        `compose_steps`, the summed adapter (one LoRA of the summed rank) is then trained for that many steps on the
+        union of the documents' data stages, each sequence against its own document's teacher; it needs each
+        adapter's data stage, which an absorb keeps in memory (`sequences`), not in its saved folder."""
+        composed = compose_loras(*adapted)
+        if not self.compose_steps:
+            return composed
+        if any(getattr(a, "sequences", None) is None for a in adapted):
+            raise ValueError("distill-lora: compose_steps trains on each adapter's data stage; an adapter loaded from a "
+                             "folder has none (absorb the documents in this process, or set compose_steps=0)")
+        spec, factors = composed.spec, composed.lora_factors()
+        base = copy.deepcopy(composed.base)
+        if hasattr(base, "peft_config"):  # left by the merged adapter's peft layers, which merging removed
+            del base.peft_config
+        with torch.no_grad():  # back to the base's own weights: W = (W + scaling B A) - scaling B A, in float64
+            for name, (a, b) in factors.items():
+                layer = base.get_submodule(name)
+                delta = spec.scaling * (b.to(torch.float64) @ a.to(torch.float64))
+                delta = delta if isinstance(layer, nn.Linear) else delta.T
+                layer.weight.copy_((layer.weight.to(torch.float64) - delta).to(layer.weight.dtype))
+        trainable = DistilledLoRA(base, spec, composed.offset, merged=False)
+        with torch.no_grad():
+            for name, (a, b) in trainable.lora_factors().items():
+                a.copy_(factors[name][0])
+                b.copy_(factors[name][1])
+        trainer = copy.copy(self)
+        trainer.steps, trainer.passes = self.compose_steps, 0
+        history = trainer._train(trainable, [item for a in adapted for item in a.sequences],
+                                 torch.Generator().manual_seed(self.seed))
+        out = trainable.merged_model()
+        out.history = {"compose": history}
+        return out
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model):
@@ -395,7 +430,9 @@ class DistillLoRA(AbsorbMethod):
         adapted.history = self._train(adapted, sequences, generator)
         adapted.history.update(pool=counts, teacher_seconds=teacher_seconds,
                                train_seconds=time.perf_counter() - start - teacher_seconds)
-        return adapted.merged_model() if self.merge else adapted
+        out = adapted.merged_model() if self.merge else adapted
+        out.sequences = sequences  # the data stage, for compose_steps (in memory only: never saved)
+        return out
 
     @torch.enable_grad()  # trains even when the caller runs under torch.no_grad()
     def _train(self, adapted: DistilledLoRA, sequences, generator) -> dict[str, Any]:
