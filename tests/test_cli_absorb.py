@@ -309,6 +309,29 @@ def test_absorb_refuses_a_foreign_out_folder(llama, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
 
 
+def test_several_adapted_folders_are_composed(llama, loaded, tmp_path, capsys):
+    """generate --adapted A --adapted B: the folders composed by their method (kv-prefix: prefixes concatenated,
+    as compose_prefixes), in the order given; mixed methods, or a method that does not compose: one-line errors."""
+    from incontext.absorb.kv_prefix import compose_prefixes
+
+    first, second, keep = tmp_path / "first", tmp_path / "second", tmp_path / "keep"
+    absorb(capsys, llama, first, "kv-prefix", *DISTILL, "prefix_tokens=4")
+    absorb(capsys, llama, second, "kv-prefix", *DISTILL, "prefix_tokens=6", "seed=1")
+    absorb(capsys, llama, keep, "keep-prompt")
+    a, b = (AdaptedModel.load(folder, base=loaded.model) for folder in (first, second))
+    query = loaded.tokenizer.encode(QUESTION)
+    for order in ((a, b, first, second), (b, a, second, first)):
+        printed = generate(capsys, llama, "--adapted", str(order[2]), "--adapted", str(order[3]), "--max-new-tokens", "10",
+                           QUESTION)
+        chain = greedy_chain(compose_prefixes(order[0], order[1]), query, 10, stop={loaded.tokenizer.eos_token_id})
+        assert printed == loaded.tokenizer.decode(chain) + "\n"
+    for folders, message in (((first, keep), "absorbed by different methods (keep-prompt, kv-prefix)"),
+                             ((keep, keep), "keep-prompt does not compose")):
+        code, printed, err = run(capsys, "generate", "--model", llama, *[x for f in folders for x in ("--adapted", str(f))],
+                                 QUESTION)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not printed, err
+
+
 def test_bad_adapted_folders_are_one_line_errors(llama, other_llama, tmp_path, capsys):
     out = tmp_path / "keep"
     absorb(capsys, llama, out, "keep-prompt")

@@ -364,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generator.add_argument("text", metavar="TEXT", help="the text to continue (a question, with --chat)")
     generator.add_argument("--model", required=True, help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
-    generator.add_argument("--adapted", type=Path, default=None, help="an absorb folder (incontext absorb --out)")
+    generator.add_argument("--adapted", type=Path, action="append", default=None,
+                           help="an absorb folder (incontext absorb --out); repeated: the folders composed (kv-prefix's "
+                           "prefixes concatenated, distill-lora's adapters added), documents answered together")
     generator.add_argument("--chat", action="store_true", help="TEXT is a user turn of the chat template")
     generator.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default 64)")
     generator.add_argument("--sample", action="store_true", help="sample instead of the greedy argmax")

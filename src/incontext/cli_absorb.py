@@ -384,6 +384,23 @@ def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
         raise ValueError(f"--adapted {error}") from None
 
 
+def composed_folders(folders: list[Path], model, spec: str) -> AdaptedModel:
+    """One absorb folder's adapted model, or several folders' composed by their method (kv-prefix: the prefixes
+    concatenated in the order given; distill-lora: the adapters added): documents absorbed one by one, answered
+    together."""
+    adapted = [load_adapted(folder, model, spec) for folder in folders]
+    if len(adapted) == 1:
+        return adapted[0]
+    kinds = sorted({a.method for a in adapted})
+    if len(kinds) > 1:
+        raise ValueError(f"--adapted: the folders were absorbed by different methods ({', '.join(kinds)}); "
+                         "compose folders of one method")
+    method = get_absorb_method(kinds[0])
+    if not callable(getattr(method, "compose", None)):
+        raise ValueError(f"--adapted: {kinds[0]} does not compose; give one folder")
+    return method.compose(adapted)
+
+
 def generate(args) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -404,7 +421,7 @@ def generate(args) -> int:
         raise ValueError("TEXT is empty: give the text to continue")
     loaded = load_model(args.model, args.device, args.dtype)
     codec = _codec(loaded, args.model)
-    runner = loaded.model if args.adapted is None else load_adapted(args.adapted, loaded.model, args.model)
+    runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
     stop = set()
     if getattr(codec, "eos_token_id", None) is not None:
         stop.add(codec.eos_token_id)
