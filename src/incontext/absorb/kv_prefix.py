@@ -207,7 +207,8 @@ class KVPrefix(AbsorbMethod):
         self.schedule, self.compose_steps = schedule, compose_steps
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
-                                  n_questions=n_questions, contrast=contrast, n_foreign=n_foreign, chat_answer_tokens=chat_answer_tokens,
+                                  n_questions=n_questions, contrast=contrast, n_foreign=n_foreign,
+                                  chat_answer_tokens=chat_answer_tokens,
                                   temperature=float(temperature), n_conversations=n_conversations,
                                   seed_prompts=_seed_kinds(seed_prompts), message_tokens=message_tokens)
         self.codec = None
