@@ -102,8 +102,9 @@ def every_method_through_the_harness(device: str, work: Path) -> dict:
 
 @check
 def composition_and_the_next_token_objective(device: str, work: Path) -> dict:
-    """Two documents absorbed apart and composed (kv-prefix's prefixes, distill-lora's adapters) and kv-prefix's
-    next-token objective, on both backends on `device`: every row ok, the composed rows with a score per document."""
+    """Two documents absorbed apart and composed (kv-prefix's prefixes, distill-lora's adapters; plain and trained
+    with compose_steps, the data stage with n_foreign) and kv-prefix's next-token objective, on both backends on
+    `device`: every row ok, the composed rows with a score per document."""
     from incontext.absorb.harness import compare
     from incontext.interop.models import load_model
     from incontext.tasks.episodes import get_episode_source
@@ -116,11 +117,14 @@ def composition_and_the_next_token_objective(device: str, work: Path) -> dict:
         model = loaded.model if backend == "hf" else loaded.model.as_transformer()
         source = get_episode_source("facts", people=2, documents=2)
         episodes = source.episodes(1, 0, tokenizer=loaded.tokenizer, task=None)
+        trained = {**fast, "compose_steps": 3, "n_foreign": 2}
         rows = compare(model, source, episodes, {"kv-prefix": fast, "kv-prefix:next": {**fast, "objective": "next-token"},
-                                                 "distill-lora": fast}, progress=False, codec=loaded.tokenizer)
+                                                 "distill-lora": fast, "kv-prefix:co": trained, "distill-lora:co": trained},
+                       progress=False, codec=loaded.tokenizer)
         rows = {row["method"]: row for row in rows}
         assert all(row["status"] == "ok" for row in rows.values()), {k: r.get("reason") for k, r in rows.items()}
-        for name in ("kv-prefix (composed)", "distill-lora (composed)"):
+        for name in ("kv-prefix (composed)", "distill-lora (composed)", "kv-prefix:co (composed)",
+                     "distill-lora:co (composed)"):
             assert len(rows[name]["composition"]["composed"]) == 2, rows[name]
         out[backend] = sorted(rows)
     return out

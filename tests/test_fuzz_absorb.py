@@ -468,6 +468,9 @@ def test_a_damaged_model_folder(capsys, world, tmp_path, how, fragment, command)
     (["--sample", "--temperature", "-1"], "--temperature must be a finite number > 0"),
     (["--adapted", "FILE"], "no such folder"),
     (["--adapted", "DIR"], "no such folder"),
+    (["--adapted", "KEEP", "--adapted", "LORA"], "absorbed by different methods (distill-lora, keep-prompt)"),
+    (["--adapted", "KEEP", "--adapted", "KEEP"], "keep-prompt does not compose"),
+    (["--adapted", "LORA", "--adapted", "DIR"], "no such folder"),
 ])
 def test_generate_refuses_bad_sampling_and_adapted_folders(capsys, world, tmp_path, extra, fragment):
     (tmp_path / "FILE").write_text("x")

@@ -15,9 +15,9 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from incontext.absorb import KeepPrompt, get_absorb_method
+from incontext.absorb.harness import agreement
 from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
 from incontext.tasks.metrics import get_metric
@@ -30,11 +30,6 @@ loaded = load_model("smollm2", "cpu", torch.float32)
 model, codec = loaded.model, loaded.tokenizer
 source = get_episode_source("facts", people=4, documents=2)
 metric = get_metric(source.metric)
-
-
-def kl(ref, out, mask):
-    p, r = F.log_softmax(ref[mask].double(), -1), F.log_softmax(out[mask].double(), -1)
-    return float((p.exp() * (p - r)).sum()), int(mask.sum())
 
 
 alone_hits, alone_n = [0, 0], [0, 0]
@@ -60,9 +55,9 @@ for episode in source.episodes(n_episodes, seed=10000, tokenizer=codec):
                 out = composed(q.inputs[None])[0]
                 row["hits"][d] += int(metric.score_query(out, q).exact)
                 row["n"][d] += 1
-                value, n = kl(ref, out, q.mask)
-                row["kl"][0] += value
-                row["kl"][1] += n
+                agreed = agreement(out, ref, q, tokens=True)
+                row["kl"][0] += agreed["kl_sum"]
+                row["kl"][1] += agreed["positions"]
     print({s: r for s, r in totals.items()}, alone_hits, alone_n, file=sys.stderr, flush=True)
 
 print(f"{METHOD} at its defaults, `facts` documents=2 people=4, {n_episodes} validation episodes (seed 10000); each "

@@ -12,9 +12,9 @@ over the scored positions, pooled over the episodes.
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from incontext.absorb import KeepPrompt, get_absorb_method
+from incontext.absorb.harness import agreement
 from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
 from incontext.tasks.metrics import get_metric
@@ -26,11 +26,6 @@ loaded = load_model("smollm2", "cpu", torch.float32)
 model, codec = loaded.model, loaded.tokenizer
 source = get_episode_source("facts", people=4, documents=2)
 metric = get_metric(source.metric)
-
-
-def kl(ref, out, mask):
-    p, r = F.log_softmax(ref[mask].double(), -1), F.log_softmax(out[mask].double(), -1)
-    return float((p.exp() * (p - r)).sum()), int(mask.sum())
 
 
 totals = {name: {"alone": [0, 0], "composed": [0, 0], "kl": [0.0, 0], "steps": [], "seconds": []} for name in VARIANTS}
@@ -55,10 +50,10 @@ for episode in source.episodes(n_episodes, seed=10000, tokenizer=codec):
                 out = composed(q.inputs[None])[0]
                 row["composed"][0] += int(metric.score_query(out, q).exact)
                 row["composed"][1] += 1
-                value, n = kl(keep(q.inputs[None])[0], out, q.mask)
-                row["kl"][0] += value
-                row["kl"][1] += n
-    print(name, {k: v for k, v in totals[name].items()}, file=sys.stderr, flush=True)
+                agreed = agreement(out, keep(q.inputs[None])[0], q, tokens=True)
+                row["kl"][0] += agreed["kl_sum"]
+                row["kl"][1] += agreed["positions"]
+    print(totals, file=sys.stderr, flush=True)
 
 print(f"kv-prefix, `facts` documents=2 people=4, {n_episodes} validation episodes (seed 10000), each document absorbed "
       "alone, then composed\n")

@@ -372,9 +372,7 @@ class DistillLoRA(AbsorbMethod):
         composed = compose_loras(*adapted)
         if not self.compose_steps:
             return composed
-        if any(getattr(a, "sequences", None) is None for a in adapted):
-            raise ValueError("distill-lora: compose_steps trains on each adapter's data stage; an adapter loaded from a "
-                             "folder has none (absorb the documents in this process, or set compose_steps=0)")
+        trainer, sequences = composition_trainer(self, adapted, "adapter")
         spec, factors = composed.spec, composed.lora_factors()
         base = copy.deepcopy(composed.base)
         if hasattr(base, "peft_config"):  # left by the merged adapter's peft layers, which merging removed
@@ -390,10 +388,7 @@ class DistillLoRA(AbsorbMethod):
             for name, (a, b) in trainable.lora_factors().items():
                 a.copy_(factors[name][0])
                 b.copy_(factors[name][1])
-        trainer = copy.copy(self)
-        trainer.steps, trainer.passes = self.compose_steps, 0
-        history = trainer._train(trainable, [item for a in adapted for item in a.sequences],
-                                 torch.Generator().manual_seed(self.seed))
+        history = trainer._train(trainable, sequences, torch.Generator().manual_seed(self.seed))
         out = trainable.merged_model()
         out.history = {"compose": history}
         return out
@@ -512,6 +507,18 @@ def training_steps(steps: int, passes: int, n_sequences: int, batch_size: int) -
     """Steps of training on a data stage of n sequences: `steps`, or more where `passes` passes over the sequences
     need more (a long document's stage holds hundreds); none when steps = 0 or there is nothing to learn."""
     return max(steps, -(-passes * n_sequences // batch_size)) if steps and n_sequences else 0
+
+
+def composition_trainer(method, adapted: list, noun: str) -> tuple[Any, list]:
+    """For `compose_steps`: a copy of `method` that trains compose_steps steps (no passes), and the union of the
+    absorbs' data stages (`sequences`, kept in memory by an absorb; a folder loaded from disk keeps none)."""
+    if any(getattr(a, "sequences", None) is None for a in adapted):
+        article = "an" if noun[0] in "aeiou" else "a"
+        raise ValueError(f"{method.name}: compose_steps trains on each {noun}'s data stage; {article} {noun} loaded "
+                         "from a folder has none (absorb the documents in this process, or set compose_steps=0)")
+    trainer = copy.copy(method)
+    trainer.steps, trainer.passes = method.compose_steps, 0
+    return trainer, [item for a in adapted for item in a.sequences]
 
 
 def pass_patience(patience: int, n_sequences: int, batch_size: int) -> int:

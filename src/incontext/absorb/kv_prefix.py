@@ -22,10 +22,10 @@ With p = M and init "document" and no training steps the prefix is the document'
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -37,7 +37,7 @@ from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
 from .base import AbsorbMethod, AdaptedModel
-from .distill_lora import DataStageOptions, _plateau, pass_patience, training_steps
+from .distill_lora import DataStageOptions, _plateau, composition_trainer, pass_patience, training_steps
 from .self_study import StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, study
 
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
@@ -229,16 +229,8 @@ class KVPrefix(AbsorbMethod):
         composed = compose_prefixes(*adapted)
         if not self.compose_steps:
             return composed
-        if any(getattr(a, "sequences", None) is None for a in adapted):
-            raise ValueError("kv-prefix: compose_steps trains on each prefix's data stage; a prefix loaded from a folder "
-                             "has none (absorb the documents in this process, or set compose_steps=0)")
-        frozen, start = [], 0
-        for a in adapted:
-            frozen.append(start)
-            start += a.position
-        trainer = copy.copy(self)
-        trainer.steps, trainer.passes = self.compose_steps, 0
-        sequences = [item for a in adapted for item in a.sequences]
+        trainer, sequences = composition_trainer(self, adapted, "prefix")
+        frozen = list(accumulate((a.position for a in adapted[:-1]), initial=0))  # each document's first position
         history = trainer._train(composed.base, composed.state(), sequences, torch.Generator().manual_seed(self.seed),
                                  frozen=frozen if self.freeze_first else [])
         out = TrainedPrefix(composed.base, with_kv(composed.state(), history.pop("kv")))
