@@ -49,8 +49,17 @@ ANSWERS = {
 @contextlib.contextmanager
 def answers_by(label: str):
     """For a label METHOD:VARIANT with VARIANT in ANSWERS, the data stage's answers given that way instead (the
-    speed-up of batching measured in the same run)."""
+    speed-up of batching measured in the same run); with VARIANT `plain-decode`, the continuations and answers
+    decoded on a growing cache instead of the static cache a GPU replays as a CUDA graph (self_study.STATIC_DECODE)."""
     variant = label.partition(":")[2]
+    if variant == "plain-decode":
+        chosen = self_study.STATIC_DECODE
+        self_study.STATIC_DECODE = "never"
+        try:
+            yield
+        finally:
+            self_study.STATIC_DECODE = chosen
+        return
     if variant not in ANSWERS:
         yield
         return
@@ -87,7 +96,7 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
                         f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
-                        "stage's queries that way")
+                        "stage's queries that way, and METHOD:plain-decode decodes on a growing cache (no CUDA graph)")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")

@@ -172,6 +172,45 @@ def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
 
 
 @check
+def data_stage_static_decode_graph(device: str, work: Path) -> dict:
+    """The data stage's continuations and answers decoded on a static cache, the decode step replayed as a CUDA graph
+    (the default on a GPU with our Transformer), against the same steps eager and against the plain decode, in
+    float64 (1e-10); on a CPU all three are eager."""
+    from incontext.absorb import self_study
+    from incontext.absorb.self_study import StudyOptions, study
+    from incontext.models import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=128,
+                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    model = Transformer(config).to(device, torch.float64).eval()
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 61, (20,), generator=g).to(device)
+    queries = [torch.randint(0, 61, (n,), generator=g).to(device) for n in (3, 5, 9, 2, 4)]
+    options = StudyOptions(window_tokens=6, n_continuations=3, continuation_tokens=9, answer_tokens=5)
+
+    def stage(mode: str, capture: bool = True):
+        chosen, captured = self_study.STATIC_DECODE, self_study.StaticDecoder.warmup
+        self_study.STATIC_DECODE = mode
+        if not capture:
+            self_study.StaticDecoder.warmup = 10**9  # the same static steps, never captured
+        try:
+            return study(model, prompt, queries, options, None, torch.Generator().manual_seed(0), top_k=None)[0]
+        finally:
+            self_study.STATIC_DECODE, self_study.StaticDecoder.warmup = chosen, captured
+
+    def gap(a, b) -> float:
+        assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, b)), "the decoded tokens differ"
+        return max(float((x - y).abs().max()) for (_, x), (_, y) in zip(a, b))
+
+    replayed, eager, plain = stage("always"), stage("always", capture=False), stage("never")
+    out = {"sequences": len(replayed), "replayed_vs_same_steps_eager": gap(replayed, eager),
+           "replayed_vs_plain_decode": gap(replayed, plain)}
+    assert out["replayed_vs_same_steps_eager"] < 1e-10 and out["replayed_vs_plain_decode"] < 1e-10, out
+    return out
+
+
+@check
 def bfloat16_through_the_harness(device: str, work: Path) -> dict:
     methods = ["keep-prompt", "drop-prompt", "dynamic-eval", "distill-lora", "iclca-approx"]
     folder = tiny_hf_folder(work / "llama-bf16")

@@ -9,6 +9,7 @@ pytest.importorskip("peft")
 from incontext.absorb import get_absorb_method, self_study  # noqa: E402
 from incontext.absorb.self_study import StudyOptions, distillation_kl, study, top_k_targets  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
+from incontext.models.static_decode import StaticDecoder  # noqa: E402
 
 OPTIONS = StudyOptions(window_tokens=6, n_continuations=2, continuation_tokens=5, n_questions=0)
 
@@ -120,8 +121,10 @@ def test_batched_answers_equal_one_query_at_a_time(seed):
         model(prompt[None], cache=cache)
         reference = [self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)]
         batched = self_study._answered_batched(model, cache, queries, n_answers, rows=2)
-        passes = self_study._answered_full_passes(model, cache, queries, n_answers, rows=3)  # the GPU's way
-    for answers in (batched, passes):
+        passes = self_study._answered_full_passes(model, cache, queries, n_answers, rows=3)  # transformers' on a GPU
+        static = self_study._answered_static(model, cache, queries, n_answers,  # ours on a GPU (here eager)
+                                             StaticDecoder(model, cache, rows=4, room=8, capture=False))
+    for answers in (batched, passes, static):
         assert len(answers) == len(reference)
         for (ids, logp), (ref_ids, ref_logp) in zip(answers, reference):
             assert torch.equal(ids, ref_ids) and ids.dtype == ref_ids.dtype
@@ -160,3 +163,23 @@ def test_foreign_queries_join_the_taught_queries():
     asked = [codec.decode(s[0][:-3].tolist()) for s in sequences[-2:]]
     assert all(q.startswith("Q: Where was ") and "Abe Lonn" not in q for q in asked)
     assert study(model, prompt, queries, options, None, torch.Generator().manual_seed(5), top_k=8)[1]["questions"] == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_static_decode_gives_the_same_stage(seed, monkeypatch):
+    """The whole stage (continuations sampled on the CPU from the logits of each step, training queries answered)
+    decoded on a static cache (how a CUDA device decodes, here eager) against the plain decode, float64."""
+    model = tiny(seed)
+    g = torch.Generator().manual_seed(seed + 5)
+    queries = [torch.randint(0, 61, (int(torch.randint(1, 6, (), generator=g)),), generator=g) for _ in range(7)]
+    options = StudyOptions(window_tokens=6, n_continuations=3, continuation_tokens=6, answer_tokens=3)
+
+    def stage(mode):
+        monkeypatch.setattr(self_study, "STATIC_DECODE", mode)
+        return study(model, PROMPT, queries, options, None, torch.Generator().manual_seed(seed), top_k=None)
+
+    (plain, counts), (static, again) = stage("never"), stage("always")
+    assert counts == again and counts["continuations"] == 3 and counts["train_queries"] == 7
+    assert len(plain) == len(static)
+    for (ids, logp), (ref_ids, ref_logp) in zip(static, plain):
+        assert torch.equal(ids, ref_ids) and torch.allclose(logp, ref_logp, atol=1e-10, rtol=0)

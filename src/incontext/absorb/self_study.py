@@ -28,6 +28,12 @@ import torch.nn.functional as F
 
 from ..models import Cache
 from ..models.lm import copy_cache
+from ..models.static_decode import StaticDecoder, supported
+
+# Where the continuations and the training queries' answers decode on a fixed-size cache whose step is replayed as a
+# CUDA graph (models/static_decode.py): "cuda" (on a CUDA device with our Transformer), "always" (eagerly elsewhere
+# too: how the tests on a CPU check it against the plain decode) or "never" (the benchmarks' peer).
+STATIC_DECODE = "cuda"
 
 
 @dataclass(frozen=True)
@@ -276,17 +282,27 @@ def _copy(cache: Cache, batch: int = 1) -> Cache:
     return copy_cache(cache, batch)
 
 
+def _static(model, cache, rows: int, room: int) -> StaticDecoder | None:
+    """A StaticDecoder for `rows` rows and `room` new positions after `cache` where STATIC_DECODE asks for one
+    (captured on a CUDA device), else None (the plain decode)."""
+    cuda = next(model.parameters()).is_cuda
+    if STATIC_DECODE == "never" or (STATIC_DECODE == "cuda" and not cuda) or not supported(model, cache):
+        return None
+    return StaticDecoder(model, cache, rows, room, capture=cuda)
+
+
 def _sample(model, cache, last_logits, n, length, temperature, generator):
     """n continuations of `length` tokens sampled from the model after the cached prompt, and the model's
     logits after each sampled token (n, length, V): the teacher's targets come with the sampling."""
-    cache = _copy(cache, n)
+    static = _static(model, cache, n, length)
+    cache = None if static is not None else _copy(cache, n)
     logits = last_logits.expand(n, -1)
     tokens, targets = [], []
     for _ in range(length):
         # drawn on the CPU from the method's CPU generator: the same draws whatever device the model is on
         probs = torch.softmax(logits.float() / temperature, -1).cpu()
         token = torch.multinomial(probs, 1, generator=generator).to(logits.device)
-        logits = model(token, cache=cache)[:, -1]
+        logits = model(token, cache=cache)[:, -1] if static is None else static.step(token).clone()
         tokens.append(token)
         targets.append(logits)
     return torch.cat(tokens, 1), torch.stack(targets, 1)
@@ -382,11 +398,51 @@ def _answered_full_passes(model, cache, queries: list[torch.Tensor], n_answers: 
     return out
 
 
-def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int]) -> list:
-    """The teacher's greedy answers to the training queries: full passes on a GPU, incremental decoding elsewhere
-    (see _answered_full_passes); both equal the one-query-at-a-time reference `_answered`."""
+def _answered_static(model, cache, queries: list[torch.Tensor], n_answers: list[int], static: StaticDecoder) -> list:
+    """`_answered` for many queries of any lengths on a StaticDecoder (its rows at a time, the last chunk filled up
+    with copies of its first query): each chunk right-padded goes through one eager pass, then its greedy answer
+    tokens come from decode steps (replayed as a CUDA graph), each row at its own position. Equal to the reference
+    up to float rounding of batched products (tests/absorb/test_self_study.py)."""
+    out: list = [None] * len(queries)
+    for j in range(0, len(queries), static.rows):
+        chunk = list(range(j, min(j + static.rows, len(queries))))
+        members = chunk + [chunk[0]] * (static.rows - len(chunk))
+        lengths = [queries[i].shape[0] for i in members]
+        tokens = queries[0].new_zeros(static.rows, max(lengths))
+        for r, i in enumerate(members):
+            tokens[r, : lengths[r]] = queries[i]
+        static.restart()
+        lengths_t = torch.tensor(lengths, device=tokens.device)
+        logits = static.prefill(tokens, lengths_t)
+        last = logits[torch.arange(static.rows, device=tokens.device), lengths_t - 1]
+        n = max(n_answers[i] for i in chunk)
+        answers, answer_logits = [], []
+        for k in range(n):
+            answers.append(last.argmax(-1))
+            if k + 1 == n:
+                break
+            last = static.step(answers[-1]).clone()
+            answer_logits.append(last)
+        for r, i in enumerate(chunk):
+            query, m = queries[i], n_answers[i]
+            if m < 1:
+                out[i] = (query, _log_probs(logits[r, : lengths[r]]))
+                continue
+            said = torch.stack([a[r] for a in answers[:m]])
+            teacher = torch.cat([logits[r, : lengths[r]]] + [x[r: r + 1] for x in answer_logits[: m - 1]])
+            out[i] = (torch.cat([query, said[:-1]]), _log_probs(teacher))
+    return out
+
+
+def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], rows: int = 32) -> list:
+    """The teacher's greedy answers to the training queries: decode steps on a static cache replayed as a CUDA graph
+    where there is one (_static), else full passes on a GPU (transformers' models) and incremental decoding
+    elsewhere (see _answered_full_passes); all equal the one-query-at-a-time reference `_answered`."""
     if not queries:
         return []
+    static = _static(model, cache, min(rows, len(queries)), max(q.shape[0] for q in queries) + max(n_answers))
+    if static is not None:
+        return _answered_static(model, cache, queries, n_answers, static)
     if queries[0].is_cuda:
         return _answered_full_passes(model, cache, queries, n_answers)
     return _answered_batched(model, cache, queries, n_answers)

@@ -157,11 +157,14 @@ class Cache:
     `LayerState` (softmax attention over a context held in another form).
 
     `position` is the absolute position id the next token gets. Tensors are (B, H_kv, P, d) for keys and
-    values, (B, H, F, d) and (B, H, F) for S and z.
+    values, (B, H, F, d) and (B, H, F) for S and z. `positions`, when set, is each row's next position as a device
+    tensor (B,) that the positions of a forward come from instead of `position` (a decode step replayed as a CUDA
+    graph, models/static_decode.py: the rows' positions change between replays, a Python int could not).
     """
 
     layers: list[tuple[torch.Tensor, torch.Tensor] | LayerState | None]
     position: int = 0
+    positions: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, n_layer: int, position: int = 0) -> "Cache":
@@ -409,7 +412,7 @@ class Transformer(nn.Module):
             raise ValueError(f"the cache has {len(cache.layers)} layers but the model has {c.n_layer} "
                              f"(make it with Cache.empty(model.config.n_layer))")
         start = cache.position if cache is not None else position_offset
-        x, rope = self.embed(inputs, start)
+        x, rope = self.embed(inputs, start, cache.positions if cache is not None else None)
         t = inputs.shape[1]
         previous = None
         for i, block in enumerate(self.blocks):
@@ -423,15 +426,20 @@ class Transformer(nn.Module):
         out = self.lm_head(hidden) if c.tokens else self.read_out(hidden)
         return (out, hidden) if return_hidden else out
 
-    def embed(self, inputs: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-        """Input embeddings (with learned positions) of tokens at positions start.., and the RoPE tables."""
+    def embed(self, inputs: torch.Tensor, start: int = 0, rows_start: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Input embeddings (with learned positions) of tokens at positions start.., and the RoPE tables; with
+        `rows_start` (B,) (a device tensor, Cache.positions), row b's tokens sit at rows_start[b].. instead."""
         c = self.config
         self._check_inputs(inputs)
         t = inputs.shape[1]
         x = self.tok_emb(inputs) if c.tokens else self.read_in(inputs)
-        positions = torch.arange(start, start + t, device=x.device)
+        if rows_start is None:
+            positions = torch.arange(start, start + t, device=x.device)
+        else:  # (B, T): not checked against the learned table here (a check would sync a replayed graph)
+            positions = rows_start[:, None] + torch.arange(t, device=x.device)
         if c.positions == "learned":
-            if start < 0 or start + t > c.max_seq_len:
+            if rows_start is None and (start < 0 or start + t > c.max_seq_len):
                 raise ValueError(
                     f"positions {start}..{start + t - 1} exceed the learned position table (max_seq_len={c.max_seq_len})"
                 )
@@ -439,6 +447,8 @@ class Transformer(nn.Module):
         rope = None
         if c.positions == "rope":
             rope = rope_cos_sin(positions, self.rope_dim, c.rope_theta, x.dtype)
+            if rows_start is not None:  # (B, T, d) -> (B, 1, T, d): one table per row, shared by the heads
+                rope = tuple(r[:, None] for r in rope)
         return self.dropout(x), rope
 
     @property
