@@ -102,6 +102,22 @@ def generator_for(device: torch.device | str, seed: int) -> torch.Generator:
     return torch.Generator(device=torch.device(device)).manual_seed(int(seed))
 
 
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool, device: torch.device | str):
+    """Within the block, float32 matmuls on a CUDA device use TF32 tensor cores (inputs rounded to a 10-bit mantissa,
+    float32 accumulation: torch.set_float32_matmul_precision("high")); nothing changes when not `enabled` or off
+    CUDA. The previous precision comes back after the block."""
+    if not enabled or torch.device(device).type != "cuda":
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def device_of(module: torch.nn.Module) -> torch.device:
     for tensor in module.parameters():
         return tensor.device

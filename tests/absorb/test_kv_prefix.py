@@ -122,6 +122,7 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"schedule": "linear"}, "schedule must be one of constant, cosine"),
     ({"n_foreign": -1}, "n_foreign must be an integer >= 0"),
     ({"compose_steps": -1}, "compose_steps must be an integer >= 0"),
+    ({"tf32": "on"}, "tf32 must be true or false"),
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):

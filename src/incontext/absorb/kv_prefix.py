@@ -33,6 +33,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..config import limit
+from ..runtime import device_of, tf32_matmuls
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
@@ -122,6 +123,7 @@ class KVPrefixOptions(DataStageOptions):
     message_tokens: int = limit(32, min=1)
     objective: Literal["kl", "next-token"] = "kl"
     cuda_graph: bool = True
+    tf32: bool = False
     schedule: Literal["constant", "cosine"] = "constant"
     compose_steps: int = limit(0, min=0)
 
@@ -145,6 +147,7 @@ class KVPrefix(AbsorbMethod):
     results/kv-prefix-validation-sweep), which double the absorb time. objective: "kl" (the teacher's distributions) or
     "next-token" (the sequences' own next tokens; Cartridges' ablation). cuda_graph: on a CUDA device, the KL training
     step is captured once as a CUDA graph and replayed (every batch padded to the longest sequence; false: eager).
+    tf32: on a CUDA device, the absorb's float32 matmuls (data stage and training) in TF32 (runtime.tf32_matmuls).
     schedule: "constant" or "cosine" (the rate decayed to 0 over the steps; on the validation episodes it lost to the
     constant rate, KL 0.61 vs 0.55 at 96 steps, and tied it at 48, 0.67 vs 0.66: results/kv-prefix-validation-schedule;
     a cosine schedule trains eagerly). compose_steps: `compose` trains the concatenated prefixes that many steps on
@@ -165,7 +168,8 @@ class KVPrefix(AbsorbMethod):
                  continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 0, contrast: bool = False,
                  n_foreign: int = 0, chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
                  seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
-                 objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant", compose_steps: int = 0):
+                 objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant", compose_steps: int = 0,
+                 tf32: bool = False):
         def integer(name, value, low):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"kv-prefix: {name} must be an integer >= {low}, got {value!r}")
@@ -197,14 +201,14 @@ class KVPrefix(AbsorbMethod):
         if schedule not in SCHEDULES:
             raise ValueError(f"kv-prefix: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         for name, value in (("freeze_first", freeze_first), ("progress", progress), ("contrast", contrast),
-                            ("cuda_graph", cuda_graph)):
+                            ("cuda_graph", cuda_graph), ("tf32", tf32)):
             if not isinstance(value, bool):
                 raise ValueError(f"kv-prefix: {name} must be true or false, got {value!r}")
         self.prefix_tokens, self.init, self.freeze_first = prefix_tokens, init, freeze_first
         self.steps, self.passes, self.learning_rate, self.batch_size = steps, passes, float(learning_rate), batch_size
         self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
         self.top_k, self.data_cache, self.objective, self.cuda_graph = top_k, data_cache, objective, cuda_graph
-        self.schedule, self.compose_steps = schedule, compose_steps
+        self.schedule, self.compose_steps, self.tf32 = schedule, compose_steps, tf32
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
                                   n_questions=n_questions, contrast=contrast, n_foreign=n_foreign,
@@ -231,8 +235,9 @@ class KVPrefix(AbsorbMethod):
             return composed
         trainer, sequences = composition_trainer(self, adapted, "prefix")
         frozen = list(accumulate((a.position for a in adapted[:-1]), initial=0))  # each document's first position
-        history = trainer._train(composed.base, composed.state(), sequences, torch.Generator().manual_seed(self.seed),
-                                 frozen=frozen if self.freeze_first else [])
+        with tf32_matmuls(self.tf32, device_of(composed.base)):
+            history = trainer._train(composed.base, composed.state(), sequences, torch.Generator().manual_seed(self.seed),
+                                     frozen=frozen if self.freeze_first else [])
         out = TrainedPrefix(composed.base, with_kv(composed.state(), history.pop("kv")))
         out.history = {"compose": history}
         return out.eval()
@@ -256,6 +261,10 @@ class KVPrefix(AbsorbMethod):
                              "(use init=document)")
         if limit is not None and p >= limit:
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({limit})")
+        with tf32_matmuls(self.tf32, prompt.device):
+            return self._absorb_document(model, prompt, p, train_queries)
+
+    def _absorb_document(self, model, prompt, p: int, train_queries) -> TrainedPrefix:
         queries = [q[0] if q.dim() == 2 else q for q in (train_queries or [])]
         generator = torch.Generator().manual_seed(self.seed)
         was_training = model.training
@@ -425,7 +434,7 @@ class _FixedShapeSteps:
     later step copies its batch into the graph's inputs and replays it. Without `capture` the fixed-shape step runs
     eagerly (how tests on a CPU check it against _EagerSteps)."""
 
-    warmup = 3
+    warmup = 1
 
     def __init__(self, student, optimizer, flat, sequences, capture: bool):
         self.student, self.optimizer, self.flat = student, optimizer, flat

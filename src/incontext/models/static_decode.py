@@ -32,7 +32,7 @@ def supported(model, cache: Cache) -> bool:
 class StaticDecoder:
     """Decode steps over a fixed-size copy of `cache` (one row, broadcast to `rows`) with `room` positions to fill."""
 
-    warmup = 2  # eager steps (on a side stream) before the capture, as capture requires
+    warmup = 1  # eager steps (on a side stream) before the capture, as capture requires
 
     def __init__(self, model: Transformer, cache: Cache, rows: int, room: int, capture: bool):
         if not supported(model, cache):
