@@ -30,6 +30,7 @@ import torch
 
 from incontext.absorb import get_absorb_method, self_study
 from incontext.absorb.harness import CostTimer
+from incontext.ops import softmax_attention
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
 from incontext.tasks.episodes import get_episode_source
@@ -46,29 +47,32 @@ ANSWERS = {
 }
 
 
+# peers that switch a module flag: METHOD:VARIANT where VARIANT (or one of its "+"-joined parts) names one of these
+FLAGS = {
+    "plain-decode": (self_study, "STATIC_DECODE", "never"),  # decode on a growing cache: no CUDA graph in the data stage
+    "enable-gqa": (softmax_attention, "EXPAND_GROUPS_ON_CUDA", False),  # sdpa's enable_gqa on CUDA (its math path)
+}
+
+
 @contextlib.contextmanager
 def answers_by(label: str):
     """For a label METHOD:VARIANT with VARIANT in ANSWERS, the data stage's answers given that way instead (the
-    speed-up of batching measured in the same run); with VARIANT `plain-decode`, the continuations and answers
-    decoded on a growing cache instead of the static cache a GPU replays as a CUDA graph (self_study.STATIC_DECODE)."""
+    speed-up of batching measured in the same run); with VARIANT (or a "+"-joined part of it) in FLAGS, that
+    module flag set during the absorb."""
     variant = label.partition(":")[2]
-    if variant == "plain-decode":
-        chosen = self_study.STATIC_DECODE
-        self_study.STATIC_DECODE = "never"
-        try:
-            yield
-        finally:
-            self_study.STATIC_DECODE = chosen
-        return
-    if variant not in ANSWERS:
-        yield
-        return
+    flags = [FLAGS[part] for part in variant.split("+") if part in FLAGS]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in flags]
+    for module, name, value in flags:
+        setattr(module, name, value)
     chosen = self_study._answer
-    self_study._answer = ANSWERS[variant]
+    if variant in ANSWERS:
+        self_study._answer = ANSWERS[variant]
     try:
         yield
     finally:
         self_study._answer = chosen
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
 def base(label: str) -> str:
@@ -96,7 +100,8 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
                         f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
-                        "stage's queries that way, and METHOD:plain-decode decodes on a growing cache (no CUDA graph)")
+                        "stage's queries that way; METHOD:plain-decode decodes on a growing cache (no CUDA graph), METHOD:enable-gqa "
+                        "leaves grouped K/V heads to sdpa on CUDA; join variants with +")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")
