@@ -30,7 +30,6 @@ import torch
 
 from incontext.absorb import get_absorb_method, self_study
 from incontext.absorb.harness import CostTimer
-from incontext.ops import softmax_attention
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
 from incontext.tasks.episodes import get_episode_source
@@ -50,7 +49,6 @@ ANSWERS = {
 # peers that switch a module flag: METHOD:VARIANT where VARIANT (or one of its "+"-joined parts) names one of these
 FLAGS = {
     "plain-decode": (self_study, "STATIC_DECODE", "never"),  # decode on a growing cache: no CUDA graph in the data stage
-    "enable-gqa": (softmax_attention, "EXPAND_GROUPS_ON_CUDA", False),  # sdpa's enable_gqa on CUDA (its math path)
 }
 
 
@@ -100,8 +98,7 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
                         f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
-                        "stage's queries that way; METHOD:plain-decode decodes on a growing cache (no CUDA graph), METHOD:enable-gqa "
-                        "leaves grouped K/V heads to sdpa on CUDA; join variants with +")
+                        "stage's queries that way; METHOD:plain-decode decodes on a growing cache (no CUDA graph); join variants with +")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")

@@ -3,8 +3,7 @@ on random weights of SmolLM2-135M's shapes with SmolLM2's tokenizer, for one `fa
 
 1. the data stage's parts (recall windows, continuations, answers, top-k), decoded on the static cache (replayed as a
    CUDA graph on a GPU) and on a growing cache, each twice (the second run warm);
-2. the kernels of one eager decode step and of one eager training step (torch.profiler: how many, which), with
-   grouped K/V heads repeated (the default on CUDA) and left to sdpa's enable_gqa;
+2. the kernels of one eager decode step and of one eager training step (torch.profiler: how many, which);
 3. the time per training step replayed as a CUDA graph at several batch sizes (CUDA events over 48 steps).
 
     python benchmarks/absorb_profile.py --device cuda --tokenizer DIR [--people 7] [--out FILE.json]
@@ -28,7 +27,6 @@ from absorb_cost import random_smollm2  # noqa: E402
 
 from incontext.absorb import get_absorb_method, kv_prefix, self_study  # noqa: E402
 from incontext.models import Cache  # noqa: E402
-from incontext.ops import softmax_attention  # noqa: E402
 from incontext.tasks.episodes import get_episode_source  # noqa: E402
 
 
@@ -134,21 +132,17 @@ def main() -> None:
     train = [t.to(args.device).reshape(-1) for t in episode.train_queries]
     record = {"model": description, "device": args.device, "torch": torch.__version__, "prompt_tokens": int(prompt.shape[0])}
     record["data_stage"] = data_stage_parts(model, codec, prompt, train, args.device) if args.stage_runs else []
+    with torch.no_grad():
+        cache = Cache.empty(model.config.n_layer)
+        model(prompt[None], cache=cache)
+        token = torch.zeros(2, 1, dtype=torch.long, device=args.device)
+        two = self_study._copy(cache, 2)
+        model(token, cache=self_study._copy(cache, 2))  # warm
+        record["decode_step"] = kernels(lambda: model(token, cache=two), args.device)
+    print("decode step", record["decode_step"], flush=True)
     with tempfile.TemporaryDirectory() as cache_dir:
-        for expand in (True, False):  # grouped K/V heads repeated (the default on CUDA) or left to sdpa's enable_gqa
-            softmax_attention.EXPAND_GROUPS_ON_CUDA = expand
-            name = "" if expand else "_enable_gqa"
-            with torch.no_grad():
-                cache = Cache.empty(model.config.n_layer)
-                model(prompt[None], cache=cache)
-                token = torch.zeros(2, 1, dtype=torch.long, device=args.device)
-                two = self_study._copy(cache, 2)
-                model(token, cache=self_study._copy(cache, 2))  # warm
-                record["decode_step" + name] = kernels(lambda: model(token, cache=two), args.device)
-            print("decode step" + name, record["decode_step" + name], flush=True)
-            record["train_step" + name] = step_kernels(model, codec, prompt, train, args.device, cache_dir)
-            print("train step" + name, record["train_step" + name], flush=True)
-        softmax_attention.EXPAND_GROUPS_ON_CUDA = True
+        record["train_step"] = step_kernels(model, codec, prompt, train, args.device, cache_dir)
+        print("train step", record["train_step"], flush=True)
         record["replayed_step_ms"] = {}
         for batch in (int(b) for b in args.batches.split(",") if b):
             method = get_absorb_method("kv-prefix", progress=False, steps=48, passes=0, batch_size=batch, patience=1000,

@@ -43,24 +43,3 @@ def test_grouped_kv_heads_match_the_expanded_reference(heads, kv_heads, t, p):
     reference = softmax_attention_reference(q, *expanded, scale=0.3)
     assert (softmax_attention_sdpa(q, k, v, scale=0.3) - reference).abs().max() < 1e-12
     assert (softmax_attention_reference(q, k, v, scale=0.3) - reference).abs().max() == 0
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_repeated_kv_heads_equal_sdpa_sharing_them(seed):
-    """grouped_heads: the K/V heads repeated (CUDA's way) or shared by sdpa (enable_gqa, the CPU's), with and without a
-    mask, give the same attention (float64)."""
-    import torch.nn.functional as F
-
-    from incontext.ops.softmax_attention import causal_mask, grouped_heads
-
-    g = torch.Generator().manual_seed(seed)
-    h_kv, groups, t, p = int(torch.randint(1, 4, (), generator=g)), int(torch.randint(2, 4, (), generator=g)), 5, 3
-    q = torch.randn(2, h_kv * groups, t, 8, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(2, h_kv, p + t, 8, generator=g, dtype=torch.float64) for _ in range(2))
-    for mask in (None, causal_mask(t, p + t, q.device)):
-        outs = []
-        for expand in (True, False):
-            keys, values, kwargs = grouped_heads(q, k, v, expand=expand)
-            assert (keys.shape[1] == q.shape[1]) == expand
-            outs.append(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=0.4, **kwargs))
-        assert torch.allclose(outs[0], outs[1], atol=1e-12, rtol=0)

@@ -37,24 +37,6 @@ def softmax_attention_reference(
     return weights @ v
 
 
-def grouped_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, expand: bool | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """K/V with fewer heads than q (grouped-query attention) for F.scaled_dot_product_attention: on a CPU, sdpa shares
-    each K/V head with its group itself (`enable_gqa`, no copy); on CUDA the heads are repeated instead, because
-    with `enable_gqa` only the flash kernel (half precision, no mask) takes them and everything else (float32, any
-    mask) falls back to the math path, a dozen kernels per layer where the memory-efficient kernel is one (a decode
-    step is launch-bound on a GPU: benchmarks/results/absorb_profile_cuda_h100.json). `expand` overrides the choice."""
-    if k.shape[1] == q.shape[1]:
-        return k, v, {}
-    if expand if expand is not None else (q.is_cuda and EXPAND_GROUPS_ON_CUDA):
-        groups = q.shape[1] // k.shape[1]
-        return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), {}
-    return k, v, {"enable_gqa": True}
-
-
-EXPAND_GROUPS_ON_CUDA = True  # False: enable_gqa on CUDA too (the benchmarks' peer)
-
-
 def softmax_attention_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -65,7 +47,9 @@ def softmax_attention_sdpa(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     n_queries, n_keys = q.shape[-2], k.shape[-2]
-    k, v, gqa = grouped_heads(q, k, v)  # grouped-query attention: fewer K/V heads than query heads
+    # grouped-query attention (fewer K/V heads than query heads): sdpa shares each K/V head with its group itself,
+    # no expanded copy of the cache
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     if n_queries == n_keys:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p, **gqa)
     if n_queries == 1:  # one new token sees every cached key: no mask needed

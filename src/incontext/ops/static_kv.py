@@ -18,8 +18,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .softmax_attention import grouped_heads
-
 
 @dataclass
 class StaticKV:
@@ -50,8 +48,8 @@ class StaticKV:
         self.k.scatter_(2, slots, k)
         self.v.scatter_(2, slots, v)
         allowed = torch.arange(self.k.shape[2], device=q.device) <= index[:, :, None]  # (B, T, capacity)
-        keys, values, gqa = grouped_heads(q, self.k, self.v)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed[:, None], scale=scale, **gqa)
+        gqa = {"enable_gqa": True} if self.k.shape[1] != q.shape[1] else {}
+        out = F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=allowed[:, None], scale=scale, **gqa)
         return out, self
 
 
