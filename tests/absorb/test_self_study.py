@@ -183,3 +183,32 @@ def test_the_static_decode_gives_the_same_stage(seed, monkeypatch):
     assert len(plain) == len(static)
     for (ids, logp), (ref_ids, ref_logp) in zip(static, plain):
         assert torch.equal(ids, ref_ids) and torch.allclose(logp, ref_logp, atol=1e-10, rtol=0)
+
+
+def test_the_static_answers_take_fewer_rows_for_a_long_document(monkeypatch):
+    """The static cache copies the document's K/V into every row: its buffers stay within STATIC_BYTES (fewer rows at a
+    time, the same answers)."""
+    from incontext.models import Cache
+
+    model = tiny(0)
+    queries = [torch.randint(0, 61, (3,), generator=torch.Generator().manual_seed(i)) for i in range(5)]
+    seen = []
+    original = self_study.StaticDecoder.__init__
+
+    def spy(self, model, cache, rows, room, capture):
+        seen.append(rows)
+        original(self, model, cache, rows, room, capture)
+
+    monkeypatch.setattr(self_study.StaticDecoder, "__init__", spy)
+    monkeypatch.setattr(self_study, "STATIC_DECODE", "always")
+    with torch.no_grad():
+        cache = Cache.empty(model.config.n_layer)
+        model(PROMPT[None], cache=cache)
+        wide = self_study._answer(model, cache, queries, [2] * 5)
+        k = cache.layers[0][0]
+        per_row = 2 * 2 * k.shape[1] * (cache.position + 5) * k.shape[3] * k.element_size()
+        monkeypatch.setattr(self_study, "STATIC_BYTES", 2 * per_row)
+        narrow = self_study._answer(model, cache, queries, [2] * 5)
+    assert seen == [5, 2] and len(wide) == len(narrow) == 5
+    for (ids, logp), (ids2, logp2) in zip(wide, narrow):  # batches of other sizes: float64 rounding apart
+        assert torch.equal(ids, ids2) and torch.allclose(logp, logp2, atol=1e-10, rtol=0)

@@ -15,7 +15,9 @@ The teacher is the model with the document in its context; the student reads the
   asked again about invented names (`foreign_queries`), answered by the teacher: what the document does with
   people it does not hold (composition meets the other document's people).
 
-Every tensor is made on the model's device; all randomness comes from the caller's generator.
+Every tensor is made on the model's device; all randomness comes from the caller's generator. On a GPU, our
+Transformer decodes the continuations and answers on a cache of fixed size whose one-token step is replayed as a CUDA
+graph (STATIC_DECODE, models/static_decode.py), equal to the plain decode up to float rounding.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..models.static_decode import StaticDecoder, supported
 # CUDA graph (models/static_decode.py): "cuda" (on a CUDA device with our Transformer), "always" (eagerly elsewhere
 # too: how the tests on a CPU check it against the plain decode) or "never" (the benchmarks' peer).
 STATIC_DECODE = "cuda"
+STATIC_BYTES = 1 << 30  # the static cache's buffers for the answers: fewer rows at a time for a long document
 
 
 @dataclass(frozen=True)
@@ -440,7 +443,12 @@ def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], row
     elsewhere (see _answered_full_passes); all equal the one-query-at-a-time reference `_answered`."""
     if not queries:
         return []
-    static = _static(model, cache, min(rows, len(queries)), max(q.shape[0] for q in queries) + max(n_answers))
+    room = max(q.shape[0] for q in queries) + max(n_answers)
+    k, _ = cache.layers[0] if isinstance(cache.layers[0], tuple) else (None, None)
+    if k is not None:  # every row holds a copy of the document's K/V: at most STATIC_BYTES of buffers in all
+        per_row = 2 * len(cache.layers) * k.shape[1] * (cache.position + room) * k.shape[3] * k.element_size()
+        rows = max(1, min(rows, STATIC_BYTES // per_row))
+    static = _static(model, cache, min(rows, len(queries)), room)
     if static is not None:
         return _answered_static(model, cache, queries, n_answers, static)
     if queries[0].is_cuda:
