@@ -211,6 +211,32 @@ def data_stage_static_decode_graph(device: str, work: Path) -> dict:
 
 
 @check
+def kv_prefix_tf32(device: str, work: Path) -> dict:
+    """kv-prefix with tf32=true (float32 matmuls in TF32 on CUDA; nothing changes elsewhere) trains a finite prefix
+    close to the float32 one, and the matmul precision is the caller's again afterwards."""
+    from incontext.absorb import get_absorb_method
+    from incontext.models import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=128,
+                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    model = Transformer(config).to(device).eval()
+    prompt = torch.randint(0, 61, (16,), generator=torch.Generator().manual_seed(1)).to(device)
+    options = {"prefix_tokens": 4, "steps": 8, "patience": 50, "progress": False, "n_continuations": 1,
+               "continuation_tokens": 4, "window_tokens": 6}
+    before = torch.get_float32_matmul_precision()
+    tf32, plain = (get_absorb_method("kv-prefix", tf32=flag, **options).absorb(model, prompt) for flag in (True, False))
+    gap = max(float((x - y).abs().max()) for (x, _), (y, _) in zip(tf32._tensors(), plain._tensors()))
+    scale = max(float(y.abs().max()) for y, _ in plain._tensors())
+    out = {"relative_gap": gap / scale, "precision_after": torch.get_float32_matmul_precision()}
+    assert all(torch.isfinite(x).all() for pair in tf32._tensors() for x in pair), out
+    assert out["precision_after"] == before and out["relative_gap"] < 0.05, out
+    if not device.startswith("cuda"):
+        assert gap == 0.0, out  # off CUDA the option changes nothing
+    return out
+
+
+@check
 def bfloat16_through_the_harness(device: str, work: Path) -> dict:
     methods = ["keep-prompt", "drop-prompt", "dynamic-eval", "distill-lora", "iclca-approx"]
     folder = tiny_hf_folder(work / "llama-bf16")

@@ -33,10 +33,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..config import limit
-from ..runtime import device_of, tf32_matmuls
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
+from ..runtime import device_of, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions, _plateau, composition_trainer, pass_patience, training_steps
 from .self_study import StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, study

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..models import Cache
 from ..models.lm import copy_cache
-from ..models.static_decode import StaticDecoder, supported
+from ..models.static_decode import StaticDecoder, bytes_per_row, supported
 
 # Where the continuations and the training queries' answers decode on a fixed-size cache whose step is replayed as a
 # CUDA graph (models/static_decode.py): "cuda" (on a CUDA device with our Transformer), "always" (eagerly elsewhere
@@ -444,10 +444,8 @@ def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], row
     if not queries:
         return []
     room = max(q.shape[0] for q in queries) + max(n_answers)
-    k, _ = cache.layers[0] if isinstance(cache.layers[0], tuple) else (None, None)
-    if k is not None:  # every row holds a copy of the document's K/V: at most STATIC_BYTES of buffers in all
-        per_row = 2 * len(cache.layers) * k.shape[1] * (cache.position + room) * k.shape[3] * k.element_size()
-        rows = max(1, min(rows, STATIC_BYTES // per_row))
+    if supported(model, cache):  # every row holds a copy of the document's K/V: at most STATIC_BYTES of buffers in all
+        rows = max(1, min(rows, STATIC_BYTES // bytes_per_row(cache, room)))
     static = _static(model, cache, min(rows, len(queries)), room)
     if static is not None:
         return _answered_static(model, cache, queries, n_answers, static)

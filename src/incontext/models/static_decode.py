@@ -23,6 +23,13 @@ from ..ops.static_kv import StaticKV
 from .transformer import Cache, Transformer
 
 
+def bytes_per_row(cache: Cache, room: int) -> int:
+    """The bytes of one row's buffers for a StaticDecoder over `cache` with `room` positions (every row holds a copy of
+    the cached context's keys and values)."""
+    k = cache.layers[0][0]
+    return 2 * len(cache.layers) * k.shape[1] * (cache.position + room) * k.shape[3] * k.element_size()
+
+
 def supported(model, cache: Cache) -> bool:
     """Whether StaticDecoder can decode from `cache` with `model`."""
     return (isinstance(model, Transformer) and model.config.attention == "softmax" and model.config.tokens
@@ -40,10 +47,10 @@ class StaticDecoder:
         if capture and not next(model.parameters()).is_cuda:
             raise ValueError("capture needs a CUDA model")
         self.model, self.rows, self.capture = model, rows, capture
+        capacity = cache.position + room
         self.start = cache.position
         device = next(model.parameters()).device
         self.positions = torch.full((rows,), cache.position, dtype=torch.long, device=device)
-        capacity = cache.position + room
         layers = [StaticKV.filled(k, v, capacity, self.positions) for k, v in cache.layers]
         self.cache = Cache(layers=layers, position=cache.position, positions=self.positions)
         self.token = torch.zeros(rows, 1, dtype=torch.long, device=device)
