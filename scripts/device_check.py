@@ -210,11 +210,8 @@ def data_stage_static_decode_graph(device: str, work: Path) -> dict:
     return out
 
 
-@check
-def kv_prefix_tf32(device: str, work: Path) -> dict:
-    """kv-prefix with tf32=true (float32 matmuls in TF32 on CUDA; nothing changes elsewhere) trains a finite prefix
-    close to the float32 one, and the matmul precision is the caller's again afterwards."""
-    from incontext.absorb import get_absorb_method
+def _tiny_prefix_run(device: str):
+    """A tiny random RoPE Transformer on `device`, a 16-token prompt and kv-prefix options for 8 short steps."""
     from incontext.models import Transformer, TransformerConfig
 
     torch.manual_seed(0)
@@ -224,6 +221,16 @@ def kv_prefix_tf32(device: str, work: Path) -> dict:
     prompt = torch.randint(0, 61, (16,), generator=torch.Generator().manual_seed(1)).to(device)
     options = {"prefix_tokens": 4, "steps": 8, "patience": 50, "progress": False, "n_continuations": 1,
                "continuation_tokens": 4, "window_tokens": 6}
+    return model, prompt, options
+
+
+@check
+def kv_prefix_tf32(device: str, work: Path) -> dict:
+    """kv-prefix with tf32=true (float32 matmuls in TF32 on CUDA; nothing changes elsewhere) trains a finite prefix
+    close to the float32 one, and the matmul precision is the caller's again afterwards."""
+    from incontext.absorb import get_absorb_method
+
+    model, prompt, options = _tiny_prefix_run(device)
     before = torch.get_float32_matmul_precision()
     tf32, plain = (get_absorb_method("kv-prefix", tf32=flag, **options).absorb(model, prompt) for flag in (True, False))
     gap = max(float((x - y).abs().max()) for (x, _), (y, _) in zip(tf32._tensors(), plain._tensors()))
@@ -233,6 +240,32 @@ def kv_prefix_tf32(device: str, work: Path) -> dict:
     assert out["precision_after"] == before and out["relative_gap"] < 0.05, out
     if not device.startswith("cuda"):
         assert gap == 0.0, out  # off CUDA the option changes nothing
+    return out
+
+
+@check
+def kv_prefix_autocast(device: str, work: Path) -> dict:
+    """kv-prefix with autocast=bfloat16 (training's matmuls in bf16 under torch.autocast; on CUDA the step is then
+    captured under autocast) trains a finite float32 prefix close to the float32 one; on CUDA the captured step and
+    the eager one (cuda_graph=false) land close to each other."""
+    from incontext.absorb import get_absorb_method
+
+    model, prompt, options = _tiny_prefix_run(device)
+    options = {**options, "learning_rate": 0.02}
+    runs = {name: get_absorb_method("kv-prefix", **options, **extra).absorb(model, prompt) for name, extra in
+            (("plain", {}), ("autocast", {"autocast": "bfloat16"}),
+             ("autocast_eager", {"autocast": "bfloat16", "cuda_graph": False}))}
+    scale = max(float(y.abs().max()) for y, _ in runs["plain"]._tensors())
+
+    def gap(a, b) -> float:
+        return max(float((x - y).abs().max()) for (x, _), (y, _) in zip(runs[a]._tensors(), runs[b]._tensors())) / scale
+
+    out = {"relative_gap_to_float32": gap("autocast", "plain"), "relative_gap_graph_vs_eager": gap("autocast", "autocast_eager"),
+           "cuda_graph": runs["autocast"].history["cuda_graph"]}
+    assert all(torch.isfinite(x).all() and x.dtype == torch.float32 for pair in runs["autocast"]._tensors() for x in pair), out
+    # Adam's steps are about the learning rate whatever the gradient's size, so bf16's rounding moves the prefix by a
+    # fraction of the 8 steps' travel: close, not equal
+    assert 0 < out["relative_gap_to_float32"] < 0.25 and out["relative_gap_graph_vs_eager"] < 0.25, out
     return out
 
 

@@ -123,10 +123,37 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"n_foreign": -1}, "n_foreign must be an integer >= 0"),
     ({"compose_steps": -1}, "compose_steps must be an integer >= 0"),
     ({"tf32": "on"}, "tf32 must be true or false"),
+    ({"autocast": "int8"}, "autocast must be one of none, bfloat16, float16"),
 ])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         get_absorb_method("kv-prefix", **options)
+
+
+def test_autocast_trains_with_half_precision_matmuls_and_keeps_the_prefix_in_float32(monkeypatch):
+    """autocast=bfloat16: the student's logits come out of bf16 matmuls during training (never during the data
+    stage: the teacher's targets stay float32), the prefix stays float32, and it lands near the float32 prefix
+    without equalling it; "none" trains exactly as before (the same prefix twice)."""
+    from incontext.absorb import self_study
+
+    model = tiny(dtype=torch.float32, seed=5)
+    prompt, _ = prompt_and_query(m=16, seed=6)
+    seen = []
+    loss = self_study.distillation_loss
+    monkeypatch.setattr(self_study, "distillation_loss", lambda logits, tensors: (seen.append(logits.dtype), loss(logits, tensors))[1])
+    options = dict(FAST, prefix_tokens=4, steps=8, learning_rate=0.02, patience=50)
+    plain = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
+    again = get_absorb_method("kv-prefix", **options, autocast="none").absorb(model, prompt)
+    assert set(seen) == {torch.float32}
+    seen.clear()
+    half = get_absorb_method("kv-prefix", **options, autocast="bfloat16").absorb(model, prompt)
+    assert set(seen) == {torch.bfloat16} and len(seen) == 8
+    assert all(sequence[1].dtype == torch.float32 for sequence in half.sequences)
+    gaps = []
+    for (k0, v0), (k1, v1), (k2, v2) in zip(plain._tensors(), again._tensors(), half._tensors()):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1) and k2.dtype == v2.dtype == torch.float32
+        gaps += [float((k0 - k2).abs().max() / k0.abs().max()), float((v0 - v2).abs().max() / v0.abs().max())]
+    assert 0 < max(gaps) < 0.05
 
 
 def test_the_cosine_schedule_decays_the_learning_rate_and_training_follows_it(monkeypatch):

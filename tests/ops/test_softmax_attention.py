@@ -43,3 +43,16 @@ def test_grouped_kv_heads_match_the_expanded_reference(heads, kv_heads, t, p):
     reference = softmax_attention_reference(q, *expanded, scale=0.3)
     assert (softmax_attention_sdpa(q, k, v, scale=0.3) - reference).abs().max() < 1e-12
     assert (softmax_attention_reference(q, k, v, scale=0.3) - reference).abs().max() == 0
+
+
+@pytest.mark.parametrize("n_cached", [0, 5])
+def test_under_cpu_autocast_attention_stays_float32(n_cached):
+    """Within torch.autocast on a CPU (bf16 matmuls), the fast path computes attention in float32 from bf16 inputs:
+    its output is float32 and equals float32 attention of the same (rounded) inputs."""
+    g = torch.Generator().manual_seed(n_cached)
+    q = torch.randn(2, 4, 6, 8, generator=g).bfloat16()
+    k, v = (torch.randn(2, 2, n_cached + 6, 8, generator=g).bfloat16() for _ in range(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = softmax_attention_sdpa(q, k, v, scale=0.35)
+    expected = softmax_attention_reference(q.double(), k.double(), v.double(), scale=0.35)
+    assert out.dtype == torch.float32 and (out.double() - expected).abs().max() < 1e-5

@@ -22,6 +22,7 @@ With p = M and init "document" and no training steps the prefix is the document'
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -36,13 +37,14 @@ from ..config import limit
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
-from ..runtime import device_of, tf32_matmuls
+from ..runtime import device_of, resolve_runtime, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions, _plateau, composition_trainer, pass_patience, training_steps
 from .self_study import StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, study
 
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
 OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
+AUTOCASTS = ("none", "bfloat16", "float16")  # training's matmul dtype under torch.autocast ("none": the model's own)
 SCHEDULES = ("constant", "cosine")  # the learning rate over the steps: fixed, or decayed to 0 along half a cosine
 
 
@@ -124,6 +126,7 @@ class KVPrefixOptions(DataStageOptions):
     objective: Literal["kl", "next-token"] = "kl"
     cuda_graph: bool = True
     tf32: bool = False
+    autocast: Literal["none", "bfloat16", "float16"] = "none"
     schedule: Literal["constant", "cosine"] = "constant"
     compose_steps: int = limit(0, min=0)
 
@@ -148,6 +151,9 @@ class KVPrefix(AbsorbMethod):
     "next-token" (the sequences' own next tokens; Cartridges' ablation). cuda_graph: on a CUDA device, the KL training
     step is captured once as a CUDA graph and replayed (every batch padded to the longest sequence; false: eager).
     tf32: on a CUDA device, the absorb's float32 matmuls (data stage and training) in TF32 (runtime.tf32_matmuls).
+    autocast: "bfloat16" or "float16": training's forward and backward under torch.autocast in that dtype (its matmuls
+    in half precision; the prefix, the optimizer and the teacher's targets stay float32); on a CPU with bf16
+    instructions a training step costs about 0.7 of float32's (benchmarks/results/absorb_cost_autocast_cpu.md).
     schedule: "constant" or "cosine" (the rate decayed to 0 over the steps; on the validation episodes it lost to the
     constant rate, KL 0.61 vs 0.55 at 96 steps, and tied it at 48, 0.67 vs 0.66: results/kv-prefix-validation-schedule;
     a cosine schedule trains eagerly). compose_steps: `compose` trains the concatenated prefixes that many steps on
@@ -169,7 +175,7 @@ class KVPrefix(AbsorbMethod):
                  n_foreign: int = 0, chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
                  seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
                  objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant", compose_steps: int = 0,
-                 tf32: bool = False):
+                 tf32: bool = False, autocast: str = "none"):
         def integer(name, value, low):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"kv-prefix: {name} must be an integer >= {low}, got {value!r}")
@@ -200,6 +206,8 @@ class KVPrefix(AbsorbMethod):
             raise ValueError(f"kv-prefix: objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
         if schedule not in SCHEDULES:
             raise ValueError(f"kv-prefix: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        if autocast not in AUTOCASTS:
+            raise ValueError(f"kv-prefix: autocast must be one of {', '.join(AUTOCASTS)}, got {autocast!r}")
         for name, value in (("freeze_first", freeze_first), ("progress", progress), ("contrast", contrast),
                             ("cuda_graph", cuda_graph), ("tf32", tf32)):
             if not isinstance(value, bool):
@@ -208,7 +216,7 @@ class KVPrefix(AbsorbMethod):
         self.steps, self.passes, self.learning_rate, self.batch_size = steps, passes, float(learning_rate), batch_size
         self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
         self.top_k, self.data_cache, self.objective, self.cuda_graph = top_k, data_cache, objective, cuda_graph
-        self.schedule, self.compose_steps, self.tf32 = schedule, compose_steps, tf32
+        self.schedule, self.compose_steps, self.tf32, self.autocast = schedule, compose_steps, tf32, autocast
         self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
                                   continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
                                   n_questions=n_questions, contrast=contrast, n_foreign=n_foreign,
@@ -348,18 +356,19 @@ class KVPrefix(AbsorbMethod):
                 steps = _FixedShapeSteps(student, optimizer, flat, sequences, capture=graphed)
             else:
                 steps = _EagerSteps(student, optimizer, flat, distillation_kl if self.objective == "kl" else next_token_loss)
-            for step, batch in zip(range(total), batches()):
-                for group in optimizer.param_groups:  # a captured step keeps the constant rate it was captured with
-                    group["lr"] = self.rate(step, total)
-                loss, finite = steps(batch)
-                losses.append(loss)
-                if not finite:
-                    raise FloatingPointError("kv-prefix: the prefix became non-finite; lower the learning rate")
-                bar.update(1)
-                bar.set_postfix(kl=f"{losses[-1]:.4f}")
-                if _plateau(losses, patience, self.min_improvement):
-                    stopped_early = True
-                    break
+            with self._autocast(flat[0].device):  # training's matmuls in half precision (option autocast)
+                for step, batch in zip(range(total), batches()):
+                    for group in optimizer.param_groups:  # a captured step keeps the constant rate it was captured with
+                        group["lr"] = self.rate(step, total)
+                    loss, finite = steps(batch)
+                    losses.append(loss)
+                    if not finite:
+                        raise FloatingPointError("kv-prefix: the prefix became non-finite; lower the learning rate")
+                    bar.update(1)
+                    bar.set_postfix(kl=f"{losses[-1]:.4f}")
+                    if _plateau(losses, patience, self.min_improvement):
+                        stopped_early = True
+                        break
         finally:
             bar.close()
             for q, flag in zip(model.parameters(), flags):
@@ -377,6 +386,13 @@ class KVPrefix(AbsorbMethod):
         if self.schedule == "constant":
             return self.learning_rate
         return 0.5 * self.learning_rate * (1.0 + math.cos(math.pi * step / (total or self.steps)))
+
+    def _autocast(self, device: torch.device):
+        """torch.autocast in the `autocast` dtype on `device` (runtime.Runtime builds it; a one-line error where the
+        device cannot compute in it), or nothing for "none"."""
+        if self.autocast == "none":
+            return contextlib.nullcontext()
+        return resolve_runtime(device, self.autocast).autocast()
 
     def _graphed(self, model, device: torch.device) -> bool:
         """Whether training replays one captured CUDA graph per step (see _FixedShapeSteps): on a CUDA device, for the
