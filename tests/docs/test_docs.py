@@ -47,6 +47,12 @@ HEADLINES = [
     ("vs keep-prompt's {:.1f}% at a quarter", lambda: 100 * row("compare-smollm2-facts-validated", "keep-prompt")["score"]["mean"]),
     ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: gpu_absorb_s("kv-prefix", 489)),
     ("shapes, {:.1f} s with `--set batch_size=16", lambda: gpu_absorb_s("kv-prefix:b16tf32", 489)),
+    ("`--set autocast=bfloat16` trains kv-prefix under bf16 autocast (weights, prefix and\nthe teacher's targets stay "
+     "float32): {:.1f}% exact match", lambda: 100 * row("compare-smollm2-facts-autocast", "kv-prefix:autocast")["score"]["mean"]),
+    ("against float32's {:.1f}%, at a median\nabsorb of", lambda: 100 * row("compare-smollm2-facts-validated", "kv-prefix")["score"]["mean"]),
+    ("absorb of {:.1f} s of CPU time per thread against",
+     lambda: row("compare-smollm2-facts-autocast", "kv-prefix:autocast")["absorb_ms"] / 1000),
+    ("per thread against {:.1f} s\n(", lambda: row("compare-smollm2-facts-validated", "kv-prefix")["absorb_ms"] / 1000),
     ("perplexity {:.2f} vs", lambda: tint("dynamic eval")),
     ("vs {:.2f} without (Shakespeare", lambda: tint("vanilla")),
     ("perplexity {:.2f} (dynamic eval", lambda: tint("TinT")),
