@@ -244,7 +244,12 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, f
         torch.cuda.set_device(device)
     dist_info = init_distributed(device)
     try:
-        return _train(config, dist_info, device, resume=resume, progress=progress, force=force, after_step=after_step)
+        results = _train(config, dist_info, device, resume=resume, progress=progress, force=force, after_step=after_step)
+        # every rank done before any tears the group down: a rank destroying gloo's group while another still writes
+        # its results aborted once in CI ("terminate called without an active exception"); not after an error, where
+        # a barrier could wait forever for a rank that failed
+        dist_info.barrier()
+        return results
     finally:
         shutdown(dist_info)
 
