@@ -130,13 +130,16 @@ def test_bad_options_are_refused(options, message):
         get_absorb_method("kv-prefix", **options)
 
 
-def test_autocast_trains_with_half_precision_matmuls_and_keeps_the_prefix_in_float32(monkeypatch):
+@pytest.mark.parametrize("backend", ["incontext", "hf"])
+def test_autocast_trains_with_half_precision_matmuls_and_keeps_the_prefix_in_float32(monkeypatch, backend):
     """autocast=bfloat16: the student's logits come out of bf16 matmuls during training (never during the data
     stage: the teacher's targets stay float32), the prefix stays float32, and it lands near the float32 prefix
     without equalling it; "none" trains exactly as before (the same prefix twice)."""
     from incontext.absorb import self_study
 
     model = tiny(dtype=torch.float32, seed=5)
+    if backend == "hf":
+        model = HFCausalLM(to_hf_llama(model).eval()).eval()
     prompt, _ = prompt_and_query(m=16, seed=6)
     seen = []
     loss = self_study.distillation_loss

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from ..models import Cache
 from ..models.lm import copy_cache
 from ..models.static_decode import StaticDecoder, bytes_per_row, supported
+from ..runtime import device_of
 
 # Where the continuations and the training queries' answers decode on a fixed-size cache whose step is replayed as a
 # CUDA graph (models/static_decode.py): "cuda" (on a CUDA device with our Transformer), "always" (eagerly elsewhere
@@ -288,7 +289,7 @@ def _copy(cache: Cache, batch: int = 1) -> Cache:
 def _static(model, cache, rows: int, room: int) -> StaticDecoder | None:
     """A StaticDecoder for `rows` rows and `room` new positions after `cache` where STATIC_DECODE asks for one
     (captured on a CUDA device), else None (the plain decode)."""
-    cuda = next(model.parameters()).is_cuda
+    cuda = device_of(model).type == "cuda"
     if STATIC_DECODE == "never" or (STATIC_DECODE == "cuda" and not cuda) or not supported(model, cache):
         return None
     return StaticDecoder(model, cache, rows, room, capture=cuda)

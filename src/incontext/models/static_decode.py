@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..ops.static_kv import StaticKV
+from ..runtime import device_of
 from .transformer import Cache, Transformer
 
 
@@ -44,12 +45,12 @@ class StaticDecoder:
     def __init__(self, model: Transformer, cache: Cache, rows: int, room: int, capture: bool):
         if not supported(model, cache):
             raise ValueError("StaticDecoder needs our Transformer with softmax attention and a (k, v) cache")
-        if capture and not next(model.parameters()).is_cuda:
+        device = device_of(model)
+        if capture and device.type != "cuda":
             raise ValueError("capture needs a CUDA model")
         self.model, self.rows, self.capture = model, rows, capture
         capacity = cache.position + room
         self.start = cache.position
-        device = next(model.parameters()).device
         self.positions = torch.full((rows,), cache.position, dtype=torch.long, device=device)
         layers = [StaticKV.filled(k, v, capacity, self.positions) for k, v in cache.layers]
         self.cache = Cache(layers=layers, position=cache.position, positions=self.positions)
