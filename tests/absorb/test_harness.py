@@ -224,7 +224,7 @@ def test_episode_of_text_tasks_need_a_tokenizer():
         get_episode_source("facts").episodes(1)
     with pytest.raises(KeyError, match="facts"):
         get_episode_source("no-such-task")
-    with pytest.raises(ValueError, match=r"task 'facts': FactsConfig: unknown key\(s\) \['colour'\]; allowed keys: \['people', 'format', 'documents'\]"):
+    with pytest.raises(ValueError, match=r"task 'facts': FactsConfig: unknown key\(s\) \['colour'\]; allowed keys: \['people', 'format', 'documents', 'paraphrases'\]"):
         get_episode_source("facts", colour=1)
     assert isinstance(facts_episodes(1)[0], Episode)
 

@@ -80,21 +80,32 @@ def test_seeds_reproduce_and_differ():
     assert not torch.equal(a[0].prompt, c[0].prompt)
 
 
-def test_training_queries_are_not_the_evaluation_questions():
+@pytest.mark.parametrize("paraphrases", [1, 2, 3])
+def test_training_queries_are_not_the_evaluation_questions(paraphrases):
     codec = ByteCodec()
-    episode = get_episode_source("facts").episodes(1, seed=0, tokenizer=codec)[0]
+    episode = get_episode_source("facts", paraphrases=paraphrases).episodes(1, seed=0, tokenizer=codec)[0]
     questions = {codec.decode(q.inputs[: int(q.mask.nonzero().min()) + 1]) for q in episode.queries}
+    assert all(q.endswith("\nA:") for q in questions)
     answers = {codec.decode(q.targets[q.mask]).strip() for q in episode.queries}
-    assert len(episode.train_queries) == 2 * len(episode.queries)  # a cloze and a paraphrase per asked fact
-    for t in episode.train_queries:
-        text = codec.decode(t)
+    # a cloze and `paraphrases` other wordings per asked fact, all different
+    assert len(episode.train_queries) == (1 + paraphrases) * len(episode.queries)
+    texts = [codec.decode(t) for t in episode.train_queries]
+    assert len(set(texts)) == len(texts)
+    for text in texts:
         assert text not in questions
         assert not any(answer in text for answer in answers)  # no answer inside
+    if paraphrases > 1:  # the first wording is the one the task gave before the option existed
+        one = get_episode_source("facts").episodes(1, seed=0, tokenizer=codec)[0]
+        assert [codec.decode(t) for t in one.train_queries[:2]] == texts[:2]
 
 
 def test_bad_facts_settings():
     with pytest.raises(ValueError, match="people"):
         get_episode_source("facts", people=0)
+    with pytest.raises(ValueError, match="paraphrases=4: the task has 3 wordings"):
+        get_episode_source("facts", paraphrases=4)
+    with pytest.raises(ValueError, match="paraphrases must be a positive integer"):
+        get_episode_source("facts", paraphrases=0)
     with pytest.raises(ValueError, match="format"):
         get_episode_source("facts", format="html")
     with pytest.raises(ValueError, match="unknown fact attribute"):

@@ -32,7 +32,7 @@ import torch
 
 from ..config import check_choices, from_dict
 from .base import Task
-from .facts import facts_prompt, make_people
+from .facts import PARAPHRASES, facts_prompt, make_people
 from .metrics import get_metric
 
 
@@ -155,9 +155,14 @@ class FactsConfig:
     # documents > 1: the people are split over that many documents (each with its own worked example), concatenated
     # into the prompt; composing methods also absorb each document alone (plain format only)
     documents: int = 1
+    # training queries (for methods that learn from queries): each asked fact's statement cut before its answer and
+    # the question in this many other wordings (1 to 3); never the evaluation question
+    paraphrases: int = 1
 
     def __post_init__(self):
-        _positive(self, "people", "documents")
+        _positive(self, "people", "documents", "paraphrases")
+        if self.paraphrases > PARAPHRASES:
+            raise ValueError(f"FactsConfig.paraphrases={self.paraphrases}: the task has {PARAPHRASES} wordings of each question")
         check_choices(self)
         if self.documents > self.people:
             raise ValueError(f"FactsConfig.documents={self.documents} exceeds people={self.people}: every document needs a person")
@@ -193,11 +198,11 @@ class Facts(EpisodeSource):
                                train_queries=self._train_queries(codec, pairs)))
         return out
 
-    @staticmethod
-    def _train_queries(codec, pairs) -> list[torch.Tensor]:
+    def _train_queries(self, codec, pairs) -> list[torch.Tensor]:
         """For methods that learn from queries (distillation): the statements cut before their answer and the
-        questions in other words; never the evaluation questions."""
-        return [torch.tensor(codec.encode(text)) for person, a in pairs for text in (person.cloze(a), person.paraphrase(a))]
+        questions in `paraphrases` other wordings; never the evaluation questions."""
+        return [torch.tensor(codec.encode(text)) for person, a in pairs
+                for text in (person.cloze(a), *(person.paraphrase(a, form) for form in range(self.config.paraphrases)))]
 
     def _split(self, codec, people, rng) -> Episode:
         """The people dealt over `documents` documents in order (sizes differ by at most one), each a facts prompt

@@ -27,6 +27,7 @@ JOBS = ("glassblower", "beekeeper", "cartographer", "blacksmith", "baker", "fish
         "sailor", "miller", "astronomer")
 ANIMALS = ("ferret", "parrot", "tortoise", "goat", "rabbit", "cat", "dog", "hedgehog", "owl", "goose")
 ATTRIBUTES = ("birthplace", "job", "pet", "year")
+PARAPHRASES = 3  # forms of each question in other words (training queries; none is the evaluation question)
 _RESERVED = frozenset(name.lower() for name in TRAIN_NAMES + HELDOUT_NAMES)  # names other tasks train on
 
 
@@ -75,14 +76,21 @@ class Person:
         answer = {"birthplace": self.birthplace, "job": self.job, "pet": self.pet_name, "year": str(self.year)}[attribute]
         return f"Q: {question}\nA:", f" {answer}"
 
-    def paraphrase(self, attribute: str) -> str:
-        """The question in other words (a training query for distillation: never an evaluation question)."""
+    def paraphrase(self, attribute: str, form: int = 0) -> str:
+        """The question in other words (a training query for distillation: never an evaluation question); `form`
+        picks one of PARAPHRASES forms (0: the one the task has always given)."""
+        if not 0 <= form < PARAPHRASES:
+            raise ValueError(f"paraphrase form must be in [0, {PARAPHRASES}), got {form}")
         question = {
-            "birthplace": f"What is the birthplace of {self.name}?",
-            "job": f"What does {self.name} do for a living?",
-            "pet": f"What is {self.name}'s {self.animal} called?",
-            "year": f"When was {self.name} born?",
-        }[attribute]
+            "birthplace": (f"What is the birthplace of {self.name}?", f"Which town was {self.name} born in?",
+                           f"Name the place where {self.name} was born."),
+            "job": (f"What does {self.name} do for a living?", f"What is the occupation of {self.name}?",
+                    f"What work does {self.name} do?"),
+            "pet": (f"What is {self.name}'s {self.animal} called?", f"What name does {self.name}'s pet have?",
+                    f"How is the pet {self.animal} of {self.name} named?"),
+            "year": (f"When was {self.name} born?", f"What is {self.name}'s year of birth?",
+                     f"{self.name} was born in which year?"),
+        }[attribute][form]
         return f"Q: {question}\nA:"
 
     def cloze(self, attribute: str) -> str:
