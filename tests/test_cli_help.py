@@ -1,6 +1,8 @@
 """Help answers fast (no torch import) from a static catalog that must match the registries (experiments, absorb
 methods, episode tasks, metrics), and every registered name is in the help."""
 
+import dataclasses
+import json
 import subprocess
 import sys
 
@@ -31,8 +33,13 @@ def test_every_registered_name_is_in_the_help(capsys):
         for text in (compare, absorb, listed):
             assert f"  {name}" in text and f"needs {method.needs}" in text, name
         assert f"{method.summary}" in " ".join(compare.split()) and method.summary in listed
+    flat = " ".join(compare.split())
     for name in episode_sources():
-        assert f"  {name}" in compare and _SOURCES[name].description in " ".join(compare.split()), name
+        assert f"  {name}" in compare and _SOURCES[name].description in flat, name
+        for field in dataclasses.fields(_SOURCES[name].config_class):  # every task option, with its default
+            default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+            text = json.dumps(default) if not isinstance(default, str) else default
+            assert f"{field.name}={text}" in flat, (name, field.name)
     run = help_text(capsys, ["run", "--help"])
     for experiment in list_experiments():
         assert f"  {experiment.name}" in run and experiment.description in run

@@ -35,6 +35,7 @@ def _tasks_help() -> str:
 
     data = catalog()
     return "\n".join(f"  {name:18s} {t['description']} [{data['metrics'][t['metric']]['label']}]; {t['models']}"
+                     + (f"; options: {', '.join(t['options'])}" if t.get("options") else "")
                      for name, t in data["tasks"].items())
 
 

@@ -4,7 +4,7 @@ the metrics they score with.
 
     catalog()["experiments"][name] == [description, [[config key, type, default, comment], ...]]
     catalog()["methods"][name] == {"summary": ..., "needs": ..., "options": [...]}
-    catalog()["tasks"][name] == {"description": ..., "metric": ..., "models": ...}
+    catalog()["tasks"][name] == {"description": ..., "metric": ..., "models": ..., "options": ["key=default", ...]}
     catalog()["metrics"][name] == {"label": ..., "higher_is_better": ..., "description": ...}
 
 The data lives in cli_catalog.json, generated from the registries by `python -m incontext.cli_catalog` (run it
@@ -90,12 +90,24 @@ def methods_catalog() -> dict[str, dict]:
 
 
 def tasks_catalog() -> dict[str, dict]:
-    """name -> description, metric and the models it is for, of every registered episode task."""
+    """name -> description, metric, the models it is for and its options (`--set key=value`, with defaults) of every
+    registered episode task."""
     from .tasks.episodes import _SOURCES, episode_sources
+
+    def options(config_class) -> list[str]:
+        if not dataclasses.is_dataclass(config_class):
+            return []
+        out = []
+        for f in dataclasses.fields(config_class):
+            text = _default_text(f)  # JSON; a string default as it is typed after --set key=
+            value = json.loads(text) if text.startswith('"') else text
+            out.append(f"{f.name}={value}")
+        return out
 
     return {name: {"description": _SOURCES[name].description, "metric": _SOURCES[name].metric,
                    "models": "text models" if _SOURCES[name].needs_tokenizer
-                   else f"models trained on the {_SOURCES[name].task_name} task"}
+                   else f"models trained on the {_SOURCES[name].task_name} task",
+                   "options": options(_SOURCES[name].config_class)}
             for name in episode_sources()}
 
 
