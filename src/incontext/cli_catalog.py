@@ -47,12 +47,16 @@ def _field_comments(config_class: type) -> dict[str, str]:
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
 
 
+def _default_value(field: dataclasses.Field):
+    """The field's default (made by its factory where it has one), or MISSING."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
 def _default_text(field: dataclasses.Field) -> str:
-    if field.default is not dataclasses.MISSING:
-        value = field.default
-    elif field.default_factory is not dataclasses.MISSING:
-        value = field.default_factory()
-    else:
+    value = _default_value(field)
+    if value is dataclasses.MISSING:
         return "(required)"
     return json.dumps(list(value) if isinstance(value, tuple) else value)
 
@@ -94,15 +98,9 @@ def tasks_catalog() -> dict[str, dict]:
     registered episode task."""
     from .tasks.episodes import _SOURCES, episode_sources
 
-    def options(config_class) -> list[str]:
-        if not dataclasses.is_dataclass(config_class):
-            return []
-        out = []
-        for f in dataclasses.fields(config_class):
-            text = _default_text(f)  # JSON; a string default as it is typed after --set key=
-            value = json.loads(text) if text.startswith('"') else text
-            out.append(f"{f.name}={value}")
-        return out
+    def options(config_class) -> list[str]:  # a string default as it is typed after --set key=, others as JSON
+        return [f"{f.name}={value if isinstance(value, str) else _default_text(f)}"
+                for f, value in ((f, _default_value(f)) for f in dataclasses.fields(config_class))]
 
     return {name: {"description": _SOURCES[name].description, "metric": _SOURCES[name].metric,
                    "models": "text models" if _SOURCES[name].needs_tokenizer
