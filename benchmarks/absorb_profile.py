@@ -66,7 +66,7 @@ def data_stage_parts(model, codec, prompt, train, device: str) -> list[dict]:
                          **{k.strip("_"): v for k, v in times.items()}, "counts": counts})
             print("data stage", rows[-1], flush=True)
     finally:
-        self_study.STATIC_DECODE = "cuda"
+        self_study.STATIC_DECODE = "always"
         for name, fn in originals.items():
             setattr(self_study, name, fn)
     return rows

@@ -115,8 +115,9 @@ def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries()
     steps = [x for x in seen if x.shape == (3, 1)]  # the teacher's sampling, one token per continuation per step
     continuations = torch.cat(steps, 1)
     assert continuations.shape == (3, 8)
-    answers = [x for x in seen if x.shape == (1, 1)]  # the teacher's greedy answers to the training queries
-    assert len(answers) == len(train_queries) * (method().answer_tokens - 1)
+    # the teacher's greedy answers to the training queries: one token per query per step, all queries in one batch
+    answers = [x for x in seen if x.shape == (len(train_queries), 1)]
+    assert len(answers) == method().answer_tokens - 1
 
     def contains(whole, part):
         return any(torch.equal(whole[i: i + len(part)], part) for i in range(len(whole) - len(part) + 1))
@@ -128,7 +129,7 @@ def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries()
         return (contains(prompt, row) or any(torch.equal(c[: len(row)], row) for c in continuations)
                 or any(torch.equal(row[: len(q)], q) or torch.equal(q[: len(row)], row) for q in train_queries))
 
-    rows = [row for x in seen if x.shape not in ((3, 1), (1, 1)) for row in x]
+    rows = [row for x in seen if x.shape not in ((3, 1), (len(train_queries), 1)) for row in x]
     assert all(allowed(row) for row in rows)
     assert not any(contains(row, eval_query[:4]) for row in rows + list(continuations))
     assert any(torch.equal(row[:9], train_queries[1]) for row in rows)  # the training queries were used
