@@ -8,6 +8,7 @@ stage (no cache), as a first absorb of a document does.
 
     python benchmarks/absorb_cost.py                             # 160 / 512 / 2000 tokens, 1 repeat, 2 threads
     python benchmarks/absorb_cost.py --people 2 --repeats 3 --set kv-prefix.steps=96
+    python benchmarks/absorb_cost.py --task-set paraphrases=3     # the task's questions in three wordings
     python benchmarks/absorb_cost.py --device cuda                # on a GPU: CUDA events
     python benchmarks/absorb_cost.py --device cuda --random-weights --tokenizer DIR --warmup  # no SmolLM2 file there
 
@@ -87,6 +88,17 @@ def option(text: str) -> tuple[str, str, object]:
     return method, name, scalar(value)
 
 
+def task_option(text: str) -> tuple[str, object]:
+    """OPTION=VALUE of the `facts` task, checked against its options (people comes from --people)."""
+    from incontext.tasks.episodes import FactsConfig
+
+    name, sep, value = text.partition("=")
+    allowed = sorted(set(FactsConfig.__dataclass_fields__) - {"people"})
+    if not sep or name not in allowed:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected OPTION=VALUE with OPTION one of {', '.join(allowed)}")
+    return name, scalar(value)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--people", type=int, nargs="+", default=[2, 7, 27], help="invented people per prompt (sets its length)")
@@ -100,11 +112,17 @@ def main() -> None:
                         f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
                         "stage's queries that way; METHOD:plain-decode decodes on a growing cache (no CUDA graph); join variants with +")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
+    p.add_argument("--task-set", action="append", default=[], type=task_option, metavar="OPTION=VALUE",
+                   help="a `facts` task option (as compare's --set gives it), e.g. paraphrases=3; people comes from --people")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")
     p.add_argument("--warmup", action="store_true", help="one untimed absorb per method first (CUDA start-up, caches)")
     p.add_argument("--out", type=Path, default=RESULTS / "absorb_cost")
     args = p.parse_args()
+    try:  # a bad task value (paraphrases=4) is named before the model loads
+        get_episode_source("facts", **dict(args.task_set))
+    except (ValueError, TypeError) as error:
+        p.error(f"--task-set: {error}")
     torch.set_num_threads(args.threads)
     methods = args.methods.split(",")
     options = {m: {"progress": False} for m in methods}
@@ -125,7 +143,7 @@ def main() -> None:
     timer = CostTimer(torch.device(args.device))
     rows = []
     for people in args.people:
-        episode = get_episode_source("facts", people=people).episodes(1, seed=0, tokenizer=codec)[0]
+        episode = get_episode_source("facts", **dict(args.task_set), people=people).episodes(1, seed=0, tokenizer=codec)[0]
         prompt = episode.prompt.to(args.device)
         train = [t.to(args.device) for t in episode.train_queries]
         if args.warmup and people == args.people[0]:
@@ -176,10 +194,11 @@ def random_smollm2(device: str, tokenizer: Path | None, dtype: str = "float32"):
 
 def write(rows: list[dict], description: str, args) -> None:
     results = {"model": description, "device": args.device, "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats,
+               "task_options": dict(args.task_set),
                "torch": torch.__version__, "clock": "CUDA events" if args.device.startswith("cuda") else "CPU time per thread",
                "rows": rows}
     lines = [f"Absorb cost on {description}, {results['clock']} ({args.threads} threads, {args.device}, {args.dtype}), "
-             f"median of {args.repeats}; `facts` prompts, each absorb building its own data stage.", "",
+             f"median of {args.repeats}; `facts` prompts{_task_text(args.task_set)}, each absorb building its own data stage.", "",
              "| prompt tokens | method | absorb s | data stage s (wall) | training s (wall) | steps | kept KiB |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -190,6 +209,11 @@ def write(rows: list[dict], description: str, args) -> None:
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+
+
+def _task_text(task_set) -> str:
+    """The task options a run set, for the table's first line: " (paraphrases=3)" or nothing."""
+    return f" ({', '.join(f'{k}={v}' for k, v in task_set)})" if task_set else ""
 
 
 if __name__ == "__main__":
