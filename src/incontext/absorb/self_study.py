@@ -36,8 +36,8 @@ from ..runtime import device_of
 
 # Where the continuations and the training queries' answers decode on a fixed-size cache (models/static_decode.py),
 # its step replayed as a CUDA graph on a GPU: "always" (with our Transformer on any device: eager on a CPU, where one
-# batch of every query costs 2.4x less CPU time than a decode per group of equal lengths, 28 queries of a 159-token
-# `facts` document), "cuda" (on a CUDA device only) or "never" (the benchmarks' peer, the plain decode).
+# batch of every query cuts the data stage's CPU time to 0.63 of a decode per group of equal lengths at 165 tokens,
+# benchmarks/results/absorb_cost_static_cpu.md), "cuda" (on a CUDA device only) or "never" (the benchmarks' peer).
 STATIC_DECODE = "always"
 STATIC_BYTES = 1 << 30  # the static cache's buffers for the answers: fewer rows at a time for a long document
 
