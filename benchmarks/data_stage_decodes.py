@@ -25,8 +25,13 @@ def main() -> None:
     p.add_argument("--paraphrases", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
+    if args.episodes < 1:
+        p.error(f"--episodes must be >= 1, got {args.episodes}")
+    try:  # a bad task value (paraphrases=4) is named before the model loads
+        source = get_episode_source("facts", people=args.people, paraphrases=args.paraphrases)
+    except (ValueError, TypeError) as error:
+        p.error(str(error))
     torch.set_num_threads(args.threads)
-    source = get_episode_source("facts", people=args.people, paraphrases=args.paraphrases)
     loaded = load_model("smollm2")
     stage = get_absorb_method("kv-prefix", progress=False).stage
     sequences = differing = episodes_with = 0

@@ -1,0 +1,27 @@
+"""Bad arguments to the benchmark scripts that take task options: one line on stderr naming the problem, exit code 2,
+before the model loads, and no result file written."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["absorb_cost.py", "--task-set", "paraphrases=4"], "3 wordings"),
+    (["absorb_cost.py", "--task-set", "foo=1"], "'foo=1'"),
+    (["absorb_cost.py", "--task-set", "paraphrases"], "OPTION=VALUE"),
+    (["data_stage_decodes.py", "--paraphrases", "4"], "3 wordings"),
+    (["data_stage_decodes.py", "--episodes", "0"], "--episodes"),
+])
+def test_bad_task_options_are_one_line_errors(argv, named, tmp_path):
+    extra = ["--out", str(tmp_path / "cost")] if argv[0] == "absorb_cost.py" else []
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:], *extra],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert "error:" in last and named in last and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
