@@ -39,7 +39,7 @@ from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
 from ..runtime import device_of, resolve_runtime, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel
-from .distill_lora import DataStageOptions, _plateau, composition_trainer, pass_patience, training_steps
+from .distill_lora import DataStageOptions, Rollback, _plateau, composition_trainer, pass_patience, training_steps
 from .self_study import StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, study
 
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
@@ -356,25 +356,30 @@ class KVPrefix(AbsorbMethod):
                 steps = _FixedShapeSteps(student, optimizer, flat, sequences, capture=graphed)
             else:
                 steps = _EagerSteps(student, optimizer, flat, distillation_kl if self.objective == "kl" else next_token_loss)
+            guard = Rollback(flat, optimizer, patience)
             with self._autocast(flat[0].device):  # training's matmuls in half precision (option autocast)
                 for step, batch in zip(range(total), batches()):
                     for group in optimizer.param_groups:  # a captured step keeps the constant rate it was captured with
-                        group["lr"] = self.rate(step, total)
+                        group["lr"] = self.rate(step, total) * guard.scale
                     loss, finite = steps(batch)
                     losses.append(loss)
-                    if not finite:
-                        raise FloatingPointError("kv-prefix: the prefix became non-finite; lower the learning rate")
                     bar.update(1)
                     bar.set_postfix(kl=f"{losses[-1]:.4f}")
+                    if not finite and not guard.rollback(losses):
+                        raise FloatingPointError("kv-prefix: the prefix became non-finite; lower the learning rate")
+                    if not finite or guard.update(losses):  # rolled back: the graph is captured again at the new rate
+                        steps.reset()
+                        continue
                     if _plateau(losses, patience, self.min_improvement):
                         stopped_early = True
                         break
+                guard.finish(losses)
         finally:
             bar.close()
             for q, flag in zip(model.parameters(), flags):
                 q.requires_grad_(flag)
         return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early, "cuda_graph": graphed,
-                "kv": [(k.detach().to(kv_dtype), v.detach().to(kv_dtype)) for k, v in params]}
+                **guard.record(), "kv": [(k.detach().to(kv_dtype), v.detach().to(kv_dtype)) for k, v in params]}
 
     def total_steps(self, n_sequences: int) -> int:
         """The training steps for a data stage of n sequences: `steps`, or more where `passes` passes over the
@@ -440,6 +445,9 @@ class _EagerSteps:
         self.optimizer.step()
         return loss.item(), bool(_finite(self.flat))
 
+    def reset(self) -> None:
+        """After a rollback: nothing to do for eager steps."""
+
 
 class _FixedShapeSteps:
     """The same steps with fixed shapes, every batch padded to the longest training sequence (causal attention and
@@ -465,6 +473,10 @@ class _FixedShapeSteps:
         loss.backward()
         self.optimizer.step()
         return loss.detach(), _finite(self.flat)
+
+    def reset(self) -> None:
+        """After a rollback (new learning rate): warm up and capture again on the next call."""
+        self.graph, self.calls = None, 0
 
     def __call__(self, batch) -> tuple[float, bool]:
         tensors = distillation_batch(batch, self.length)
