@@ -144,6 +144,23 @@ def test_a_run_that_never_diverges_trains_exactly_as_without_the_guard(monkeypat
     monkeypatch.setattr(Rollback, "finish", lambda self, losses: False)
     plain = get_absorb_method(method, **options).absorb(model, document)
     assert guarded.history["kl"] == plain.history["kl"]
-    ours = dict(guarded.state_dict()) if method == "distill-lora" else dict(enumerate(t for kv in guarded._tensors() for t in kv))
-    theirs = dict(plain.state_dict()) if method == "distill-lora" else dict(enumerate(t for kv in plain._tensors() for t in kv))
+    def tensors(adapted):
+        if method == "distill-lora":
+            return dict(adapted.state_dict())
+        return dict(enumerate(t for kv in adapted._tensors() for t in kv))
+
+    ours, theirs = tensors(guarded), tensors(plain)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_after_a_rollback_the_plateau_test_sees_only_the_losses_since(monkeypatch):
+    """The blown-up stretch would otherwise look like a plateau (windows before and after it about equal) and stop
+    training on the restored prefix at once."""
+    seen = []
+    monkeypatch.setattr("incontext.absorb.kv_prefix._plateau", lambda losses, *args: seen.append(list(losses)) or False)
+    blow_up(monkeypatch, 32, lambda t: t.mul_(50.0))
+    trained = get_absorb_method("kv-prefix", **OPTIONS).absorb(tiny(), prompt())
+    assert trained.history["rollbacks"] == 1
+    restart = next(i for i in range(1, len(seen)) if len(seen[i]) < len(seen[i - 1]))
+    assert len(seen[restart]) == 1 and seen[restart] == trained.history["kl"][-len(seen[-1]):][:1]
+    assert max(seen[-1]) < 2 * trained.history["best_window_loss"] + 0.25  # none of the blown-up losses

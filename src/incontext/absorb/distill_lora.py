@@ -274,7 +274,8 @@ class DistillLoRA(AbsorbMethod):
     Each epoch visits every sequence once in a seeded random order, `batch_size` per AdamW step. Training stops
     after max(steps, passes * sequences / batch_size) steps (48 for a 160-token document's ~30 sequences, about 290
     for a 1,000-token one's ~190), or earlier when the mean KL of the last `patience` steps (at least one pass) is
-    not `min_improvement` (relative) below the mean of the `patience` steps before. `autocast=True` runs the
+    not `min_improvement` (relative) below the mean of the `patience` steps before; where the windowed KL blows up,
+    the divergence guard (Rollback) returns to the snapshot of its lowest window at half the rate. `autocast=True` runs the
     student's forward and backward in bfloat16 autocast on CPU (faster matmuls; the LoRA factors and the loss stay float32).
     Randomness comes from one generator seeded with `seed` (CPU). The defaults (steps, batch_size, window_tokens,
     n_questions) were chosen on validation episodes of the `facts` task on SmolLM2 (seed 10000, never the test
@@ -456,7 +457,7 @@ class DistillLoRA(AbsorbMethod):
             bar.set_postfix(kl=f"{losses[-1]:.4f}")
             if guard.update(losses):
                 continue
-            if _plateau(losses, patience, self.min_improvement):
+            if _plateau(losses[guard.start:], patience, self.min_improvement):  # windows since the last rollback
                 stopped_early = True
                 break
         guard.finish(losses)
