@@ -164,3 +164,20 @@ def test_after_a_rollback_the_plateau_test_sees_only_the_losses_since(monkeypatc
     restart = next(i for i in range(1, len(seen)) if len(seen[i]) < len(seen[i - 1]))
     assert len(seen[restart]) == 1 and seen[restart] == trained.history["kl"][-len(seen[-1]):][:1]
     assert max(seen[-1]) < 2 * trained.history["best_window_loss"] + 0.25  # none of the blown-up losses
+
+
+def test_kv_prefix_guards_windows_of_patience_steps_inside_a_long_stages_first_pass(monkeypatch):
+    """kv-prefix's guard windows are `patience` steps even where a pass over the data stage is longer (the plateau
+    test's windows): a long document's stage can diverge before its first pass ends (lr 0.1 did, on a 1,035-token
+    document, within 50 steps of an 81-step pass), with no snapshot to return to if the guard waited for a pass."""
+    from incontext.absorb.distill_lora import pass_patience
+
+    windows = []
+    real = Rollback.__init__
+    monkeypatch.setattr(Rollback, "__init__", lambda self, params, optimizer, window, **kw:
+                        windows.append(window) or real(self, params, optimizer, window, **kw))
+    g = torch.Generator().manual_seed(5)
+    queries = [torch.randint(0, 61, (1, 4), generator=g) for _ in range(80)]
+    trained = get_absorb_method("kv-prefix", **dict(OPTIONS, batch_size=2)).absorb(tiny(), prompt(), train_queries=queries)
+    n = sum(v for k, v in trained.history["pool"].items() if k != "cached")
+    assert windows == [4] and pass_patience(4, n, 2) > 40

@@ -136,9 +136,9 @@ class KVPrefix(AbsorbMethod):
     of the document, Cartridges' memory budget for this comparison), init,
     freeze_first, steps and passes (training runs max(steps, passes * sequences / batch_size) steps: at the defaults 96
     for a 160-token document's ~30 sequences, about 580 for a 1,000-token one's ~190), learning_rate, batch_size,
-    patience / min_improvement (early stop on a KL plateau, over windows of at least one pass; the same windows
-    drive the divergence guard, distill_lora.Rollback: a blown-up KL or a non-finite prefix goes back to the
-    snapshot of the lowest window at half the rate), seed,
+    patience / min_improvement (early stop on a KL plateau, over windows of at least one pass; windows
+    of `patience` steps drive the divergence guard, distill_lora.Rollback: a blown-up KL or a non-finite prefix goes
+    back to the snapshot of the lowest window at half the rate), seed,
     progress, top_k (the teacher's top-k log-probs per position; None: all), data_cache (a folder where the data
     stage is stored and reused when model, document and settings match), n_conversations (self-study messages the
     model writes from the seed prompts `seed_prompts`, up to `message_tokens` each, answered by the teacher), and
@@ -358,7 +358,7 @@ class KVPrefix(AbsorbMethod):
                 steps = _FixedShapeSteps(student, optimizer, flat, sequences, capture=graphed)
             else:
                 steps = _EagerSteps(student, optimizer, flat, distillation_kl if self.objective == "kl" else next_token_loss)
-            guard = Rollback(flat, optimizer, patience)
+            guard = Rollback(flat, optimizer, self.patience)  # `patience` steps, not a pass: blow-ups in the first pass too
             with self._autocast(flat[0].device):  # training's matmuls in half precision (option autocast)
                 for step, batch in zip(range(total), batches()):
                     for group in optimizer.param_groups:  # a captured step keeps the constant rate it was captured with
