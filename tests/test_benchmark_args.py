@@ -1,4 +1,4 @@
-"""Bad arguments to the benchmark scripts that take task options: one line on stderr naming the problem, exit code 2,
+"""Bad arguments to the benchmark scripts that take task or method options: one line on stderr naming the problem, exit code 2,
 before the model loads, and no result file written."""
 
 import subprocess
@@ -16,9 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
     (["absorb_cost.py", "--task-set", "paraphrases"], "OPTION=VALUE"),
     (["data_stage_decodes.py", "--paraphrases", "4"], "3 wordings"),
     (["data_stage_decodes.py", "--episodes", "0"], "--episodes"),
+    (["training_record.py", "--paraphrases", "4"], "3 wordings"),
+    (["training_record.py", "--set", "passes=x"], "passes must be an integer"),
+    (["training_record.py", "--set", "bogus=1"], "unknown option 'bogus'"),
 ])
 def test_bad_task_options_are_one_line_errors(argv, named, tmp_path):
-    extra = ["--out", str(tmp_path / "cost")] if argv[0] == "absorb_cost.py" else []
+    extra = {"absorb_cost.py": ["--out", str(tmp_path / "cost")],
+             "training_record.py": ["--out", str(tmp_path / "record.json")]}.get(argv[0], [])
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:], *extra],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 2

@@ -1,0 +1,76 @@
+"""The training record of kv-prefix or distill-lora absorbs on SmolLM2 and `facts` episodes: per episode the steps run,
+whether the plateau test stopped training, the divergence guard's rollbacks and lowest windowed KL, and the mean KL of
+the last 8 steps (`adapted.history`; nothing is evaluated, so test episodes are safe to trace). Prints one line per
+episode and writes a JSON summary with --out.
+
+    python benchmarks/training_record.py --episodes 12 --seed 10000 --set passes=8 --set autocast=bfloat16
+    python benchmarks/training_record.py --people 15 --episodes 1 --set prefix_tokens=100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from incontext.absorb import get_absorb_method
+from incontext.config import scalar
+from incontext.interop.models import load_model
+from incontext.tasks.episodes import get_episode_source
+
+
+def option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected OPTION=VALUE, got {text!r}")
+    return key, scalar(value)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", choices=("kv-prefix", "distill-lora"), default="kv-prefix")
+    p.add_argument("--episodes", type=int, default=12)
+    p.add_argument("--seed", type=int, default=10000)
+    p.add_argument("--people", type=int, default=2)
+    p.add_argument("--paraphrases", type=int, default=3)
+    p.add_argument("--set", action="append", default=[], type=option, metavar="OPTION=VALUE", help="a method option")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, help="a JSON file to write (an existing one is refused)")
+    args = p.parse_args()
+    if args.episodes < 1:
+        p.error(f"--episodes must be >= 1, got {args.episodes}")
+    if args.out is not None and args.out.exists():
+        p.error(f"--out {args.out} exists; give a new file")
+    options = {"progress": False, **dict(args.set)}
+    try:  # bad task or method options are named before the model loads
+        source = get_episode_source("facts", people=args.people, paraphrases=args.paraphrases)
+        get_absorb_method(args.method, **options)
+    except (ValueError, TypeError) as error:
+        p.error(str(error))
+    torch.set_num_threads(args.threads)
+    loaded = load_model("smollm2")
+    rows = []
+    for i, episode in enumerate(source.episodes(args.episodes, args.seed, tokenizer=loaded.tokenizer, task=loaded.task)):
+        method = get_absorb_method(args.method, **options)
+        method.use_codec(loaded.tokenizer)
+        history = method.absorb(loaded.model, episode.prompt, train_queries=list(episode.train_queries)).history
+        kl = history["kl"]
+        row = {"episode": i, "steps": history["steps"], "stopped_early": history["stopped_early"],
+               "rollbacks": history["rollbacks"], "best_window_kl": history["best_window_loss"],
+               "last_kl": sum(kl[-8:]) / max(1, len(kl[-8:])), "max_kl": max(kl, default=None)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    summary = {"method": args.method, "options": options, "episodes": args.episodes, "seed": args.seed,
+               "people": args.people, "paraphrases": args.paraphrases, "rows": rows,
+               "with_rollbacks": sum(r["rollbacks"] > 0 for r in rows)}
+    print(json.dumps({k: v for k, v in summary.items() if k != "rows"}))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "x") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
