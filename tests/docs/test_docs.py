@@ -47,6 +47,7 @@ def mean(values) -> float:
 
 
 # the README's headline numbers: (the text on the front page with {} for the number, the number from its file)
+SPREAD = "compare-smollm2-facts-long-1000-spread"
 HEADLINES = [
     ("{:.1f}% exact match, SmolLM2 + `facts` (demo)", lambda: 100 * row("demo", "keep-prompt")["score"]["mean"]),
     ("{:.1f}% exact match (demo) |", lambda: 100 * row("demo", "drop-prompt")["score"]["mean"]),
@@ -61,6 +62,10 @@ HEADLINES = [
     ("vs keep-prompt's {:.1f}% (72%) with", lambda: 100 * row(TUNED, "keep-prompt")["score"]["mean"]),
     ("({:.0f}%) with `paraphrases=3`, `passes=12`",
      lambda: 100 * row(TUNED, LORA)["score"]["mean"] / row(TUNED, "keep-prompt")["score"]["mean"]),
+    ("which bring its KL from {:.2f} to", lambda: row("compare-smollm2-facts-long-1000", "kv-prefix:p100")["agreement"]["kl"]),
+    ("to {:.2f}; started", lambda: row("compare-smollm2-facts-long-1000-guard", "kv-prefix:p100-tuned")["agreement"]["kl"]),
+    ("it keeps 4 ({:.0f}%;", lambda: 100 * row(SPREAD, "kv-prefix:p100-tuned-spread")["score"]["mean"]
+     / row(SPREAD, "keep-prompt")["score"]["mean"]),
     ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
     ("shapes, {:.1f} s with `--set batch_size=16", lambda: absorb_s("kv-prefix:b16tf32", 489)),
     ("`--set autocast=bfloat16` trains kv-prefix under bf16 autocast (weights, prefix and\nthe teacher's targets stay "
