@@ -544,7 +544,8 @@ def _plateau(losses: list[float], patience: int, min_improvement: float) -> bool
 
 class Rollback:
     """The divergence guard of the kv-prefix and distill-lora training loops. After each step it takes the mean loss
-    of the last `window` steps (the plateau test's window, at least one pass); at each new lowest mean it snapshots
+    of the last `window` steps (distill-lora: its plateau test's window, at least one pass; kv-prefix: `patience`
+    steps, so that a long stage's first pass is watched too); at each new lowest mean it snapshots
     the trained tensors and the optimizer's state (in place copies: a captured CUDA graph keeps its tensors). Where a
     later mean is more than `factor` times the lowest and `margin` nats above it, training has diverged (a step
     size that fits for hundreds of steps and then blows the loss up, as lr 0.1 did on a 1,000-token document's stage:
