@@ -169,6 +169,18 @@ def test_generate_from_an_absorb_folder_follows_the_adapted_models_argmax(method
     assert sampled[0] == sampled[1]
 
 
+@pytest.mark.parametrize("rollbacks", [0, 2])
+def test_absorb_says_when_training_rolled_back(rollbacks, llama, tmp_path, capsys, monkeypatch):
+    from incontext.absorb.distill_lora import Rollback
+
+    monkeypatch.setattr(Rollback, "record", lambda self: {"rollbacks": rollbacks, "best_window_loss": 0.5})
+    code, printed, err = run(capsys, "absorb", "--model", llama, "--method", "kv-prefix", "--prompt", PROMPT, "--out",
+                             str(tmp_path / "a"), *[x for o in DISTILL + ["prefix_tokens=4"] for x in ("--set", o)])
+    assert code == 0, err
+    assert json.loads((tmp_path / "a" / "absorb.json").read_text())["history"]["rollbacks"] == rollbacks
+    assert ("training diverged 2 time(s)" in printed) == (rollbacks == 2)
+
+
 def test_a_distilled_adapter_reloads_with_the_logits_of_the_absorbed_model(llama, loaded, tmp_path, capsys):
     from incontext.absorb import get_absorb_method
     from incontext.cli_absorb import load_adapted

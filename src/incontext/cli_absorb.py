@@ -135,6 +135,10 @@ def absorb(args) -> int:
     ids = _prompt_ids(codec, prompt_text, loaded.model, args.model, "the prompt")
     record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out)
     print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
+    rollbacks = (record.get("history") or {}).get("rollbacks", 0)
+    if rollbacks:  # the divergence guard acted (absorb/distill_lora.py, Rollback)
+        print(f"training diverged {rollbacks} time(s); each time it went back to its best snapshot at half the "
+              f"learning rate (absorb.json: history)")
     print(f"wrote {args.out}: {', '.join(record['files'])}")
     note = record.get("peft_adapter")
     if note is not None and not note["written"]:
