@@ -225,6 +225,64 @@ def _tiny_prefix_run(device: str):
 
 
 @check
+def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
+    """kv-prefix's divergence guard on the CUDA-graph step: a prefix blown up 50-fold after step 30 is rolled back
+    (in-place copies into the graph's tensors), the graph is captured again at the halved rate, and training ends
+    finite and near its best window (float64, our Transformer; on a CPU the same fixed-shape steps run eagerly)."""
+    from incontext.absorb import get_absorb_method, kv_prefix
+    from incontext.models import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=128,
+                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
+    model = Transformer(config).to(torch.float64).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    model = model.to(device)
+    prompt = torch.randint(0, 61, (20,), generator=torch.Generator().manual_seed(1)).to(device)
+    options = {"prefix_tokens": 5, "steps": 48, "learning_rate": 0.2, "patience": 4, "progress": False,
+               "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8, "passes": 0}
+    calls, resets = {"n": 0}, []
+    real_call, real_reset = kv_prefix._FixedShapeSteps.__call__, kv_prefix._FixedShapeSteps.reset
+    real_graphed, real_plateau = kv_prefix.KVPrefix._graphed, kv_prefix._plateau
+
+    def call(self, batch):
+        out = real_call(self, batch)
+        calls["n"] += 1
+        if calls["n"] == 30:
+            with torch.no_grad():
+                for t in self.flat:
+                    t.mul_(50.0)
+        return out
+
+    def reset(self):
+        resets.append(calls["n"])
+        real_reset(self)
+
+    kv_prefix._FixedShapeSteps.__call__, kv_prefix._FixedShapeSteps.reset = call, reset
+    kv_prefix.KVPrefix._graphed = lambda self, model, device: True  # the fixed-shape step on a CPU too
+    kv_prefix._plateau = lambda *args: False  # all 48 steps
+    try:
+        trained = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
+    finally:
+        kv_prefix._FixedShapeSteps.__call__, kv_prefix._FixedShapeSteps.reset = real_call, real_reset
+        kv_prefix.KVPrefix._graphed, kv_prefix._plateau = real_graphed, real_plateau
+    history = trained.history
+    kl = history["kl"]
+    out = {"graphed": history["cuda_graph"], "rollbacks": history["rollbacks"], "resets_after_step": resets,
+           "best_window_kl": history["best_window_loss"], "max_kl_after_blow_up": max(kl[30:]),
+           "last_window_kl": sum(kl[-4:]) / 4}
+    assert history["cuda_graph"] == device.startswith("cuda"), out
+    assert history["rollbacks"] >= 1 and len(resets) == history["rollbacks"] and history["steps"] == 48, out
+    assert out["max_kl_after_blow_up"] > 2 * out["best_window_kl"], out  # the blow-up happened
+    assert out["last_window_kl"] < 2 * out["best_window_kl"] + 0.25, out  # and training recovered from it
+    assert all(bool(torch.isfinite(k).all() and torch.isfinite(v).all()) for k, v in trained._tensors()), out
+    return out
+
+
+@check
 def kv_prefix_tf32(device: str, work: Path) -> dict:
     """kv-prefix with tf32=true (float32 matmuls in TF32 on CUDA; nothing changes elsewhere) trains a finite prefix
     close to the float32 one, and the matmul precision is the caller's again afterwards."""
