@@ -130,17 +130,30 @@ def composition_and_the_next_token_objective(device: str, work: Path) -> dict:
     return out
 
 
-@check
-def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
-    """kv-prefix's training step replayed as a CUDA graph (its default on a GPU) trains the same prefix as the eager
-    step, in float64 on our Transformer (1e-8), with several sequence lengths per batch; on a CPU both are eager."""
-    from incontext.absorb import get_absorb_method
+def _tiny_transformer(device: str, sharpen: bool = False):
+    """A random 2-layer float64 Transformer of ours (seed 0); `sharpen`: matrices drawn N(0, 0.3^2), so that a prefix
+    has something to learn in a few dozen steps."""
     from incontext.models import Transformer, TransformerConfig
 
     torch.manual_seed(0)
     config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=128,
                                positions="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
-    model = Transformer(config).to(device, torch.float64).eval()
+    model = Transformer(config).to(torch.float64).eval()
+    if sharpen:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.3)
+    return model.to(device)
+
+
+@check
+def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
+    """kv-prefix's training step replayed as a CUDA graph (its default on a GPU) trains the same prefix as the eager
+    step, in float64 on our Transformer (1e-8), with several sequence lengths per batch; on a CPU both are eager."""
+    from incontext.absorb import get_absorb_method
+
+    model = _tiny_transformer(device)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 61, (16,), generator=g).to(device)
     queries = [torch.randint(0, 61, (1, n), generator=g).to(device) for n in (3, 5, 9, 2)]
@@ -230,17 +243,8 @@ def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
     (in-place copies into the graph's tensors), the graph is captured again at the halved rate, and training ends
     finite and near its best window (float64, our Transformer; on a CPU the same fixed-shape steps run eagerly)."""
     from incontext.absorb import get_absorb_method, kv_prefix
-    from incontext.models import Transformer, TransformerConfig
 
-    torch.manual_seed(0)
-    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=128,
-                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
-    model = Transformer(config).to(torch.float64).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    model = model.to(device)
+    model = _tiny_transformer(device, sharpen=True)
     prompt = torch.randint(0, 61, (20,), generator=torch.Generator().manual_seed(1)).to(device)
     options = {"prefix_tokens": 5, "steps": 48, "learning_rate": 0.2, "patience": 4, "progress": False,
                "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8, "passes": 0}

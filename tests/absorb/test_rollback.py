@@ -12,22 +12,7 @@ pytest.importorskip("peft")
 from incontext.absorb import get_absorb_method  # noqa: E402
 from incontext.absorb.distill_lora import Rollback  # noqa: E402
 from incontext.absorb.kv_prefix import _EagerSteps  # noqa: E402
-from incontext.models import Transformer, TransformerConfig  # noqa: E402
-
-FAST = {"progress": False, "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8, "passes": 0}
-
-
-def tiny(seed=0):
-    torch.manual_seed(seed)
-    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=128,
-                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
-    model = Transformer(config).to(torch.float64).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    return model
-
+from test_kv_prefix import FAST, tiny  # noqa: E402  (the same tiny float64 Transformer)
 
 def prompt(seed=1, m=20):
     return torch.randint(0, 61, (m,), generator=torch.Generator().manual_seed(seed))
