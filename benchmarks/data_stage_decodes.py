@@ -17,14 +17,19 @@ from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--episodes", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
+def add_facts_arguments(p: argparse.ArgumentParser, episodes: int, seed: int) -> None:
+    """--episodes, --seed, --people, --paraphrases and --threads of a probe over `facts` episodes on SmolLM2 (also
+    training_record.py's)."""
+    p.add_argument("--episodes", type=int, default=episodes)
+    p.add_argument("--seed", type=int, default=seed)
     p.add_argument("--people", type=int, default=2)
     p.add_argument("--paraphrases", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    args = p.parse_args()
+
+
+def facts_source(p: argparse.ArgumentParser, args: argparse.Namespace):
+    """The `facts` episode source of those arguments, a bad one named (p.error) before any model loads; sets the
+    threads."""
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
     try:  # a bad task value (paraphrases=4) is named before the model loads
@@ -32,6 +37,14 @@ def main() -> None:
     except (ValueError, TypeError) as error:
         p.error(str(error))
     torch.set_num_threads(args.threads)
+    return source
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_facts_arguments(p, episodes=20, seed=0)
+    args = p.parse_args()
+    source = facts_source(p, args)
     loaded = load_model("smollm2")
     stage = get_absorb_method("kv-prefix", progress=False).stage
     sequences = differing = episodes_with = 0

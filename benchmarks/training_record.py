@@ -13,12 +13,11 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
+from data_stage_decodes import add_facts_arguments, facts_source  # the same `facts` probe arguments
 
 from incontext.absorb import get_absorb_method
 from incontext.config import scalar
 from incontext.interop.models import load_model
-from incontext.tasks.episodes import get_episode_source
 
 
 def option(text: str) -> tuple[str, object]:
@@ -31,34 +30,28 @@ def option(text: str) -> tuple[str, object]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", choices=("kv-prefix", "distill-lora"), default="kv-prefix")
-    p.add_argument("--episodes", type=int, default=12)
-    p.add_argument("--seed", type=int, default=10000)
-    p.add_argument("--people", type=int, default=2)
-    p.add_argument("--paraphrases", type=int, default=3)
+    add_facts_arguments(p, episodes=12, seed=10000)
     p.add_argument("--set", action="append", default=[], type=option, metavar="OPTION=VALUE", help="a method option")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda, ...)")
     p.add_argument("--out", type=Path, help="a JSON file to write (an existing one is refused)")
     args = p.parse_args()
-    if args.episodes < 1:
-        p.error(f"--episodes must be >= 1, got {args.episodes}")
     if args.out is not None and args.out.exists():
         p.error(f"--out {args.out} exists; give a new file")
+    source = facts_source(p, args)
     options = {"progress": False, **dict(args.set)}
-    try:  # bad task or method options are named before the model loads
-        source = get_episode_source("facts", people=args.people, paraphrases=args.paraphrases)
+    try:  # bad method options and devices are named before the model loads
         get_absorb_method(args.method, **options)
+        loaded = load_model("smollm2", args.device)
     except (ValueError, TypeError) as error:
         p.error(str(error))
-    torch.set_num_threads(args.threads)
-    loaded = load_model("smollm2")
     rows = []
     for i, episode in enumerate(source.episodes(args.episodes, args.seed, tokenizer=loaded.tokenizer, task=loaded.task)):
         method = get_absorb_method(args.method, **options)
         method.use_codec(loaded.tokenizer)
         history = method.absorb(loaded.model, episode.prompt, train_queries=list(episode.train_queries)).history
         kl = history["kl"]
-        row = {"episode": i, "steps": history["steps"], "stopped_early": history["stopped_early"],
-               "rollbacks": history["rollbacks"], "best_window_kl": history["best_window_loss"],
+        row = {"episode": i, "steps": history["steps"], "stopped_early": history.get("stopped_early", False),
+               "rollbacks": history.get("rollbacks", 0), "best_window_kl": history.get("best_window_loss"),
                "last_kl": sum(kl[-8:]) / max(1, len(kl[-8:])), "max_kl": max(kl, default=None)}
         rows.append(row)
         print(json.dumps(row), flush=True)

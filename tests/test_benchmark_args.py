@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (["training_record.py", "--paraphrases", "4"], "3 wordings"),
     (["training_record.py", "--set", "passes=x"], "passes must be an integer"),
     (["training_record.py", "--set", "bogus=1"], "unknown option 'bogus'"),
+    (["training_record.py", "--device", "tpu"], "tpu"),
 ])
 def test_bad_task_options_are_one_line_errors(argv, named, tmp_path):
     extra = {"absorb_cost.py": ["--out", str(tmp_path / "cost")],

@@ -95,8 +95,15 @@ def no_plateau(monkeypatch):
     monkeypatch.setattr("incontext.absorb.distill_lora._plateau", lambda *args: False)
 
 
-def test_kv_prefix_rolls_back_a_blown_up_prefix_and_ends_near_its_best(monkeypatch):
+@pytest.mark.parametrize("backend", ["incontext", "hf"])
+def test_kv_prefix_rolls_back_a_blown_up_prefix_and_ends_near_its_best(monkeypatch, backend):
+    """On both backends: our Transformer, and transformers' LlamaForCausalLM with the same weights."""
+    from incontext.interop.hf import to_hf_llama
+    from incontext.interop.hf_backend import HFCausalLM
+
     model, document = tiny(), prompt()
+    if backend == "hf":
+        model = HFCausalLM(to_hf_llama(model).eval()).eval()
     clean = get_absorb_method("kv-prefix", **OPTIONS).absorb(model, document)
     assert clean.history["rollbacks"] == 0
     blow_up(monkeypatch, 32, lambda t: t.mul_(50.0))

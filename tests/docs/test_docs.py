@@ -40,6 +40,7 @@ CPU = "absorb_cost_autocast_cpu"  # the README's CPU run
 # kv-prefix row's run before the data stage's static decode on the CPU
 TUNED, PREFIX, LORA = "compare-smollm2-facts-paraphrases-tuned", "kv-prefix:passes8-autocast", "distill-lora:passes12"
 BEFORE = "compare-smollm2-facts-paraphrases-autocast"
+SPREAD = "compare-smollm2-facts-long-1000-spread"  # the README's long-document sentence, with the spread start
 
 
 def mean(values) -> float:
@@ -47,7 +48,6 @@ def mean(values) -> float:
 
 
 # the README's headline numbers: (the text on the front page with {} for the number, the number from its file)
-SPREAD = "compare-smollm2-facts-long-1000-spread"
 HEADLINES = [
     ("{:.1f}% exact match, SmolLM2 + `facts` (demo)", lambda: 100 * row("demo", "keep-prompt")["score"]["mean"]),
     ("{:.1f}% exact match (demo) |", lambda: 100 * row("demo", "drop-prompt")["score"]["mean"]),
