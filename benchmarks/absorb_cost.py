@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from incontext.absorb import get_absorb_method, self_study
+from incontext.absorb import get_absorb_method, kv_prefix, self_study
 from incontext.absorb.harness import CostTimer
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
@@ -50,6 +50,7 @@ ANSWERS = {
 # peers that switch a module flag: METHOD:VARIANT where VARIANT (or one of its "+"-joined parts) names one of these
 FLAGS = {
     "plain-decode": (self_study, "STATIC_DECODE", "never"),  # decode on a growing cache: no CUDA graph in the data stage
+    "cast-per-step": (kv_prefix, "CAST_ONCE", False),  # under autocast, the frozen weights cast at every step (autocast's)
 }
 
 
@@ -110,7 +111,8 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
                         f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
-                        "stage's queries that way; METHOD:plain-decode decodes on a growing cache (no CUDA graph); join variants with +")
+                        "stage's queries that way; METHOD:plain-decode decodes on a growing cache (no CUDA graph); "
+                        "METHOD:cast-per-step lets autocast cast the frozen weights at every step; join variants with +")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
     p.add_argument("--task-set", action="append", default=[], type=task_option, metavar="OPTION=VALUE",
                    help="a `facts` task option (as compare's --set gives it), e.g. paraphrases=3; people comes from --people")

@@ -1,9 +1,10 @@
-"""runtime.tf32_matmuls: TF32 only within the block and only for a CUDA device (the flag is global: it must come back)."""
+"""runtime.tf32_matmuls: TF32 only within the block and only for a CUDA device (the flag is global: it must come back);
+runtime.frozen_casts: half-precision copies of the frozen linear weights only."""
 
 import pytest
 import torch
 
-from incontext.runtime import tf32_matmuls
+from incontext.runtime import frozen_casts, tf32_matmuls
 
 
 @pytest.mark.parametrize("enabled, device, inside", [(True, "cuda", "high"), (True, "cuda:1", "high"),
@@ -21,3 +22,17 @@ def test_tf32_only_inside_the_block_and_only_on_cuda(enabled, device, inside):
         assert torch.get_float32_matmul_precision() == "highest"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_frozen_casts_copy_the_frozen_linear_weights_only_and_untie_a_shared_output_layer():
+    from torch import nn
+
+    model = nn.Sequential(nn.Embedding(11, 6), nn.Linear(6, 6, bias=True), nn.LayerNorm(6), nn.Linear(6, 11, bias=False))
+    model[3].weight = model[0].weight  # tied output layer
+    model.requires_grad_(False)
+    model[1].weight.requires_grad_(True)  # a trained weight: autocast caches its cast itself
+    casts = frozen_casts(model, torch.bfloat16)
+    assert set(casts) == {"3.weight"}
+    assert casts["3.weight"].dtype == torch.bfloat16 and torch.equal(casts["3.weight"], model[0].weight.to(torch.bfloat16))
+    assert model[0].weight.dtype == torch.float32  # the embedding keeps its float32 weight
+    assert frozen_casts(model.to(torch.bfloat16), torch.bfloat16) == {}  # already that dtype: nothing to cast

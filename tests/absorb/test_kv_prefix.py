@@ -159,6 +159,32 @@ def test_autocast_trains_with_half_precision_matmuls_and_keeps_the_prefix_in_flo
     assert 0 < max(gaps) < 0.05
 
 
+@pytest.mark.parametrize("backend", ["incontext", "hf"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_autocast_training_on_the_weights_cast_once_equals_autocasts_own_casts(monkeypatch, backend, seed):
+    """Under autocast the frozen weights are cast to bf16 once (runtime.frozen_casts, read through functional_call)
+    instead of by autocast at every forward: the trained prefix is the same bit for bit; the casts are used."""
+    from incontext.absorb import kv_prefix
+
+    model = tiny(dtype=torch.float32, seed=5 + seed)
+    if backend == "hf":
+        model = HFCausalLM(to_hf_llama(model).eval()).eval()
+    elif seed:  # an output layer tied to the embedding (SmolLM2's): its cast is its own, the embedding stays float32
+        model.lm_head.weight = model.tok_emb.weight
+    prompt, _ = prompt_and_query(m=16, seed=6 + seed)
+    options = dict(FAST, prefix_tokens=4, steps=8, learning_rate=0.02, patience=50, autocast="bfloat16")
+    made = []
+    real = kv_prefix.frozen_casts
+    monkeypatch.setattr(kv_prefix, "frozen_casts", lambda *a: (made.append(real(*a)), made[-1])[1])
+    once = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
+    assert made and made[0] and all(t.dtype == torch.bfloat16 for t in made[0].values())
+    monkeypatch.setattr(kv_prefix, "frozen_casts", lambda *a: {})
+    each_step = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
+    for (k0, v0), (k1, v1) in zip(once._tensors(), each_step._tensors()):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the model itself is untouched
+
+
 def test_the_cosine_schedule_decays_the_learning_rate_and_training_follows_it(monkeypatch):
     """cosine: lr at step 0, lr/2 halfway, decreasing towards 0; the training loop sets each step's rate (a schedule
     of zeros leaves the prefix as initialised, one of constants trains it as the constant schedule does)."""
