@@ -40,6 +40,7 @@ CPU = "absorb_cost_autocast_cpu"  # the README's CPU run
 # kv-prefix row's run before the data stage's static decode on the CPU
 TUNED, PREFIX, LORA = "compare-smollm2-facts-paraphrases-tuned", "kv-prefix:passes8-autocast", "distill-lora:passes12"
 BEFORE = "compare-smollm2-facts-paraphrases-autocast"
+CAST_ONCE = "compare-smollm2-facts-cast-once"  # the quality setting's absorb cost, the frozen weights cast once
 SPREAD = "compare-smollm2-facts-long-1000-spread"  # the README's long-document sentence, with the spread start
 
 
@@ -66,6 +67,8 @@ HEADLINES = [
     ("to {:.2f}; started", lambda: row("compare-smollm2-facts-long-1000-guard", "kv-prefix:p100-tuned")["agreement"]["kl"]),
     ("it keeps 4 ({:.0f}%;", lambda: 100 * row(SPREAD, "kv-prefix:p100-tuned-spread")["score"]["mean"]
      / row(SPREAD, "keep-prompt")["score"]["mean"]),
+    ("target 80%), median absorb {:.1f} s of CPU", lambda: row(CAST_ONCE, PREFIX)["absorb_ms"] / 1000),
+    ("test episodes is {:.1f} s of CPU time per\nthread", lambda: row(CAST_ONCE, PREFIX)["absorb_ms"] / 1000),
     ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
     ("shapes, {:.1f} s with `--set batch_size=16", lambda: absorb_s("kv-prefix:b16tf32", 489)),
     ("`--set autocast=bfloat16` trains kv-prefix under bf16 autocast (weights, prefix and\nthe teacher's targets stay "
