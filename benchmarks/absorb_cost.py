@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from incontext.absorb import get_absorb_method, kv_prefix, self_study
+from incontext import runtime
+from incontext.absorb import get_absorb_method, self_study
 from incontext.absorb.harness import CostTimer
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
@@ -50,7 +51,7 @@ ANSWERS = {
 # peers that switch a module flag: METHOD:VARIANT where VARIANT (or one of its "+"-joined parts) names one of these
 FLAGS = {
     "plain-decode": (self_study, "STATIC_DECODE", "never"),  # decode on a growing cache: no CUDA graph in the data stage
-    "cast-per-step": (kv_prefix, "CAST_ONCE", False),  # under autocast, the frozen weights cast at every step (autocast's)
+    "cast-per-step": (runtime, "CAST_ONCE", False),  # under autocast, the frozen weights cast at every step (autocast's)
 }
 
 

@@ -118,14 +118,22 @@ def tf32_matmuls(enabled: bool, device: torch.device | str):
         torch.set_float32_matmul_precision(before)
 
 
+# Whether frozen_casts makes its copies (False: none, so autocast casts the frozen weights at every forward, as
+# without it: the benchmarks' peer, benchmarks/absorb_cost.py's cast-per-step)
+CAST_ONCE = True
+
+
 def frozen_casts(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Copies in `dtype` of the model's frozen nn.Linear weights (requires_grad False), by name, for
     `torch.func.functional_call(model, casts, ..., tie_weights=False, strict=False)` under autocast in `dtype`.
     Autocast caches its casts only for weights that require grad, so a frozen weight is cast again at every forward
     (kv-prefix trains a prefix against a frozen model: 135M weights cast per step); the copies are the same rounding
     made once, so the forward and backward are the same bit for bit, at half the weights' memory more. An untied
-    copy: an output layer that shares the embedding's weight gets its own copy, the embedding keeps its own."""
+    copy: an output layer that shares the embedding's weight gets its own copy, the embedding keeps its own. Nothing
+    (an empty dict) when CAST_ONCE is False."""
     casts: dict[str, torch.Tensor] = {}
+    if not CAST_ONCE:
+        return casts
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if (isinstance(module, torch.nn.Linear) and isinstance(weight, torch.Tensor) and not weight.requires_grad

@@ -96,6 +96,28 @@ def test_same_seed_gives_bit_identical_weights():
     assert not all(torch.equal(first[k], other[k]) for k in first)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_autocast_on_the_frozen_weights_cast_once_equals_autocasts_own_casts(monkeypatch, tied):
+    """autocast=True trains in bf16 matmuls (the factors move off the float32 run's) and reads bf16 copies of the
+    frozen weights made once (runtime.frozen_casts): the same factors, bit for bit, as autocast's cast at every
+    step (runtime.CAST_ONCE = False)."""
+    from incontext import runtime
+    from incontext.absorb import distill_lora
+
+    model, prompt, queries = llama_like(seed=3, tie_embeddings=tied), ids(30, 1), [ids(6, 3), ids(9, 4)]
+    made = []
+    monkeypatch.setattr(distill_lora, "frozen_casts", lambda *a: (made.append(runtime.frozen_casts(*a)), made[-1])[1])
+    once = method(autocast=True, merge=False).absorb(model, prompt, train_queries=queries).lora_factors()
+    assert made and any(name.endswith("base_layer.weight") for name in made[0])  # the LoRA layers' frozen weights
+    monkeypatch.setattr(runtime, "CAST_ONCE", False)
+    each_step = method(autocast=True, merge=False).absorb(model, prompt, train_queries=queries).lora_factors()
+    plain = method(merge=False).absorb(model, prompt, train_queries=queries).lora_factors()
+    assert once.keys() == each_step.keys() == plain.keys()
+    for name in once:
+        assert all(torch.equal(a, b) for a, b in zip(once[name], each_step[name]))
+    assert any(not torch.equal(once[name][1], plain[name][1]) for name in once)  # bf16 matmuls did run
+
+
 def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries():
     """The training/evaluation split: every token sequence the teacher or the student reads is the prompt, a
     window of it, a continuation sampled by the teacher, or a training query; the evaluation query never is.

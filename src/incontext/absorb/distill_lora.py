@@ -25,11 +25,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.func import functional_call
 from tqdm.auto import tqdm
 
 from ..config import limit
 from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
+from ..runtime import device_of, frozen_casts, resolve_runtime
 from .base import AbsorbMethod, AdaptedModel, tensor_bytes
 from .self_study import (QUESTION_WRITER, StudyOptions, _recall_windows, contrastive_questions,  # noqa: F401 (re-exported)
                          distillation_kl, study, subjects)
@@ -276,7 +278,8 @@ class DistillLoRA(AbsorbMethod):
     for a 1,000-token one's ~190), or earlier when the mean KL of the last `patience` steps (at least one pass) is
     not `min_improvement` (relative) below the mean of the `patience` steps before; where the windowed KL blows up,
     the divergence guard (Rollback) returns to the snapshot of its lowest window at half the rate. `autocast=True` runs the
-    student's forward and backward in bfloat16 autocast on CPU (faster matmuls; the LoRA factors and the loss stay float32).
+    student's forward and backward in bfloat16 autocast on the model's device (faster matmuls; the LoRA factors and the
+    loss stay float32; the frozen weights' bf16 casts are made once per absorb, runtime.frozen_casts).
     Randomness comes from one generator seeded with `seed` (CPU). The defaults (steps, batch_size, window_tokens,
     n_questions) were chosen on validation episodes of the `facts` task on SmolLM2 (seed 10000, never the test
     episodes); n_questions=0: without the 16 questions the 135M model writes, 21.4% exact match and KL 0.75 against
@@ -441,14 +444,18 @@ class DistillLoRA(AbsorbMethod):
         patience = pass_patience(self.patience, len(sequences), self.batch_size)
         bar = tqdm(total=total, desc="distill-lora", unit="step", disable=not self.progress, leave=False)
         guard = Rollback(params, optimizer, patience)
+        runtime = resolve_runtime(device_of(adapted), "bfloat16" if self.autocast else "float32")
+        # under autocast, the frozen weights' bf16 casts made once, not at every step (the same numbers)
+        casts = frozen_casts(adapted, torch.bfloat16) if self.autocast else {}
+        student = (lambda tokens: functional_call(adapted, casts, (tokens,), tie_weights=False, strict=False)) if casts else adapted
         for _ in range(total):
             for group in optimizer.param_groups:
                 group["lr"] = self.learning_rate * guard.scale
             if len(order) < self.batch_size:
                 order += torch.randperm(len(sequences), generator=generator).tolist()
             picked, order = order[: self.batch_size], order[self.batch_size:]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-                loss = _kl_loss(adapted, [sequences[i] for i in picked])
+            with runtime.autocast():  # autocast=True: bf16 matmuls on the model's device (else nothing)
+                loss = _kl_loss(student, [sequences[i] for i in picked])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -504,9 +511,9 @@ def _query_ids(queries, m: int, max_len: int) -> list[torch.Tensor]:
     return out
 
 
-def _kl_loss(adapted: DistilledLoRA, batch) -> torch.Tensor:
-    """Mean over the taught positions of KL(teacher || student), the student being the adapted model (the data
-    stage's loss, self_study.distillation_kl)."""
+def _kl_loss(adapted, batch) -> torch.Tensor:
+    """Mean over the taught positions of KL(teacher || student), the student being the adapted model (or a function
+    of ids that runs it; the data stage's loss, self_study.distillation_kl)."""
     return distillation_kl(adapted, batch)
 
 

@@ -47,9 +47,6 @@ INITS = ("document", "document-spread", "random-tokens", "random-vectors")
 OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
 AUTOCASTS = ("none", "bfloat16", "float16")  # training's matmul dtype under torch.autocast ("none": the model's own)
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-# Under autocast, training reads half-precision copies of the frozen weights made once (runtime.frozen_casts) instead
-# of autocast's cast at every forward: the same numbers, cheaper steps (False: autocast's own casts, the benchmarks' peer)
-CAST_ONCE = True
 SCHEDULES = ("constant", "cosine")  # the learning rate over the steps: fixed, or decayed to 0 along half a cosine
 
 
@@ -348,7 +345,7 @@ class KVPrefix(AbsorbMethod):
         bar = tqdm(total=total, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
 
         # under autocast, the frozen weights' half-precision casts made once, not at every step (the same numbers)
-        casts = frozen_casts(model, AUTOCAST_DTYPES[self.autocast]) if self.autocast != "none" and CAST_ONCE else {}
+        casts = frozen_casts(model, AUTOCAST_DTYPES[self.autocast]) if self.autocast != "none" else {}
 
         def student(tokens: torch.Tensor) -> torch.Tensor:
             batch = tokens.shape[0]
