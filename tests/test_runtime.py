@@ -36,3 +36,19 @@ def test_frozen_casts_copy_the_frozen_linear_weights_only_and_untie_a_shared_out
     assert casts["3.weight"].dtype == torch.bfloat16 and torch.equal(casts["3.weight"], model[0].weight.to(torch.bfloat16))
     assert model[0].weight.dtype == torch.float32  # the embedding keeps its float32 weight
     assert frozen_casts(model.to(torch.bfloat16), torch.bfloat16) == {}  # already that dtype: nothing to cast
+
+
+def test_frozen_casts_leave_a_cuda_device_without_room_to_autocasts_own_casts(monkeypatch):
+    """On a CUDA device with less free memory than twice the copies, no copies (autocast casts at every step, the
+    same numbers); with room, the copies. The device is faked: the weights' device is all the check reads."""
+    from torch import nn
+
+    from incontext import runtime
+
+    model = nn.Linear(8, 4, bias=False).requires_grad_(False)
+    monkeypatch.setattr(nn.Parameter, "device", property(lambda self: torch.device("cuda:0")), raising=False)
+    needed = 8 * 4 * 2
+    monkeypatch.setattr(runtime, "free_memory", lambda device: 2 * needed - 1)
+    assert frozen_casts(model, torch.bfloat16) == {}
+    monkeypatch.setattr(runtime, "free_memory", lambda device: 2 * needed)
+    assert set(frozen_casts(model, torch.bfloat16)) == {"weight"}

@@ -130,16 +130,26 @@ def frozen_casts(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.
     (kv-prefix trains a prefix against a frozen model: 135M weights cast per step); the copies are the same rounding
     made once, so the forward and backward are the same bit for bit, at half the weights' memory more. An untied
     copy: an output layer that shares the embedding's weight gets its own copy, the embedding keeps its own. Nothing
-    (an empty dict) when CAST_ONCE is False."""
-    casts: dict[str, torch.Tensor] = {}
+    (an empty dict: autocast casts at every step, as without this) when CAST_ONCE is False, or on a CUDA device
+    whose free memory is under twice the copies' size (a float32 model that only just fits keeps training)."""
     if not CAST_ONCE:
-        return casts
+        return {}
+    frozen = {}
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if (isinstance(module, torch.nn.Linear) and isinstance(weight, torch.Tensor) and not weight.requires_grad
                 and weight.is_floating_point() and weight.dtype != dtype):
-            casts[f"{name}.weight" if name else "weight"] = weight.detach().to(dtype)
-    return casts
+            frozen[f"{name}.weight" if name else "weight"] = weight
+    needed = sum(w.numel() for w in frozen.values()) * dtype.itemsize
+    devices = {w.device for w in frozen.values() if w.device.type == "cuda"}
+    if any(free_memory(device) < 2 * needed for device in devices):
+        return {}
+    return {name: weight.detach().to(dtype) for name, weight in frozen.items()}
+
+
+def free_memory(device: torch.device) -> int:
+    """Free bytes on a CUDA device (torch.cuda.mem_get_info)."""
+    return torch.cuda.mem_get_info(device)[0]
 
 
 def device_of(module: torch.nn.Module) -> torch.device:
