@@ -309,7 +309,9 @@ def kv_prefix_tf32(device: str, work: Path) -> dict:
 def kv_prefix_autocast(device: str, work: Path) -> dict:
     """kv-prefix with autocast=bfloat16 (training's matmuls in bf16 under torch.autocast; on CUDA the step is then
     captured under autocast) trains a finite float32 prefix close to the float32 one; on CUDA the captured step and
-    the eager one (cuda_graph=false) land close to each other."""
+    the eager one (cuda_graph=false) land close to each other; the frozen weights cast once (runtime.frozen_casts,
+    read through functional_call, also inside the captured step) train the same prefix as autocast's own casts."""
+    from incontext import runtime
     from incontext.absorb import get_absorb_method
 
     model, prompt, options = _tiny_prefix_run(device)
@@ -317,13 +319,20 @@ def kv_prefix_autocast(device: str, work: Path) -> dict:
     runs = {name: get_absorb_method("kv-prefix", **options, **extra).absorb(model, prompt) for name, extra in
             (("plain", {}), ("autocast", {"autocast": "bfloat16"}),
              ("autocast_eager", {"autocast": "bfloat16", "cuda_graph": False}))}
+    runtime.CAST_ONCE = False
+    try:
+        runs["cast_per_step"] = get_absorb_method("kv-prefix", **options, autocast="bfloat16").absorb(model, prompt)
+    finally:
+        runtime.CAST_ONCE = True
     scale = max(float(y.abs().max()) for y, _ in runs["plain"]._tensors())
 
     def gap(a, b) -> float:
         return max(float((x - y).abs().max()) for (x, _), (y, _) in zip(runs[a]._tensors(), runs[b]._tensors())) / scale
 
     out = {"relative_gap_to_float32": gap("autocast", "plain"), "relative_gap_graph_vs_eager": gap("autocast", "autocast_eager"),
+           "relative_gap_cast_once_vs_per_step": gap("autocast", "cast_per_step"),
            "cuda_graph": runs["autocast"].history["cuda_graph"]}
+    assert out["relative_gap_cast_once_vs_per_step"] < 1e-6, out  # the same rounding: equal up to kernel choice
     assert all(torch.isfinite(x).all() and x.dtype == torch.float32 for pair in runs["autocast"]._tensors() for x in pair), out
     # Adam's steps are about the learning rate whatever the gradient's size, so bf16's rounding moves the prefix by a
     # fraction of the 8 steps' travel: close, not equal
