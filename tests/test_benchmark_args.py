@@ -20,10 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
     (["training_record.py", "--set", "passes=x"], "passes must be an integer"),
     (["training_record.py", "--set", "bogus=1"], "unknown option 'bogus'"),
     (["training_record.py", "--device", "tpu"], "tpu"),
+    (["prefix_trajectory.py", "--seed", "0"], "test episodes"),
+    (["prefix_trajectory.py", "--every", "0"], "--every"),
+    (["prefix_trajectory.py", "--set", "init=nowhere"], "init must be one of"),
 ])
 def test_bad_task_options_are_one_line_errors(argv, named, tmp_path):
     extra = {"absorb_cost.py": ["--out", str(tmp_path / "cost")],
-             "training_record.py": ["--out", str(tmp_path / "record.json")]}.get(argv[0], [])
+             "training_record.py": ["--out", str(tmp_path / "record.json")],
+             "prefix_trajectory.py": ["--out", str(tmp_path / "trajectory.json")]}.get(argv[0], [])
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:], *extra],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 2
