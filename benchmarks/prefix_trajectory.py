@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from data_stage_decodes import add_facts_arguments, facts_source  # the same `facts` probe arguments
-from training_record import option
+from training_record import option, write_new
 
 from incontext.absorb import get_absorb_method, kv_prefix
 from incontext.interop.models import load_model
@@ -124,9 +124,7 @@ def main() -> None:
     for step, by_name in totals.items():
         print(step, {name: (round(kl, 3), exact) for name, (kl, exact) in by_name.items()})
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "x") as f:
-            json.dump(summary, f, indent=1)
+        write_new(args.out, summary)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,13 @@ def option(text: str) -> tuple[str, object]:
     return key, scalar(value)
 
 
+def write_new(path: Path, data) -> None:
+    """`data` as JSON in a new file `path` (its folder made; an existing file is never overwritten)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "x") as f:
+        json.dump(data, f, indent=1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", choices=("kv-prefix", "distill-lora"), default="kv-prefix")
@@ -60,9 +67,7 @@ def main() -> None:
                "with_rollbacks": sum(r["rollbacks"] > 0 for r in rows)}
     print(json.dumps({k: v for k, v in summary.items() if k != "rows"}))
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "x") as f:
-            json.dump(summary, f, indent=1)
+        write_new(args.out, summary)
 
 
 if __name__ == "__main__":
