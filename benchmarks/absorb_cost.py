@@ -196,7 +196,8 @@ def random_smollm2(device: str, tokenizer: Path | None, dtype: str = "float32"):
 
 
 def write(rows: list[dict], description: str, args) -> None:
-    results = {"model": description, "device": args.device, "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats,
+    results = {"model": description, "device": args.device, "machine": runtime.machine(args.device), "dtype": args.dtype,
+               "threads": args.threads, "repeats": args.repeats,
                "task_options": dict(args.task_set),
                "torch": torch.__version__, "clock": "CUDA events" if args.device.startswith("cuda") else "CPU time per thread",
                "rows": rows}

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from incontext import Transformer, TransformerConfig
+from incontext.runtime import cpu_model_name
 
 MODELS = ("ours", "hf", "minimal")
 LABELS = {"ours": "incontext Transformer", "hf": "HF GPT2LMHeadModel", "minimal": "minimal SDPA GPT"}
@@ -111,17 +112,6 @@ def heads_for(width: int, args) -> int:
 
 
 # ----------------------------------------------------------------------------- machine
-
-
-def cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def measure_peak_gflops(n: int, reps: int, dtype: torch.dtype) -> float:

@@ -35,6 +35,7 @@ def test_compare_on_a_linear_induction_run(induction_run, tmp_path, capsys):
     assert rows["iclca-approx"]["status"] == "n/a" and rows["tint"]["status"] == "n/a"
     assert rows["dynamic-eval"]["status"] == "ok"
     assert (out / "compare.png").stat().st_size > 0
+    assert results["machine"]["cpu"] and results["machine"]["torch"]  # what the costs were measured on
     printed = capsys.readouterr().out
     assert "| iclca |" in printed and "n/a: needs softmax attention" in printed
     # a second run may overwrite its own files

@@ -52,3 +52,10 @@ def test_frozen_casts_leave_a_cuda_device_without_room_to_autocasts_own_casts(mo
     assert frozen_casts(model, torch.bfloat16) == {}
     monkeypatch.setattr(runtime, "free_memory", lambda device: 2 * needed)
     assert set(frozen_casts(model, torch.bfloat16)) == {"weight"}
+
+
+def test_machine_names_the_cpu_and_torch_and_no_gpu_on_a_cpu():
+    from incontext.runtime import machine
+
+    facts = machine("cpu")
+    assert set(facts) == {"cpu", "torch"} and facts["torch"] == torch.__version__ and facts["cpu"]

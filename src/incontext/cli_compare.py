@@ -18,6 +18,7 @@ import yaml
 from .absorb import absorb_methods, get_absorb_method
 from .absorb.harness import compare, method_name
 from .outputs import Result, claim_output_folder, pyplot, save_result
+from .runtime import machine
 from .tasks.episodes import get_episode_source
 from .tasks.metrics import get_metric
 
@@ -125,7 +126,8 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         "queries": sum(len(e.queries) for e in episodes), "seed": spec.seed,
         "mean_prompt_tokens": sum(e.prompt.shape[0] for e in episodes) / len(episodes),
         "tuning": tuning, "rows": rows, "model_load_s": load_s, "torch_threads": _threads(),
-        "device": spec.device, "dtype": spec.dtype, "backend": getattr(loaded.model, "backend", None),
+        "device": spec.device, "dtype": spec.dtype, "machine": machine(spec.device),
+        "backend": getattr(loaded.model, "backend", None),
         "command": command_line(spec),
     }
     if out_dir is not None:
