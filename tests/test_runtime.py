@@ -35,6 +35,7 @@ def test_frozen_casts_copy_the_frozen_linear_weights_only_and_untie_a_shared_out
     assert set(casts) == {"3.weight"}
     assert casts["3.weight"].dtype == torch.bfloat16 and torch.equal(casts["3.weight"], model[0].weight.to(torch.bfloat16))
     assert model[0].weight.dtype == torch.float32  # the embedding keeps its float32 weight
+    assert frozen_casts(model.double(), torch.bfloat16) == {}  # autocast leaves float64 alone: so do the casts
     assert frozen_casts(model.to(torch.bfloat16), torch.bfloat16) == {}  # already that dtype: nothing to cast
 
 

@@ -125,12 +125,13 @@ CAST_ONCE = True
 
 
 def frozen_casts(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Copies in `dtype` of the model's frozen nn.Linear weights (requires_grad False), by name, for
+    """Copies in `dtype` of the model's frozen float32 nn.Linear weights (requires_grad False), by name, for
     `torch.func.functional_call(model, casts, ..., tie_weights=False, strict=False)` under autocast in `dtype`.
     Autocast caches its casts only for weights that require grad, so a frozen weight is cast again at every forward
     (kv-prefix trains a prefix against a frozen model: 135M weights cast per step); the copies are the same rounding
     made once, so the forward and backward are the same bit for bit, at half the weights' memory more. An untied
-    copy: an output layer that shares the embedding's weight gets its own copy, the embedding keeps its own. Nothing
+    copy: an output layer that shares the embedding's weight gets its own copy, the embedding keeps its own. Only
+    float32 weights: autocast casts nothing else (a float64 model runs in float64 under it, and keeps doing so). Nothing
     (an empty dict: autocast casts at every step, as without this) when CAST_ONCE is False, or on a CUDA device
     whose free memory is under twice the copies' size (a float32 model that only just fits keeps training)."""
     if not CAST_ONCE:
@@ -139,7 +140,7 @@ def frozen_casts(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if (isinstance(module, torch.nn.Linear) and isinstance(weight, torch.Tensor) and not weight.requires_grad
-                and weight.is_floating_point() and weight.dtype != dtype):
+                and weight.dtype == torch.float32 and dtype != torch.float32):
             frozen[f"{name}.weight" if name else "weight"] = weight
     needed = sum(w.numel() for w in frozen.values()) * dtype.itemsize
     devices = {w.device for w in frozen.values() if w.device.type == "cuda"}

@@ -185,6 +185,19 @@ def test_autocast_training_on_the_weights_cast_once_equals_autocasts_own_casts(m
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the model itself is untouched
 
 
+@pytest.mark.parametrize("autocast", ["bfloat16", "float16"])
+def test_autocast_leaves_a_float64_model_in_float64(autocast):
+    """Autocast casts float32 only: a float64 model trains in float64 under it, the same prefix as without it (the
+    weights cast once are float32 weights only, so nothing changes here either)."""
+    model = tiny(dtype=torch.float64, seed=2)
+    prompt, _ = prompt_and_query(m=16, seed=3)
+    options = dict(FAST, prefix_tokens=4, steps=3, learning_rate=0.02, patience=50)
+    half = get_absorb_method("kv-prefix", **options, autocast=autocast).absorb(model, prompt)
+    plain = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
+    for (k0, v0), (k1, v1) in zip(half._tensors(), plain._tensors()):
+        assert k0.dtype == torch.float64 and torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
 def test_the_cosine_schedule_decays_the_learning_rate_and_training_follows_it(monkeypatch):
     """cosine: lr at step 0, lr/2 halfway, decreasing towards 0; the training loop sets each step's rate (a schedule
     of zeros leaves the prefix as initialised, one of constants trains it as the constant schedule does)."""
