@@ -306,6 +306,33 @@ def kv_prefix_tf32(device: str, work: Path) -> dict:
 
 
 @check
+def distill_lora_autocast(device: str, work: Path) -> dict:
+    """distill-lora with autocast=true autocasts on the model's device (bf16 matmuls there; before, it named the CPU)
+    and trains the same finite LoRA factors on the frozen weights cast once as on autocast's own per-step casts."""
+    from incontext import runtime
+    from incontext.absorb import get_absorb_method
+
+    model, prompt, _ = _tiny_prefix_run(device)
+    options = {"steps": 6, "passes": 0, "n_continuations": 1, "continuation_tokens": 4, "window_tokens": 6,
+               "progress": False, "merge": False}
+    runs = {}
+    for name, cast_once, autocast in (("once", True, True), ("per_step", False, True), ("plain", True, False)):
+        runtime.CAST_ONCE = cast_once
+        try:
+            runs[name] = get_absorb_method("distill-lora", autocast=autocast, **options).absorb(model, prompt).lora_factors()
+        finally:
+            runtime.CAST_ONCE = True
+
+    def gap(a, b) -> float:
+        return max(float((x - y).abs().max()) for key in runs[a] for x, y in zip(runs[a][key], runs[b][key]))
+
+    out = {"gap_cast_once_vs_per_step": gap("once", "per_step"), "gap_autocast_vs_float32": gap("once", "plain")}
+    assert all(torch.isfinite(t).all() for pair in runs["once"].values() for t in pair), out
+    assert out["gap_cast_once_vs_per_step"] < 1e-6 and out["gap_autocast_vs_float32"] > 0, out
+    return out
+
+
+@check
 def kv_prefix_autocast(device: str, work: Path) -> dict:
     """kv-prefix with autocast=bfloat16 (training's matmuls in bf16 under torch.autocast; on CUDA the step is then
     captured under autocast) trains a finite float32 prefix close to the float32 one; on CUDA the captured step and

@@ -38,7 +38,7 @@ from ..config import limit
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
-from ..runtime import device_of, frozen_casts, resolve_runtime, tf32_matmuls
+from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions, Rollback, _plateau, composition_trainer, pass_patience, training_steps
 from .self_study import StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, study
@@ -46,7 +46,6 @@ from .self_study import StudyOptions, distillation_batch, distillation_kl, disti
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
 OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
 AUTOCASTS = ("none", "bfloat16", "float16")  # training's matmul dtype under torch.autocast ("none": the model's own)
-AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 SCHEDULES = ("constant", "cosine")  # the learning rate over the steps: fixed, or decayed to 0 along half a cosine
 
 
@@ -345,7 +344,7 @@ class KVPrefix(AbsorbMethod):
         bar = tqdm(total=total, desc="kv-prefix", unit="step", disable=not self.progress, leave=False)
 
         # under autocast, the frozen weights' half-precision casts made once, not at every step (the same numbers)
-        casts = frozen_casts(model, AUTOCAST_DTYPES[self.autocast]) if self.autocast != "none" else {}
+        casts = frozen_casts(model, parse_dtype(self.autocast)) if self.autocast != "none" else {}
 
         def student(tokens: torch.Tensor) -> torch.Tensor:
             batch = tokens.shape[0]
