@@ -11,12 +11,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["absorb_cost.py", "--task-set", "paraphrases=4"], "3 wordings"),
+    (["absorb_cost.py", "--task-set", "paraphrases=7"], "6 wordings"),
     (["absorb_cost.py", "--task-set", "foo=1"], "'foo=1'"),
     (["absorb_cost.py", "--task-set", "paraphrases"], "OPTION=VALUE"),
-    (["data_stage_decodes.py", "--paraphrases", "4"], "3 wordings"),
+    (["data_stage_decodes.py", "--paraphrases", "7"], "6 wordings"),
     (["data_stage_decodes.py", "--episodes", "0"], "--episodes"),
-    (["training_record.py", "--paraphrases", "4"], "3 wordings"),
+    (["training_record.py", "--paraphrases", "7"], "6 wordings"),
     (["training_record.py", "--set", "passes=x"], "passes must be an integer"),
     (["training_record.py", "--set", "bogus=1"], "unknown option 'bogus'"),
     (["training_record.py", "--device", "tpu"], "tpu"),

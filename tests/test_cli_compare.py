@@ -48,7 +48,7 @@ def test_compare_on_a_linear_induction_run(induction_run, tmp_path, capsys):
     (["--model", "smollm2", "--task", "no-such-task"], "tasks with episodes: arithmetic, continuation, facts"),
     (["--model", "smollm2", "--task", "facts", "--methods", "iclca,magic"], "unknown method 'magic'; methods:"),
     (["--model", "smollm2", "--task", "facts", "--set", "people=-1"], "people must be a positive integer"),
-    (["--model", "smollm2", "--task", "facts", "--set", "paraphrases=4"], "paraphrases=4: the task has 3 wordings"),
+    (["--model", "smollm2", "--task", "facts", "--set", "paraphrases=7"], "paraphrases=7: the task has 6 wordings"),
     (["--model", "smollm2", "--task", "facts", "--set", "paraphrases=two"], "paraphrases"),
     (["--model", "smollm2", "--task", "facts", "--set", "colour=red"], "task 'facts': FactsConfig: unknown key(s) ['colour']; allowed keys: ['people', 'format', 'documents', 'paraphrases']"),
     (["--model", "smollm2", "--task", "facts", "--set", "dynamic-eval.speed=2"], "dynamic-eval: unknown option 'speed'"),

@@ -80,7 +80,7 @@ def test_seeds_reproduce_and_differ():
     assert not torch.equal(a[0].prompt, c[0].prompt)
 
 
-@pytest.mark.parametrize("paraphrases", [1, 2, 3])
+@pytest.mark.parametrize("paraphrases", [1, 2, 3, 6])
 def test_training_queries_are_not_the_evaluation_questions(paraphrases):
     codec = ByteCodec()
     episode = get_episode_source("facts", paraphrases=paraphrases).episodes(1, seed=0, tokenizer=codec)[0]
@@ -97,13 +97,17 @@ def test_training_queries_are_not_the_evaluation_questions(paraphrases):
     if paraphrases > 1:  # the first wording is the one the task gave before the option existed
         one = get_episode_source("facts").episodes(1, seed=0, tokenizer=codec)[0]
         assert [codec.decode(t) for t in one.train_queries[:2]] == texts[:2]
+    if paraphrases > 3:  # the wordings added later come after the first three: paraphrases=3 gives what it gave
+        three = get_episode_source("facts", paraphrases=3).episodes(1, seed=0, tokenizer=codec)[0]
+        assert [codec.decode(t) for t in three.train_queries] == [
+            text for i, text in enumerate(texts) if i % (1 + paraphrases) <= 3]
 
 
 def test_bad_facts_settings():
     with pytest.raises(ValueError, match="people"):
         get_episode_source("facts", people=0)
-    with pytest.raises(ValueError, match="paraphrases=4: the task has 3 wordings"):
-        get_episode_source("facts", paraphrases=4)
+    with pytest.raises(ValueError, match="paraphrases=7: the task has 6 wordings"):
+        get_episode_source("facts", paraphrases=7)
     with pytest.raises(ValueError, match="paraphrases must be a positive integer"):
         get_episode_source("facts", paraphrases=0)
     with pytest.raises(ValueError, match="format"):

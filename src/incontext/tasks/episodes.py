@@ -156,7 +156,7 @@ class FactsConfig:
     # into the prompt; composing methods also absorb each document alone (plain format only)
     documents: int = 1
     # training queries (for methods that learn from queries): each asked fact's statement cut before its answer and
-    # the question in this many other wordings (1 to 3); never the evaluation question
+    # the question in this many other wordings (1 to 6); never the evaluation question
     paraphrases: int = 1
 
     def __post_init__(self):

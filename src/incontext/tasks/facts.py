@@ -27,7 +27,7 @@ JOBS = ("glassblower", "beekeeper", "cartographer", "blacksmith", "baker", "fish
         "sailor", "miller", "astronomer")
 ANIMALS = ("ferret", "parrot", "tortoise", "goat", "rabbit", "cat", "dog", "hedgehog", "owl", "goose")
 ATTRIBUTES = ("birthplace", "job", "pet", "year")
-PARAPHRASES = 3  # forms of each question in other words (training queries; none is the evaluation question)
+PARAPHRASES = 6  # forms of each question in other words (training queries; none is the evaluation question)
 _RESERVED = frozenset(name.lower() for name in TRAIN_NAMES + HELDOUT_NAMES)  # names other tasks train on
 
 
@@ -82,14 +82,19 @@ class Person:
         if not 0 <= form < PARAPHRASES:
             raise ValueError(f"paraphrase form must be in [0, {PARAPHRASES}), got {form}")
         question = {
+            # forms 0-2 (the option's first three) and 3-5 (added later; 1-3 give the queries they always gave)
             "birthplace": (f"What is the birthplace of {self.name}?", f"Which town was {self.name} born in?",
-                           f"Name the place where {self.name} was born."),
+                           f"Name the place where {self.name} was born.", f"What town is {self.name} from?",
+                           f"Tell me the town of {self.name}'s birth.", f"{self.name} came into the world in which town?"),
             "job": (f"What does {self.name} do for a living?", f"What is the occupation of {self.name}?",
-                    f"What work does {self.name} do?"),
+                    f"What work does {self.name} do?", f"What is {self.name}'s profession?",
+                    f"Tell me what {self.name} does for work.", f"Which trade does {self.name} practise?"),
             "pet": (f"What is {self.name}'s {self.animal} called?", f"What name does {self.name}'s pet have?",
-                    f"How is the pet {self.animal} of {self.name} named?"),
+                    f"How is the pet {self.animal} of {self.name} named?", f"What did {self.name} name their {self.animal}?",
+                    f"Which name does {self.name}'s {self.animal} answer to?", f"Tell me what {self.name} calls their pet."),
             "year": (f"When was {self.name} born?", f"What is {self.name}'s year of birth?",
-                     f"{self.name} was born in which year?"),
+                     f"{self.name} was born in which year?", f"What is the birth year of {self.name}?",
+                     f"Tell me the year {self.name} was born.", f"{self.name} came into the world in which year?"),
         }[attribute][form]
         return f"Q: {question}\nA:"
 
