@@ -349,3 +349,14 @@ def test_kept_bytes_are_the_adapters_factors(merge):
     expected = sum(3 * (linear.in_features + linear.out_features) * 4 for linear in
                    (model.get_submodule(name) for name in adapted.spec.modules))  # the base is left as it was
     assert adapted.kept_bytes(model) == expected > 0
+
+
+def test_autocast_on_a_device_without_bf16_fails_before_the_data_stage(monkeypatch):
+    """autocast=True where the device has no bf16: a one-line error before the data stage's teacher decodes run."""
+    from incontext import runtime
+    from incontext.absorb import distill_lora
+
+    monkeypatch.setattr(runtime, "_supported", lambda device, dtype: "no bfloat16 here" if dtype == torch.bfloat16 else None)
+    monkeypatch.setattr(distill_lora, "study", lambda *a, **k: pytest.fail("the data stage ran before the dtype check"))
+    with pytest.raises(ValueError, match="dtype bfloat16 is not supported on cpu: no bfloat16 here"):
+        method(autocast=True).absorb(llama_like(seed=3), ids(30, 1), train_queries=[ids(6, 3)])

@@ -400,3 +400,15 @@ def test_document_spread_keeps_the_documents_own_kv_from_across_it(m, p):
     hf = HFCausalLM(to_hf_llama(model).eval()).eval()
     with pytest.raises(ValueError, match="init=document-spread"):
         get_absorb_method("kv-prefix", prefix_tokens=p, steps=0, init="document-spread", **FAST).absorb(hf, prompt)
+
+
+def test_autocast_on_a_device_without_the_dtype_fails_before_the_data_stage(monkeypatch):
+    """A dtype the device cannot compute in is a one-line error before the data stage's teacher decodes run."""
+    from incontext import runtime
+    from incontext.absorb import kv_prefix
+
+    monkeypatch.setattr(runtime, "_supported", lambda device, dtype: "no bfloat16 here" if dtype == torch.bfloat16 else None)
+    monkeypatch.setattr(kv_prefix, "study", lambda *a, **k: pytest.fail("the data stage ran before the dtype check"))
+    prompt, _ = prompt_and_query(m=16, seed=3)
+    with pytest.raises(ValueError, match="dtype bfloat16 is not supported on cpu: no bfloat16 here"):
+        get_absorb_method("kv-prefix", **FAST, prefix_tokens=4, steps=2, autocast="bfloat16").absorb(tiny(), prompt)

@@ -408,6 +408,8 @@ class DistillLoRA(AbsorbMethod):
                 train_queries: list[torch.Tensor] | None) -> DistilledLoRA:
         """`loss_mask` is ignored (the student matches the teacher everywhere); `train_queries` must never be
         evaluation queries."""
+        if self.autocast:  # a device without bf16 fails now, not after the data stage
+            resolve_runtime(device_of(model), "bfloat16")
         max_len = model.config.max_seq_len
         prompt = _prompt_ids(prompt, max_len)
         m = prompt.shape[0]

@@ -279,6 +279,8 @@ class KVPrefix(AbsorbMethod):
             return self._absorb_document(model, prompt, p, train_queries)
 
     def _absorb_document(self, model, prompt, p: int, train_queries) -> TrainedPrefix:
+        if self.autocast != "none" and self.steps:  # a device without the dtype fails now, not after the data stage
+            resolve_runtime(device_of(model), self.autocast)
         queries = [q[0] if q.dim() == 2 else q for q in (train_queries or [])]
         generator = torch.Generator().manual_seed(self.seed)
         was_training = model.training
