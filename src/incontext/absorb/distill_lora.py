@@ -543,19 +543,12 @@ def pass_patience(patience: int, n_sequences: int, batch_size: int) -> int:
     return max(patience, -(-n_sequences // batch_size))
 
 
-FLAT_NATS = 0.01  # two windows' means this close (or min_improvement of the earlier one) are flat
-
-
 def _plateau(losses: list[float], patience: int, min_improvement: float) -> bool:
-    """The early stop: the mean of the last `patience` losses is within min_improvement (a fraction) or FLAT_NATS of
-    the window before it, in either direction. A window that rose by more is not a plateau but an excursion (a
-    step size too large for a while: kv-prefix's KL from 0.40 to 0.58 within a pass on a validation episode, stopped
-    there halfway through its steps): training goes on, and the divergence guard (Rollback) handles a blow-up."""
     if len(losses) < 2 * patience:
         return False
     recent = sum(losses[-patience:]) / patience
     before = sum(losses[-2 * patience: -patience]) / patience
-    return abs(recent - before) <= max(min_improvement * abs(before), FLAT_NATS)
+    return recent > (1.0 - min_improvement) * before
 
 
 class Rollback:
