@@ -360,4 +360,3 @@ def test_autocast_on_a_device_without_bf16_fails_before_the_data_stage(monkeypat
     monkeypatch.setattr(distill_lora, "study", lambda *a, **k: pytest.fail("the data stage ran before the dtype check"))
     with pytest.raises(ValueError, match="dtype bfloat16 is not supported on cpu: no bfloat16 here"):
         method(autocast=True).absorb(llama_like(seed=3), ids(30, 1), train_queries=[ids(6, 3)])
-

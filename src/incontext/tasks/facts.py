@@ -82,7 +82,7 @@ class Person:
         if not 0 <= form < PARAPHRASES:
             raise ValueError(f"paraphrase form must be in [0, {PARAPHRASES}), got {form}")
         question = {
-            # forms 0-2 (the option's first three) and 3-5 (added later; 1-3 give the queries they always gave)
+            # forms 3-5 came later than 0-2, so paraphrases=1..3 give the queries they always gave
             "birthplace": (f"What is the birthplace of {self.name}?", f"Which town was {self.name} born in?",
                            f"Name the place where {self.name} was born.", f"What town is {self.name} from?",
                            f"Tell me the town of {self.name}'s birth.", f"{self.name} came into the world in which town?"),
