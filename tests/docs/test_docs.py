@@ -42,6 +42,7 @@ TUNED, PREFIX, LORA = "compare-smollm2-facts-paraphrases-tuned", "kv-prefix:pass
 CAST_ONCE = "compare-smollm2-facts-cast-once"  # the quality setting's absorb cost, the frozen weights cast once
 SPREAD = "compare-smollm2-facts-long-1000-spread"  # the README's long-document sentence, with the spread start
 SPREAD5 = "compare-smollm2-facts-long-1000-spread-5"  # the same row on five test documents
+SPREAD5_LR = "compare-smollm2-facts-long-1000-spread-lr5e-2-5"  # and at the rate 0.05
 LR, PREFIX_LR = "compare-smollm2-facts-lr5e-2", "kv-prefix:passes8-autocast-lr5e-2"  # the README's kv-prefix row
 
 
@@ -72,6 +73,11 @@ HEADLINES = [
      / row(SPREAD5, "keep-prompt")["score"]["mean"]),
     ("39 answers (38%, {:.1f}% of the bytes", lambda: 100 * row(SPREAD5, "kv-prefix:p100-tuned-spread")["kept_bytes"]
      / row(SPREAD5, "keep-prompt")["kept_bytes"]),
+    ("validation document) 25 of 39 ({:.0f}%, KL",
+     lambda: 100 * row(SPREAD5_LR, "kv-prefix:p100-tuned-spread-lr5e-2")["score"]["mean"]
+     / row(SPREAD5_LR, "keep-prompt")["score"]["mean"]),
+    ("39 (64%, KL {:.2f} against", lambda: row(SPREAD5_LR, "kv-prefix:p100-tuned-spread-lr5e-2")["agreement"]["kl"]),
+    ("KL 0.92 against {:.2f}; the 80%", lambda: row(SPREAD5, "kv-prefix:p100-tuned-spread")["agreement"]["kl"]),
     ("0.1), median absorb {:.1f} s of CPU", lambda: row(LR, PREFIX_LR)["absorb_ms"] / 1000),
     ("test episodes is {:.1f} s of CPU time per\nthread", lambda: row(CAST_ONCE, PREFIX)["absorb_ms"] / 1000),
     ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
