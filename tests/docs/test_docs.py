@@ -24,6 +24,11 @@ def row(path: str, method: str) -> dict:
     return next(r for r in result(path)["rows"] if r["method"] == method)
 
 
+def share(path: str, method: str) -> float:
+    """A row's exact match as a percentage of keep-prompt's in the same run."""
+    return 100 * row(path, method)["score"]["mean"] / row(path, "keep-prompt")["score"]["mean"]
+
+
 def tint(name: str) -> float:
     data = result("tint-perplexity")
     return data["perplexity"][name][data["config"]["fractions"].index(0.5)]
@@ -58,29 +63,21 @@ HEADLINES = [
     ("{:.1f}% exact match (demo); ", lambda: 100 * row("demo", "distill-lora")["score"]["mean"]),
     ("{:.1f}% exact match vs keep-prompt's", lambda: 100 * row(LR, PREFIX_LR)["score"]["mean"]),
     ("vs keep-prompt's {:.1f}% at a quarter", lambda: 100 * row(LR, "keep-prompt")["score"]["mean"]),
-    ("bytes ({:.0f}%; 20 test episodes, `paraphrases=3`",
-     lambda: 100 * row(LR, PREFIX_LR)["score"]["mean"] / row(LR, "keep-prompt")["score"]["mean"]),
-    ("target 80%: met; {:.0f}% at the rate 0.1)",
-     lambda: 100 * row(TUNED, PREFIX)["score"]["mean"] / row(TUNED, "keep-prompt")["score"]["mean"]),
+    ("bytes ({:.0f}%; 20 test episodes, `paraphrases=3`", lambda: share(LR, PREFIX_LR)),
+    ("target 80%: met; {:.0f}% at the rate 0.1)", lambda: share(TUNED, PREFIX)),
     ("(demo); {:.1f}% vs keep-prompt's", lambda: 100 * row(TUNED, LORA)["score"]["mean"]),
     ("vs keep-prompt's {:.1f}% (72%) with", lambda: 100 * row(TUNED, "keep-prompt")["score"]["mean"]),
-    ("({:.0f}%) with `paraphrases=3`, `passes=12`",
-     lambda: 100 * row(TUNED, LORA)["score"]["mean"] / row(TUNED, "keep-prompt")["score"]["mean"]),
+    ("({:.0f}%) with `paraphrases=3`, `passes=12`", lambda: share(TUNED, LORA)),
     ("which bring its KL from {:.2f} to", lambda: row("compare-smollm2-facts-long-1000", "kv-prefix:p100")["agreement"]["kl"]),
     ("to {:.2f}; started", lambda: row("compare-smollm2-facts-long-1000-guard", "kv-prefix:p100-tuned")["agreement"]["kl"]),
-    ("it keeps 4 ({:.0f}%), and over five", lambda: 100 * row(SPREAD, "kv-prefix:p100-tuned-spread")["score"]["mean"]
-     / row(SPREAD, "keep-prompt")["score"]["mean"]),
-    ("39 answers ({:.0f}%, 9.7% of the bytes", lambda: 100 * row(SPREAD5, "kv-prefix:p100-tuned-spread")["score"]["mean"]
-     / row(SPREAD5, "keep-prompt")["score"]["mean"]),
+    ("it keeps 4 ({:.0f}%), and over five", lambda: share(SPREAD, "kv-prefix:p100-tuned-spread")),
+    ("39 answers ({:.0f}%, 9.7% of the bytes", lambda: share(SPREAD5, "kv-prefix:p100-tuned-spread")),
     ("39 answers (38%, {:.1f}% of the bytes", lambda: 100 * row(SPREAD5, "kv-prefix:p100-tuned-spread")["kept_bytes"]
      / row(SPREAD5, "keep-prompt")["kept_bytes"]),
-    ("validation document) 25 of 39 ({:.0f}%, KL",
-     lambda: 100 * row(SPREAD5_LR, "kv-prefix:p100-tuned-spread-lr5e-2")["score"]["mean"]
-     / row(SPREAD5_LR, "keep-prompt")["score"]["mean"]),
+    ("validation document) 25 of 39 ({:.0f}%, KL", lambda: share(SPREAD5_LR, "kv-prefix:p100-tuned-spread-lr5e-2")),
     ("39 (64%, KL {:.2f} against", lambda: row(SPREAD5_LR, "kv-prefix:p100-tuned-spread-lr5e-2")["agreement"]["kl"]),
     ("KL 0.92 against {:.2f}), and at", lambda: row(SPREAD5, "kv-prefix:p100-tuned-spread")["agreement"]["kl"]),
-    ("documents) 31 of\n39 ({:.0f}%, KL", lambda: 100 * row(SPREAD5_LR3, "kv-prefix:p100-tuned-spread-lr3e-2")["score"]["mean"]
-     / row(SPREAD5_LR3, "keep-prompt")["score"]["mean"]),
+    ("documents) 31 of\n39 ({:.0f}%, KL", lambda: share(SPREAD5_LR3, "kv-prefix:p100-tuned-spread-lr3e-2")),
     ("39 (79%, KL {:.2f}): one answer", lambda: row(SPREAD5_LR3, "kv-prefix:p100-tuned-spread-lr3e-2")["agreement"]["kl"]),
     ("0.1), median absorb {:.1f} s of CPU", lambda: row(LR, PREFIX_LR)["absorb_ms"] / 1000),
     ("test episodes is {:.1f} s of CPU time per\nthread", lambda: row(CAST_ONCE, PREFIX)["absorb_ms"] / 1000),
