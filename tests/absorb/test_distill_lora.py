@@ -222,6 +222,8 @@ def test_unsupported_models():
     (dict(rank=0), "rank must be an integer >= 1"), (dict(rank=-2), "rank must be an integer >= 1"), (dict(learning_rate=0.0), "learning_rate"),
     (dict(target_modules=("attn.q",)), "target_modules"), (dict(target_modules=()), "target_modules"),
     (dict(steps=-1), "steps"), (dict(n_foreign=-1), "n_foreign must be an integer >= 0"),
+    (dict(n_conversations=-1), "n_conversations must be an integer >= 0"), (dict(message_tokens=0), "message_tokens"),
+    (dict(seed_prompts="poetry"), "seed_prompts must be"),
 ])
 def test_bad_options(options, match):
     with pytest.raises(ValueError, match=match) as error:

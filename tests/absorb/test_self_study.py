@@ -105,6 +105,23 @@ def test_seed_prompts_write_messages_the_teacher_answers():
                                   torch.Generator())
 
 
+def test_distill_lora_trains_on_the_same_conversations_as_kv_prefix(tmp_path):
+    """The self-study conversations are options of the one data stage: distill-lora's absorb writes them, and
+    kv-prefix with the same settings reuses that cached stage (same messages, same teacher targets)."""
+    from test_distill_lora import CharCodec
+
+    model, codec = tiny(vocab=64), CharCodec()
+    prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker."))
+    common = dict(steps=1, top_k=8, data_cache=str(tmp_path), window_tokens=6, n_continuations=0, n_questions=0,
+                  n_conversations=2, message_tokens=6, seed_prompts="question,creative", progress=False)
+    lora = get_absorb_method("distill-lora", **common).use_codec(codec).absorb(model, prompt)
+    prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).use_codec(codec).absorb(model, prompt)
+    assert lora.history["pool"]["conversations"] >= 1 and not lora.history["pool"]["cached"]
+    assert prefix.history["pool"]["cached"] and prefix.history["pool"]["conversations"] == lora.history["pool"]["conversations"]
+    with pytest.raises(ValueError, match="seed_prompts must be"):
+        get_absorb_method("distill-lora", seed_prompts="poetry")
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batched_answers_equal_one_query_at_a_time(seed):
     """`_answered_batched` (queries grouped by length, chunks of `rows`) and `_answered_full_passes` (queries of any

@@ -34,7 +34,7 @@ from ..models.lm import CausalLM, is_causal_lm
 from ..runtime import device_of, frozen_casts, resolve_runtime
 from .base import AbsorbMethod, AdaptedModel, tensor_bytes
 from .self_study import (QUESTION_WRITER, StudyOptions, _recall_windows, contrastive_questions,  # noqa: F401 (re-exported)
-                         distillation_kl, study, subjects)
+                         distillation_kl, seed_kinds, study, subjects)
 
 # linear layers of a Transformer block a LoRA can target (fused qkv and, for SwiGLU, fused gate/up)
 LORA_TARGETS = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
@@ -222,6 +222,9 @@ class DataStageOptions:
     n_foreign: int = limit(0, min=0)
     chat_answer_tokens: int = limit(24, min=1)
     temperature: float = limit(1.0, gt=0)
+    n_conversations: int = limit(0, min=0)
+    seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"
+    message_tokens: int = limit(32, min=1)
 
 
 @dataclass
@@ -265,7 +268,9 @@ class DistillLoRA(AbsorbMethod):
       that the same question about two people gets two different answers (facts bound to their own person).
       With `n_foreign`, up to that many training queries (and written questions) that name a subject are asked
       again about an invented name (its letters shuffled), answered by the teacher: questions about people the
-      document does not hold, as a composed adapter meets the other document's.
+      document does not hold, as a composed adapter meets the other document's;
+    - with a tokenizer and `n_conversations`: self-study messages the model writes from the seed prompts
+      (`seed_prompts`, up to `message_tokens` each), answered by the teacher (the same stage as kv-prefix's).
     `compose_steps`: `compose` trains the summed adapter that many steps on the documents' data stages (0: the plain
     sum, the default).
 
@@ -319,16 +324,19 @@ class DistillLoRA(AbsorbMethod):
         top_k: int | None = 20,
         data_cache: str = "",
         compose_steps: int = 0,
+        n_conversations: int = 0,
+        seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative",
+        message_tokens: int = 32,
     ):
         positive = {"rank": rank, "alpha": alpha, "learning_rate": learning_rate, "continuation_tokens": continuation_tokens,
                     "window_tokens": window_tokens, "batch_size": batch_size, "temperature": temperature,
-                    "patience": patience, "chat_answer_tokens": chat_answer_tokens}
+                    "patience": patience, "chat_answer_tokens": chat_answer_tokens, "message_tokens": message_tokens}
         for key, value in positive.items():
             if not value > 0:
                 raise ValueError(f"distill-lora: {key} must be > 0, got {value}")
         counts = {"steps": steps, "passes": passes, "n_continuations": n_continuations, "answer_tokens": answer_tokens,
                   "n_questions": n_questions, "n_foreign": n_foreign, "min_improvement": min_improvement,
-                  "compose_steps": compose_steps}
+                  "compose_steps": compose_steps, "n_conversations": n_conversations}
         for key, value in counts.items():
             if not value >= 0:
                 raise ValueError(f"distill-lora: {key} must be >= 0, got {value}")
@@ -344,7 +352,8 @@ class DistillLoRA(AbsorbMethod):
         self.n_continuations, self.continuation_tokens = n_continuations, continuation_tokens
         self.window_tokens, self.answer_tokens = window_tokens, answer_tokens
         self.n_questions, self.chat_answer_tokens, self.contrast = n_questions, chat_answer_tokens, contrast
-        self.n_foreign = n_foreign
+        self.n_foreign, self.n_conversations, self.message_tokens = n_foreign, n_conversations, message_tokens
+        self.seed_prompts = seed_kinds(seed_prompts)
         self.temperature, self.patience, self.min_improvement = temperature, patience, min_improvement
         self.autocast, self.merge, self.seed, self.progress = autocast, merge, seed, progress
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
@@ -358,7 +367,9 @@ class DistillLoRA(AbsorbMethod):
         return StudyOptions(window_tokens=self.window_tokens, n_continuations=self.n_continuations,
                             continuation_tokens=self.continuation_tokens, answer_tokens=self.answer_tokens,
                             n_questions=self.n_questions, contrast=self.contrast, n_foreign=self.n_foreign,
-                            chat_answer_tokens=self.chat_answer_tokens, temperature=self.temperature)
+                            chat_answer_tokens=self.chat_answer_tokens, temperature=self.temperature,
+                            n_conversations=self.n_conversations, seed_prompts=self.seed_prompts,
+                            message_tokens=self.message_tokens)
 
     def use_codec(self, codec) -> "DistillLoRA":
         """Gives the method the model's tokenizer (encode, decode; chat for chat turns): it then also trains on

@@ -41,22 +41,12 @@ from ..ops import apply_rope, rope_cos_sin
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions, Rollback, _plateau, composition_trainer, pass_patience, training_steps
-from .self_study import StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, study
+from .self_study import StudyOptions, distillation_batch, seed_kinds, distillation_kl, distillation_loss, next_token_loss, study
 
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
 OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
 AUTOCASTS = ("none", "bfloat16", "float16")  # training's matmul dtype under torch.autocast ("none": the model's own)
 SCHEDULES = ("constant", "cosine")  # the learning rate over the steps: fixed, or decayed to 0 along half a cosine
-
-
-def _seed_kinds(value) -> tuple[str, ...]:
-    from .self_study import SEED_PROMPTS
-
-    kinds = tuple(k.strip() for k in value.split(",")) if isinstance(value, str) else tuple(value)
-    unknown = sorted(set(kinds) - set(SEED_PROMPTS))
-    if not kinds or unknown:
-        raise ValueError(f"seed_prompts must be a comma-separated subset of {','.join(SEED_PROMPTS)}, got {value!r}")
-    return kinds
 
 
 class TrainedPrefix(AdaptedModel):
@@ -121,9 +111,6 @@ class KVPrefixOptions(DataStageOptions):
     progress: bool = True
     top_k: int | None = limit(20, min=1)
     data_cache: str = ""
-    n_conversations: int = limit(0, min=0)
-    seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"
-    message_tokens: int = limit(32, min=1)
     objective: Literal["kl", "next-token"] = "kl"
     cuda_graph: bool = True
     tf32: bool = False
@@ -228,7 +215,7 @@ class KVPrefix(AbsorbMethod):
                                   n_questions=n_questions, contrast=contrast, n_foreign=n_foreign,
                                   chat_answer_tokens=chat_answer_tokens,
                                   temperature=float(temperature), n_conversations=n_conversations,
-                                  seed_prompts=_seed_kinds(seed_prompts), message_tokens=message_tokens)
+                                  seed_prompts=seed_kinds(seed_prompts), message_tokens=message_tokens)
         self.codec = None
 
     def use_codec(self, codec) -> "KVPrefix":

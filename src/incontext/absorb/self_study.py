@@ -75,6 +75,16 @@ SEED_PROMPTS = {
 }
 
 
+def seed_kinds(value) -> tuple[str, ...]:
+    """seed_prompts as given to a method (a comma string or a sequence of kinds), checked against SEED_PROMPTS."""
+
+    kinds = tuple(k.strip() for k in value.split(",")) if isinstance(value, str) else tuple(value)
+    unknown = sorted(set(kinds) - set(SEED_PROMPTS))
+    if not kinds or unknown:
+        raise ValueError(f"seed_prompts must be a comma-separated subset of {','.join(SEED_PROMPTS)}, got {value!r}")
+    return kinds
+
+
 # A generic few-shot prompt that turns a sentence into a question about it (for a bare passage: the questions a
 # user may ask are not given, so the base model writes some; nothing here comes from a task's queries)
 QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion: When was the Eiffel Tower completed?\n\n"
