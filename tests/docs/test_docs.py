@@ -24,6 +24,11 @@ def row(path: str, method: str) -> dict:
     return next(r for r in result(path)["rows"] if r["method"] == method)
 
 
+def answers(path: str, method: str) -> int:
+    """A row's count of right answers over all the run's queries."""
+    return round(row(path, method)["score"]["mean"] * result(path)["queries"])
+
+
 def share(path: str, method: str) -> float:
     """A row's exact match as a percentage of keep-prompt's in the same run."""
     return 100 * row(path, method)["score"]["mean"] / row(path, "keep-prompt")["score"]["mean"]
@@ -45,10 +50,9 @@ CPU = "absorb_cost_autocast_cpu"  # the README's CPU run
 # episodes)
 TUNED, PREFIX, LORA = "compare-smollm2-facts-paraphrases-tuned", "kv-prefix:passes8-autocast", "distill-lora:passes12"
 CAST_ONCE = "compare-smollm2-facts-cast-once"  # the quality setting's absorb cost, the frozen weights cast once
-SPREAD = "compare-smollm2-facts-long-1000-spread"  # the README's long-document sentence, with the spread start
-SPREAD5 = "compare-smollm2-facts-long-1000-spread-5"  # the same row on five test documents
-SPREAD5_LR = "compare-smollm2-facts-long-1000-spread-lr5e-2-5"  # and at the rate 0.05
-SPREAD5_LR3 = "compare-smollm2-facts-long-1000-spread-lr3e-2-5"  # and at the rate 0.03
+LONG5 = "compare-smollm2-facts-long-1000-spread-lr3e-2-5"  # the same row on the first five test documents
+LONG20 = "compare-smollm2-facts-long-1000-spread-lr3e-2-20"  # the long documents' test row: all twenty documents
+LONG20_PREFIX = "kv-prefix:p100-tuned-spread-lr3e-2"
 LR, PREFIX_LR = "compare-smollm2-facts-lr5e-2", "kv-prefix:passes8-autocast-lr5e-2"  # the README's kv-prefix row
 
 
@@ -68,17 +72,19 @@ HEADLINES = [
     ("(demo); {:.1f}% vs keep-prompt's", lambda: 100 * row(TUNED, LORA)["score"]["mean"]),
     ("vs keep-prompt's {:.1f}% (72%) with", lambda: 100 * row(TUNED, "keep-prompt")["score"]["mean"]),
     ("({:.0f}%) with `paraphrases=3`, `passes=12`", lambda: share(TUNED, LORA)),
-    ("which bring its KL from {:.2f} to", lambda: row("compare-smollm2-facts-long-1000", "kv-prefix:p100")["agreement"]["kl"]),
-    ("to {:.2f}; started", lambda: row("compare-smollm2-facts-long-1000-guard", "kv-prefix:p100-tuned")["agreement"]["kl"]),
-    ("it keeps 4 ({:.0f}%), and over five", lambda: share(SPREAD, "kv-prefix:p100-tuned-spread")),
-    ("39 answers ({:.0f}%, 9.7% of the bytes", lambda: share(SPREAD5, "kv-prefix:p100-tuned-spread")),
-    ("39 answers (38%, {:.1f}% of the bytes", lambda: 100 * row(SPREAD5, "kv-prefix:p100-tuned-spread")["kept_bytes"]
-     / row(SPREAD5, "keep-prompt")["kept_bytes"]),
-    ("validation document) 25 of 39 ({:.0f}%, KL", lambda: share(SPREAD5_LR, "kv-prefix:p100-tuned-spread-lr5e-2")),
-    ("39 (64%, KL {:.2f} against", lambda: row(SPREAD5_LR, "kv-prefix:p100-tuned-spread-lr5e-2")["agreement"]["kl"]),
-    ("KL 0.92 against {:.2f}), and at", lambda: row(SPREAD5, "kv-prefix:p100-tuned-spread")["agreement"]["kl"]),
-    ("documents) 31 of\n39 ({:.0f}%, KL", lambda: share(SPREAD5_LR3, "kv-prefix:p100-tuned-spread-lr3e-2")),
-    ("39 (79%, KL {:.2f}): one answer", lambda: row(SPREAD5_LR3, "kv-prefix:p100-tuned-spread-lr3e-2")["agreement"]["kl"]),
+    ("p = 100 ({:.1f}% of keep-prompt's bytes)", lambda: 100 * row(LONG20, LONG20_PREFIX)["kept_bytes"]
+     / row(LONG20, "keep-prompt")["kept_bytes"]),
+    ("keeps\n{:.0f} of keep-prompt's", lambda: answers(LONG20, LONG20_PREFIX)),
+    ("of keep-prompt's {:.0f} answers over the 20", lambda: answers(LONG20, "keep-prompt")),
+    ("test documents ({:.1f}% against", lambda: 100 * row(LONG20, LONG20_PREFIX)["score"]["mean"]),
+    ("against {:.1f}%: 71%", lambda: 100 * row(LONG20, "keep-prompt")["score"]["mean"]),
+    ("11.1%: {:.0f}%, KL", lambda: share(LONG20, LONG20_PREFIX)),
+    ("71%, KL {:.2f}; median", lambda: row(LONG20, LONG20_PREFIX)["agreement"]["kl"]),
+    ("({:.0f}% over the first five documents,",
+     lambda: share(LONG5, LONG20_PREFIX)),
+    ("{:.0f}% over the other fifteen", lambda: 100 * (answers(LONG20, LONG20_PREFIX) - answers(LONG5, LONG20_PREFIX))
+     / (answers(LONG20, "keep-prompt") - answers(LONG5, "keep-prompt"))),
+    ("median absorb {:.0f} s of\nCPU", lambda: row(LONG20, LONG20_PREFIX)["absorb_ms"] / 1000),
     ("0.1), median absorb {:.1f} s of CPU", lambda: row(LR, PREFIX_LR)["absorb_ms"] / 1000),
     ("test episodes is {:.1f} s of CPU time per\nthread", lambda: row(CAST_ONCE, PREFIX)["absorb_ms"] / 1000),
     ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
