@@ -84,6 +84,9 @@ HEADLINES = [
      lambda: share(LONG5, LONG20_PREFIX)),
     ("{:.0f}% over the other fifteen", lambda: 100 * (answers(LONG20, LONG20_PREFIX) - answers(LONG5, LONG20_PREFIX))
      / (answers(LONG20, "keep-prompt") - answers(LONG5, "keep-prompt"))),
+    ("on ~1,035-token documents {:.0f}% of keep-prompt's exact match", lambda: share(LONG20, LONG20_PREFIX)),
+    ("keep-prompt's exact match at {:.1f}% of its bytes (20 test", lambda: 100 * row(LONG20, LONG20_PREFIX)["kept_bytes"]
+     / row(LONG20, "keep-prompt")["kept_bytes"]),
     ("median absorb {:.0f} s of\nCPU", lambda: row(LONG20, LONG20_PREFIX)["absorb_ms"] / 1000),
     ("0.1), median absorb {:.1f} s of CPU", lambda: row(LR, PREFIX_LR)["absorb_ms"] / 1000),
     ("test episodes is {:.1f} s of CPU time per\nthread", lambda: row(CAST_ONCE, PREFIX)["absorb_ms"] / 1000),
