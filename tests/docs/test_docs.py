@@ -29,6 +29,11 @@ def answers(path: str, method: str) -> int:
     return round(row(path, method)["score"]["mean"] * result(path)["queries"])
 
 
+def bytes_share(path: str, method: str) -> float:
+    """A row's kept bytes as a percentage of keep-prompt's in the same run."""
+    return 100 * row(path, method)["kept_bytes"] / row(path, "keep-prompt")["kept_bytes"]
+
+
 def share(path: str, method: str) -> float:
     """A row's exact match as a percentage of keep-prompt's in the same run."""
     return 100 * row(path, method)["score"]["mean"] / row(path, "keep-prompt")["score"]["mean"]
@@ -72,21 +77,18 @@ HEADLINES = [
     ("(demo); {:.1f}% vs keep-prompt's", lambda: 100 * row(TUNED, LORA)["score"]["mean"]),
     ("vs keep-prompt's {:.1f}% (72%) with", lambda: 100 * row(TUNED, "keep-prompt")["score"]["mean"]),
     ("({:.0f}%) with `paraphrases=3`, `passes=12`", lambda: share(TUNED, LORA)),
-    ("p = 100 ({:.1f}% of keep-prompt's bytes)", lambda: 100 * row(LONG20, LONG20_PREFIX)["kept_bytes"]
-     / row(LONG20, "keep-prompt")["kept_bytes"]),
+    ("p = 100 ({:.1f}% of keep-prompt's bytes)", lambda: bytes_share(LONG20, LONG20_PREFIX)),
     ("keeps\n{:.0f} of keep-prompt's", lambda: answers(LONG20, LONG20_PREFIX)),
     ("of keep-prompt's {:.0f} answers over the 20", lambda: answers(LONG20, "keep-prompt")),
     ("test documents ({:.1f}% against", lambda: 100 * row(LONG20, LONG20_PREFIX)["score"]["mean"]),
     ("against {:.1f}%: 71%", lambda: 100 * row(LONG20, "keep-prompt")["score"]["mean"]),
     ("11.1%: {:.0f}%, KL", lambda: share(LONG20, LONG20_PREFIX)),
     ("71%, KL {:.2f}; median", lambda: row(LONG20, LONG20_PREFIX)["agreement"]["kl"]),
-    ("({:.0f}% over the first five documents,",
-     lambda: share(LONG5, LONG20_PREFIX)),
+    ("({:.0f}% over the first five documents,", lambda: share(LONG5, LONG20_PREFIX)),
     ("{:.0f}% over the other fifteen", lambda: 100 * (answers(LONG20, LONG20_PREFIX) - answers(LONG5, LONG20_PREFIX))
      / (answers(LONG20, "keep-prompt") - answers(LONG5, "keep-prompt"))),
     ("on ~1,035-token documents {:.0f}% of keep-prompt's exact match", lambda: share(LONG20, LONG20_PREFIX)),
-    ("keep-prompt's exact match at {:.1f}% of its bytes (20 test", lambda: 100 * row(LONG20, LONG20_PREFIX)["kept_bytes"]
-     / row(LONG20, "keep-prompt")["kept_bytes"]),
+    ("keep-prompt's exact match at {:.1f}% of its bytes (20 test", lambda: bytes_share(LONG20, LONG20_PREFIX)),
     ("median absorb {:.0f} s of\nCPU", lambda: row(LONG20, LONG20_PREFIX)["absorb_ms"] / 1000),
     ("0.1), median absorb {:.1f} s of CPU", lambda: row(LR, PREFIX_LR)["absorb_ms"] / 1000),
     ("test episodes is {:.1f} s of CPU time per\nthread", lambda: row(CAST_ONCE, PREFIX)["absorb_ms"] / 1000),

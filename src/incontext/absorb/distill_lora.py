@@ -364,12 +364,7 @@ class DistillLoRA(AbsorbMethod):
         self.codec = None
 
     def stage_options(self) -> StudyOptions:
-        return StudyOptions(window_tokens=self.window_tokens, n_continuations=self.n_continuations,
-                            continuation_tokens=self.continuation_tokens, answer_tokens=self.answer_tokens,
-                            n_questions=self.n_questions, contrast=self.contrast, n_foreign=self.n_foreign,
-                            chat_answer_tokens=self.chat_answer_tokens, temperature=self.temperature,
-                            n_conversations=self.n_conversations, seed_prompts=self.seed_prompts,
-                            message_tokens=self.message_tokens)
+        return StudyOptions(**{name: getattr(self, name) for name in StudyOptions.__dataclass_fields__})
 
     def use_codec(self, codec) -> "DistillLoRA":
         """Gives the method the model's tokenizer (encode, decode; chat for chat turns): it then also trains on

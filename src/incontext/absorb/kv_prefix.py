@@ -41,7 +41,8 @@ from ..ops import apply_rope, rope_cos_sin
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions, Rollback, _plateau, composition_trainer, pass_patience, training_steps
-from .self_study import StudyOptions, distillation_batch, seed_kinds, distillation_kl, distillation_loss, next_token_loss, study
+from .self_study import (StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, seed_kinds,
+                         study)
 
 INITS = ("document", "document-spread", "random-tokens", "random-vectors")
 OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
