@@ -226,9 +226,12 @@ def test_unsupported_models():
     (dict(seed_prompts="poetry"), "seed_prompts must be"),
 ])
 def test_bad_options(options, match):
-    with pytest.raises(ValueError, match=match) as error:
-        method(**options)
-    assert "\n" not in str(error.value)
+    from incontext.absorb.distill_lora import DistillLoRA
+
+    for make in (lambda: method(**options), lambda: DistillLoRA(**options)):  # the registry and Python: one check
+        with pytest.raises(ValueError, match=match) as error:
+            make()
+        assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("prompt, queries, match", [

@@ -126,8 +126,25 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"autocast": "int8"}, "autocast must be one of none, bfloat16, float16"),
 ])
 def test_bad_options_are_refused(options, message):
-    with pytest.raises(ValueError, match=message):
-        get_absorb_method("kv-prefix", **options)
+    """Through the registry (--set) and through the class from Python alike: one check, one-line errors."""
+    from incontext.absorb.kv_prefix import KVPrefix
+
+    for make in (lambda: get_absorb_method("kv-prefix", **options), lambda: KVPrefix(**options)):
+        with pytest.raises(ValueError, match=message) as error:
+            make()
+        assert "\n" not in str(error.value)
+
+
+def test_options_from_python_are_the_registrys():
+    """The class built from Python holds the Options' defaults and the given values, converted as --set's are."""
+    from incontext.absorb.kv_prefix import KVPrefix, KVPrefixOptions
+
+    method = KVPrefix(prefix_tokens=8, temperature=2, seed_prompts=["question", "creative"])
+    assert method.prefix_tokens == 8 and method.passes == KVPrefixOptions.passes and method.stage.temperature == 2.0
+    assert isinstance(method.stage.temperature, float) and method.stage.seed_prompts == ("question", "creative")
+    assert vars(method).keys() >= {f for f in KVPrefixOptions.__dataclass_fields__}
+    with pytest.raises(ValueError, match="unknown option 'prefix'"):
+        KVPrefix(prefix=8)
 
 
 @pytest.mark.parametrize("backend", ["incontext", "hf"])

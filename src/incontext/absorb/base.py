@@ -236,6 +236,14 @@ class AbsorbMethod(ABC):
 
     needs_internals: ClassVar[bool] = False  # runs on our Transformer (model.as_transformer()), not the protocol alone
 
+    def _set_options(self, options: dict[str, Any]) -> None:
+        """`options` checked through `Options` (config.parse_options, the one check of every method's options, from
+        Python as from `--set`: one-line errors naming the option), the defaults filled in and each set as an
+        attribute of the method."""
+        checked = self.Options(**parse_options(self.Options, options, where=self.name))
+        for field in dataclasses.fields(checked):
+            setattr(self, field.name, getattr(checked, field.name))
+
     def runs_on(self, model: nn.Module) -> nn.Module:
         """The model the method works on: `model` itself, or for a method that needs our internals its conversion
         to our Transformer (ValueError naming why there is none)."""

@@ -226,6 +226,9 @@ class DataStageOptions:
     seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"
     message_tokens: int = limit(32, min=1)
 
+    def __post_init__(self):
+        self.seed_prompts = seed_kinds(self.seed_prompts)  # a comma string from --set, or a sequence from Python
+
 
 @dataclass
 class DistillLoRAOptions(DataStageOptions):
@@ -245,6 +248,15 @@ class DistillLoRAOptions(DataStageOptions):
     top_k: int | None = limit(20, min=1)
     data_cache: str = ""
     compose_steps: int = limit(0, min=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.target_modules, str):  # --set target_modules=attn.qkv,mlp.fc_in
+            self.target_modules = tuple(t.strip() for t in self.target_modules.split(","))
+        self.target_modules = tuple(self.target_modules)
+        unknown = sorted(set(self.target_modules) - set(LORA_TARGETS))
+        if not self.target_modules or unknown:
+            raise ValueError(f"target_modules must be a non-empty subset of {LORA_TARGETS}, got {self.target_modules}")
 
 
 class DistillLoRA(AbsorbMethod):
@@ -297,70 +309,9 @@ class DistillLoRA(AbsorbMethod):
     needs = "a token-input causal LM"
     summary = "context distillation into a LoRA adapter (a PEFT folder for the family's own transformers class)"
 
-    def __init__(
-        self,
-        rank: int = 8,
-        alpha: float = 16.0,
-        target_modules: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"),
-        steps: int = 48,
-        passes: int = 6,
-        learning_rate: float = 3e-3,
-        n_continuations: int = 2,
-        continuation_tokens: int = 32,
-        window_tokens: int = 24,
-        answer_tokens: int = 8,
-        n_questions: int = 0,
-        contrast: bool = False,
-        n_foreign: int = 0,
-        chat_answer_tokens: int = 24,
-        batch_size: int = 4,
-        temperature: float = 1.0,
-        patience: int = 8,
-        min_improvement: float = 0.01,
-        autocast: bool = False,
-        merge: bool = True,
-        seed: int = 0,
-        progress: bool = True,
-        top_k: int | None = 20,
-        data_cache: str = "",
-        compose_steps: int = 0,
-        n_conversations: int = 0,
-        seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative",
-        message_tokens: int = 32,
-    ):
-        positive = {"rank": rank, "alpha": alpha, "learning_rate": learning_rate, "continuation_tokens": continuation_tokens,
-                    "window_tokens": window_tokens, "batch_size": batch_size, "temperature": temperature,
-                    "patience": patience, "chat_answer_tokens": chat_answer_tokens, "message_tokens": message_tokens}
-        for key, value in positive.items():
-            if not value > 0:
-                raise ValueError(f"distill-lora: {key} must be > 0, got {value}")
-        counts = {"steps": steps, "passes": passes, "n_continuations": n_continuations, "answer_tokens": answer_tokens,
-                  "n_questions": n_questions, "n_foreign": n_foreign, "min_improvement": min_improvement,
-                  "compose_steps": compose_steps, "n_conversations": n_conversations}
-        for key, value in counts.items():
-            if not value >= 0:
-                raise ValueError(f"distill-lora: {key} must be >= 0, got {value}")
-        if isinstance(target_modules, str):  # --set target_modules=attn.qkv,mlp.fc_in
-            target_modules = tuple(t.strip() for t in target_modules.split(","))
-        target_modules = tuple(target_modules)
-        unknown = sorted(set(target_modules) - set(LORA_TARGETS))
-        if not target_modules or unknown:
-            raise ValueError(f"distill-lora: target_modules must be a non-empty subset of {LORA_TARGETS}, "
-                             f"got {target_modules}")
-        self.rank, self.alpha, self.target_modules = int(rank), float(alpha), target_modules
-        self.steps, self.passes, self.learning_rate, self.batch_size = steps, passes, learning_rate, batch_size
-        self.n_continuations, self.continuation_tokens = n_continuations, continuation_tokens
-        self.window_tokens, self.answer_tokens = window_tokens, answer_tokens
-        self.n_questions, self.chat_answer_tokens, self.contrast = n_questions, chat_answer_tokens, contrast
-        self.n_foreign, self.n_conversations, self.message_tokens = n_foreign, n_conversations, message_tokens
-        self.seed_prompts = seed_kinds(seed_prompts)
-        self.temperature, self.patience, self.min_improvement = temperature, patience, min_improvement
-        self.autocast, self.merge, self.seed, self.progress = autocast, merge, seed, progress
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"distill-lora: top_k must be an integer >= 1 (or unset: the whole distribution), got {top_k!r}")
-        if not isinstance(data_cache, str):
-            raise ValueError(f"distill-lora: data_cache must be a folder name, got {data_cache!r}")
-        self.top_k, self.data_cache, self.compose_steps = top_k, data_cache, compose_steps
+    def __init__(self, **options):
+        """`options`: the fields of DistillLoRAOptions (their defaults where not given), checked there."""
+        self._set_options(options)
         self.codec = None
 
     def stage_options(self) -> StudyOptions:

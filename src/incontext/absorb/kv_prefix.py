@@ -27,7 +27,7 @@ import math
 import time
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -41,13 +41,8 @@ from ..ops import apply_rope, rope_cos_sin
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions, Rollback, _plateau, composition_trainer, pass_patience, training_steps
-from .self_study import (StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss, seed_kinds,
+from .self_study import (StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss,
                          study)
-
-INITS = ("document", "document-spread", "random-tokens", "random-vectors")
-OBJECTIVES = ("kl", "next-token")  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
-AUTOCASTS = ("none", "bfloat16", "float16")  # training's matmul dtype under torch.autocast ("none": the model's own)
-SCHEDULES = ("constant", "cosine")  # the learning rate over the steps: fixed, or decayed to 0 along half a cosine
 
 
 class TrainedPrefix(AdaptedModel):
@@ -112,11 +107,11 @@ class KVPrefixOptions(DataStageOptions):
     progress: bool = True
     top_k: int | None = limit(20, min=1)
     data_cache: str = ""
-    objective: Literal["kl", "next-token"] = "kl"
+    objective: Literal["kl", "next-token"] = "kl"  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
     cuda_graph: bool = True
     tf32: bool = False
-    autocast: Literal["none", "bfloat16", "float16"] = "none"
-    schedule: Literal["constant", "cosine"] = "constant"
+    autocast: Literal["none", "bfloat16", "float16"] = "none"  # training's matmul dtype under torch.autocast ("none": the model's own)
+    schedule: Literal["constant", "cosine"] = "constant"  # the rate over the steps: fixed, or decayed to 0 along half a cosine
     compose_steps: int = limit(0, min=0)
 
 
@@ -158,65 +153,11 @@ class KVPrefix(AbsorbMethod):
     Options = KVPrefixOptions
     needs = "a token-input causal LM with softmax attention"
     summary = "self-study into a trained K/V prefix of prefix_tokens=P vectors per layer (Cartridges)"
-    stage_fields: ClassVar[tuple[str, ...]] = tuple(StudyOptions.__dataclass_fields__)
 
-    def __init__(self, prefix_tokens: int | None = None, init: str = "document", freeze_first: bool = True, steps: int = 96,
-                 passes: int = 12,
-                 learning_rate: float = 0.1, batch_size: int = 4, patience: int = 16, min_improvement: float = 0.01,
-                 seed: int = 0, progress: bool = True, top_k: int | None = 20, data_cache: str = "",
-                 window_tokens: int = 24, n_continuations: int = 2,
-                 continuation_tokens: int = 32, answer_tokens: int = 8, n_questions: int = 0, contrast: bool = False,
-                 n_foreign: int = 0, chat_answer_tokens: int = 24, temperature: float = 1.0, n_conversations: int = 0,
-                 seed_prompts: str = "structuring,summarization,question,use-case,creative", message_tokens: int = 32,
-                 objective: str = "kl", cuda_graph: bool = True, schedule: str = "constant", compose_steps: int = 0,
-                 tf32: bool = False, autocast: str = "none"):
-        def integer(name, value, low):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"kv-prefix: {name} must be an integer >= {low}, got {value!r}")
-
-        if prefix_tokens is not None:  # None: a quarter of the document (at least 1)
-            integer("prefix_tokens", prefix_tokens, 1)
-        integer("steps", steps, 0)
-        integer("passes", passes, 0)
-        integer("compose_steps", compose_steps, 0)
-        integer("batch_size", batch_size, 1)
-        integer("patience", patience, 1)
-        if top_k is not None:  # None: the teacher's whole distribution
-            integer("top_k", top_k, 1)
-        if not isinstance(data_cache, str):
-            raise ValueError(f"kv-prefix: data_cache must be a folder name, got {data_cache!r}")
-        for name in ("window_tokens", "continuation_tokens", "chat_answer_tokens", "message_tokens"):
-            integer(name, locals()[name], 1)
-        for name in ("n_continuations", "answer_tokens", "n_questions", "n_conversations", "n_foreign"):
-            integer(name, locals()[name], 0)
-        for name, value in (("learning_rate", learning_rate), ("temperature", temperature)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-                raise ValueError(f"kv-prefix: {name} must be a finite number > 0, got {value!r}")
-        if isinstance(min_improvement, bool) or not isinstance(min_improvement, (int, float)) or not 0 <= min_improvement < 1:
-            raise ValueError(f"kv-prefix: min_improvement must lie in [0, 1), got {min_improvement!r}")
-        if init not in INITS:
-            raise ValueError(f"kv-prefix: init must be one of {', '.join(INITS)}, got {init!r}")
-        if objective not in OBJECTIVES:
-            raise ValueError(f"kv-prefix: objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"kv-prefix: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        if autocast not in AUTOCASTS:
-            raise ValueError(f"kv-prefix: autocast must be one of {', '.join(AUTOCASTS)}, got {autocast!r}")
-        for name, value in (("freeze_first", freeze_first), ("progress", progress), ("contrast", contrast),
-                            ("cuda_graph", cuda_graph), ("tf32", tf32)):
-            if not isinstance(value, bool):
-                raise ValueError(f"kv-prefix: {name} must be true or false, got {value!r}")
-        self.prefix_tokens, self.init, self.freeze_first = prefix_tokens, init, freeze_first
-        self.steps, self.passes, self.learning_rate, self.batch_size = steps, passes, float(learning_rate), batch_size
-        self.patience, self.min_improvement, self.seed, self.progress = patience, float(min_improvement), seed, progress
-        self.top_k, self.data_cache, self.objective, self.cuda_graph = top_k, data_cache, objective, cuda_graph
-        self.schedule, self.compose_steps, self.tf32, self.autocast = schedule, compose_steps, tf32, autocast
-        self.stage = StudyOptions(window_tokens=window_tokens, n_continuations=n_continuations,
-                                  continuation_tokens=continuation_tokens, answer_tokens=answer_tokens,
-                                  n_questions=n_questions, contrast=contrast, n_foreign=n_foreign,
-                                  chat_answer_tokens=chat_answer_tokens,
-                                  temperature=float(temperature), n_conversations=n_conversations,
-                                  seed_prompts=seed_kinds(seed_prompts), message_tokens=message_tokens)
+    def __init__(self, **options):
+        """`options`: the fields of KVPrefixOptions (their defaults where not given), checked there."""
+        self._set_options(options)
+        self.stage = StudyOptions(**{name: getattr(self, name) for name in StudyOptions.__dataclass_fields__})
         self.codec = None
 
     def use_codec(self, codec) -> "KVPrefix":
