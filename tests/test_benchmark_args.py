@@ -23,11 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
     (["prefix_trajectory.py", "--seed", "0"], "test episodes"),
     (["prefix_trajectory.py", "--every", "0"], "--every"),
     (["prefix_trajectory.py", "--set", "init=nowhere"], "init must be one of"),
+    (["chunked_teacher.py", "--seed", "0"], "test episodes"),
+    (["chunked_teacher.py", "--chunks", "1"], "--chunks"),
+    (["chunked_teacher.py", "--paraphrases", "7"], "6 wordings"),
 ])
 def test_bad_task_options_are_one_line_errors(argv, named, tmp_path):
     extra = {"absorb_cost.py": ["--out", str(tmp_path / "cost")],
              "training_record.py": ["--out", str(tmp_path / "record.json")],
-             "prefix_trajectory.py": ["--out", str(tmp_path / "trajectory.json")]}.get(argv[0], [])
+             "prefix_trajectory.py": ["--out", str(tmp_path / "trajectory.json")],
+             "chunked_teacher.py": ["--out", str(tmp_path / "chunks.json")]}.get(argv[0], [])
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:], *extra],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.returncode == 2

@@ -229,3 +229,104 @@ def test_the_static_answers_take_fewer_rows_for_a_long_document(monkeypatch):
     assert seen == [5, 2] and len(wide) == len(narrow) == 5
     for (ids, logp), (ids2, logp2) in zip(wide, narrow):  # batches of other sizes: float64 rounding apart
         assert torch.equal(ids, ids2) and torch.allclose(logp, logp2, atol=1e-10, rtol=0)
+
+
+# ----------------------------------------------------------------------------- documents longer than a chunk
+
+
+@pytest.mark.parametrize("m, size", [(10, 4), (97, 16), (200, 48), (33, 33), (7, 2)])
+def test_chunks_cover_the_document_and_hold_every_passage_of_half_a_chunk(m, size):
+    spans = self_study.chunk_spans(m, size, None)
+    assert spans[0][0] == 0 and spans[-1][1] == m and all(b - a == min(size, m) for a, b in spans)
+    half = max(1, size // 2)
+    for start in range(m - half + 1):  # every passage of half a chunk lies whole in some chunk
+        assert any(a <= start and start + half <= b for a, b in spans)
+    assert self_study.chunk_spans(m, 0, None) == [(0, m)] == self_study.chunk_spans(m, 0, m + 1)
+    assert self_study.chunk_spans(m, 0, m)[0] == (0, m // 2)  # a document the context does not hold: half of it
+
+
+def test_a_chunk_the_context_cannot_hold_is_refused():
+    with pytest.raises(ValueError, match="chunk_tokens=96 leaves the teacher no room within the model's context .96") as error:
+        self_study.chunk_spans(200, 96, 96)
+    assert "\n" not in str(error.value)
+
+
+def test_queries_go_to_the_chunk_that_holds_their_rare_tokens():
+    prompt = torch.arange(60)  # every token once: chunk j alone holds its own tokens
+    spans = self_study.chunk_spans(60, 20, None)  # starts 0, 10, 20, 30, 40
+    queries = [torch.tensor([1, 2, 3]), torch.tensor([52, 55, 58]), torch.tensor([25, 26, 100]), torch.tensor([100])]
+    assert self_study.assign_chunks(prompt, spans, queries) == [0, 4, 1, 0]  # ties: the first chunk
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_chunked_sequence_is_the_teacher_reading_its_chunk(seed):
+    """A 150-token document on a model whose context holds 96: the teacher reads 48-token chunks, and each sequence's
+    targets are the model's own log-probabilities after some chunk (float64, 1e-10), recall windows and answered
+    queries alike; each query is taught after a chunk that holds it."""
+    torch.manual_seed(seed)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=96,
+                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    model = Transformer(config).double().eval()
+    prompt = torch.randint(0, 61, (150,), generator=torch.Generator().manual_seed(seed + 5))
+    queries = [prompt[100:106].clone(), prompt[3:8].clone()]
+    options = StudyOptions(window_tokens=8, n_continuations=3, continuation_tokens=5, answer_tokens=4)
+    sequences, counts = self_study.teacher_sequences(model, prompt, queries, options, None, torch.Generator().manual_seed(0))
+    spans = self_study.chunk_spans(150, 0, 96)
+    assert counts["chunks"] == len(spans) > 1 and counts["continuations"] == 3 and counts["train_queries"] == 2
+    assert counts["recall_windows"] == len(self_study.window_starts(150, 8))
+    homes = []
+    with torch.no_grad():
+        for ids, logp in sequences:
+            n = logp.shape[0]
+            errors = [float((torch.log_softmax(model(torch.cat([prompt[a:b], ids])[None])[0, -n:], -1) - logp).abs().max())
+                      for a, b in spans]
+            assert min(errors) < 1e-10
+            homes.append(errors.index(min(errors)))
+    again, _ = self_study.teacher_sequences(model, prompt, queries, options, None, torch.Generator().manual_seed(0))
+    assert same(sequences, again)
+    for query in queries:  # its answered sequence: the query and 3 of its 4 answer tokens
+        home, = [h for (ids, _), h in zip(sequences, homes)
+                 if ids.shape[0] == query.shape[0] + 3 and torch.equal(ids[: query.shape[0]], query)]
+        a, b = spans[home]
+        assert query.tolist() in [prompt[s: s + query.shape[0]].tolist() for s in range(a, b - query.shape[0] + 1)]
+
+
+@pytest.mark.parametrize("init", ["document", "document-spread", "random-vectors"])
+def test_kv_prefix_absorbs_a_document_longer_than_the_context(init):
+    torch.manual_seed(0)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=96,
+                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    model = Transformer(config).eval()
+    prompt = torch.randint(0, 61, (150,), generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match="the prompt has 150 tokens; the model's context holds 96"):
+        get_absorb_method("keep-prompt").absorb(model, prompt)
+    adapted = get_absorb_method("kv-prefix", init=init, steps=4, passes=0, progress=False, n_continuations=1,
+                                continuation_tokens=4, window_tokens=8).absorb(model, prompt)
+    assert adapted.position == 96 // 4 and adapted.history["pool"]["chunks"] == len(self_study.chunk_spans(150, 0, 96)) == 6
+    assert torch.isfinite(adapted(prompt[None, :10])).all()
+    with pytest.raises(ValueError, match="prefix_tokens=90 and the data stage's sequences of up to 24 tokens exceed") as error:
+        get_absorb_method("kv-prefix", prefix_tokens=90, init="random-vectors", steps=1, progress=False,
+                          n_continuations=0).absorb(model, prompt)
+    assert "\n" not in str(error.value)
+
+
+@torch.no_grad()
+def test_spread_start_of_a_long_document_is_each_chunks_own_keys_and_values():
+    """init=document-spread over chunks: each prefix position holds the K/V its token has in the chunk that holds it
+    most centrally, re-rotated to its prefix place (float64, 1e-10); with one chunk, the whole document's."""
+    from incontext.absorb.kv_prefix import rerotate, spread_prefix
+    from incontext.models.lm import cache_kv
+
+    model = tiny(2)
+    prompt = torch.randint(0, 61, (60,), generator=torch.Generator().manual_seed(4))
+    spans = self_study.chunk_spans(60, 20, None)
+    assert torch.equal(cache_kv(spread_prefix(model, prompt, 60, [(0, 60)]))[0][0], cache_kv(model.prefill(prompt[None]))[0][0])
+    prefix = cache_kv(spread_prefix(model, prompt, 7, spans))
+    index = torch.linspace(0, 59, 7, dtype=torch.float64).round().long().tolist()
+    for t, i in enumerate(index):
+        j = max(range(len(spans)), key=lambda c: min(i - spans[c][0], spans[c][1] - 1 - i) if spans[c][0] <= i < spans[c][1] else -1)
+        a, b = spans[j]
+        k, v = cache_kv(model.prefill(prompt[None, a:b]))[1]
+        want = rerotate(model, k[:, :, [i - a]], torch.tensor([t - (i - a)]))
+        assert float((prefix[1][0][:, :, t: t + 1] - want).abs().max()) < 1e-10
+        assert float((prefix[1][1][:, :, t: t + 1] - v[:, :, [i - a]]).abs().max()) < 1e-10

@@ -228,6 +228,7 @@ class AbsorbMethod(ABC):
     Options: ClassVar[type] = NoOptions
     needs: ClassVar[str] = "a causal LM"
     batched: ClassVar[bool] = False  # _absorb takes (B, M) prompts; otherwise one prompt at a time
+    long_prompts: ClassVar[bool] = False  # absorbs a prompt longer than the model's context (in chunks)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -275,7 +276,7 @@ class AbsorbMethod(ABC):
         if reason is not None:
             raise ValueError(f"{self.name} does not apply to this model: {reason}")
         model = self.runs_on(model)
-        prompt = check_prompt(model, prompt)
+        prompt = check_prompt(model, prompt, long=self.long_prompts)
         if loss_mask is not None:
             loss_mask = loss_mask.to(torch.bool)
             if loss_mask.dim() == 1:
@@ -304,8 +305,9 @@ def max_context(model: nn.Module) -> int | None:
     return getattr(config, "max_seq_len", None)
 
 
-def check_prompt(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
-    """The prompt as a batch ((B, M) ids or (B, M, d) vectors); one-line errors for what cannot be a prompt."""
+def check_prompt(model: nn.Module, prompt: torch.Tensor, long: bool = False) -> torch.Tensor:
+    """The prompt as a batch ((B, M) ids or (B, M, d) vectors); one-line errors for what cannot be a prompt (one the
+    model's context does not hold, unless `long`: a method that reads it in chunks)."""
     if not isinstance(prompt, torch.Tensor):
         raise TypeError(f"the prompt must be a tensor, got {type(prompt).__name__}")
     tokens = getattr(getattr(model, "config", None), "tokens", True)
@@ -322,7 +324,7 @@ def check_prompt(model: nn.Module, prompt: torch.Tensor) -> torch.Tensor:
     if prompt.shape[0] == 0 or prompt.shape[1] == 0:
         raise ValueError("the prompt is empty: there is nothing to absorb")
     limit = max_context(model)
-    if limit is not None and prompt.shape[1] >= limit:
+    if limit is not None and prompt.shape[1] >= limit and not long:
         raise ValueError(f"the prompt has {prompt.shape[1]} tokens; the model's context holds {limit} "
                          "(and the query needs room after the prompt)")
     return prompt

@@ -225,6 +225,7 @@ class DataStageOptions:
     n_conversations: int = limit(0, min=0)
     seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"
     message_tokens: int = limit(32, min=1)
+    chunk_tokens: int = limit(0, min=0)  # the teacher's window on a long document (self_study.chunk_spans); 0: whole
 
     def __post_init__(self):
         self.seed_prompts = seed_kinds(self.seed_prompts)  # a comma string from --set, or a sequence from Python
@@ -282,7 +283,9 @@ class DistillLoRA(AbsorbMethod):
       again about an invented name (its letters shuffled), answered by the teacher: questions about people the
       document does not hold, as a composed adapter meets the other document's;
     - with a tokenizer and `n_conversations`: self-study messages the model writes from the seed prompts
-      (`seed_prompts`, up to `message_tokens` each), answered by the teacher (the same stage as kv-prefix's).
+      (`seed_prompts`, up to `message_tokens` each), answered by the teacher (the same stage as kv-prefix's);
+    - with `chunk_tokens` below the document's length: the teacher reads it in chunks (self_study.chunk_spans; a
+      document longer than the model's context is kv-prefix's: the adapter answers after the document's positions).
     `compose_steps`: `compose` trains the summed adapter that many steps on the documents' data stages (0: the plain
     sum, the default).
 

@@ -41,8 +41,8 @@ from ..ops import apply_rope, rope_cos_sin
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel
 from .distill_lora import DataStageOptions, Rollback, _plateau, composition_trainer, pass_patience, training_steps
-from .self_study import (StudyOptions, distillation_batch, distillation_kl, distillation_loss, next_token_loss,
-                         study)
+from .self_study import (StudyOptions, chunk_spans, distillation_batch, distillation_kl, distillation_loss,
+                         next_token_loss, study)
 
 
 class TrainedPrefix(AdaptedModel):
@@ -132,7 +132,11 @@ class KVPrefix(AbsorbMethod):
     the data stage's other options (window_tokens, n_continuations, continuation_tokens, answer_tokens,
     n_questions, contrast, chat_answer_tokens, temperature; n_foreign: that many training queries asked again about
     invented names the document does not hold, answered by the teacher, so the prefix's facts stay with its own
-    people when it is composed beside another document's). Defaults chosen on 4 validation episodes of `facts`
+    people when it is composed beside another document's; chunk_tokens: the teacher reads the document in chunks of
+    that many tokens, self_study.chunk_spans; 0, the default: whole where the model's context holds it, else in
+    chunks of half the context, so a document longer than the context is absorbed too, with p at most a quarter of
+    the context by default; at ~1,000 tokens a chunk's reader answers fewer facts than the whole document's,
+    benchmarks/results/chunked_teacher_facts_long.json). Defaults chosen on 4 validation episodes of `facts`
     (seed 10000, never the test episodes): n_questions=0 (the base model's own questions lowered the score, 14.3% vs
     17.9%, and raised the KL, 0.91 vs 0.73 nats; results/kv-prefix-validation), then steps=96, patience=16 and
     learning_rate=0.1 (21.4% and KL 0.55 against 17.9% and 0.73 at 48 steps and 2e-2, and 21.4% and 0.66 at 5e-2;
@@ -151,6 +155,7 @@ class KVPrefix(AbsorbMethod):
 
     name = "kv-prefix"
     Options = KVPrefixOptions
+    long_prompts = True  # a document longer than the context: the data stage reads it in chunks
     needs = "a token-input causal LM with softmax attention"
     summary = "self-study into a trained K/V prefix of prefix_tokens=P vectors per layer (Cartridges)"
 
@@ -195,7 +200,9 @@ class KVPrefix(AbsorbMethod):
     def _absorb(self, model, prompt, loss_mask, train_queries) -> TrainedPrefix:
         prompt = prompt[0].long()
         m, limit = prompt.shape[0], model.config.max_seq_len
-        p = self.prefix_tokens if self.prefix_tokens is not None else max(1, m // 4)
+        # default p: a quarter of the document; of the context for a document the context does not hold
+        p = self.prefix_tokens if self.prefix_tokens is not None else max(1, min(m, limit or m) // 4)
+        chunk_spans(m, self.chunk_tokens, limit)  # a chunk the context cannot hold fails now, not in the data stage
         if self.init.startswith("document") and p > m:
             raise ValueError(f"kv-prefix: prefix_tokens={p} exceeds the document's {m} tokens (init={self.init})")
         if self.init == "document-spread" and (getattr(model, "backend", None) != "incontext"
@@ -221,6 +228,10 @@ class KVPrefix(AbsorbMethod):
             template = self._initial(model, prompt, p, generator)
         finally:
             model.train(was_training)
+        limit, longest = model.config.max_seq_len, max((item[0].shape[0] for item in sequences), default=0)
+        if limit is not None and p + longest > limit:
+            raise ValueError(f"kv-prefix: prefix_tokens={p} and the data stage's sequences of up to {longest} tokens exceed "
+                             f"the context ({limit}); lower prefix_tokens or chunk_tokens")
         teacher_seconds = time.perf_counter() - start
         history = self._train(model, template, sequences, generator) if self.steps and sequences else {"kl": [], "steps": 0}
         adapted = TrainedPrefix(model, with_kv(template, history.pop("kv", cache_kv(template))))
@@ -236,7 +247,7 @@ class KVPrefix(AbsorbMethod):
         if self.init == "document":
             return model.prefill(prompt[None, :p])
         if self.init == "document-spread":
-            return spread_prefix(model, prompt, p)
+            return spread_prefix(model, prompt, p, chunk_spans(prompt.shape[0], self.chunk_tokens, model.config.max_seq_len))
         if self.init == "random-tokens":
             ids = torch.randint(0, model.config.vocab_size, (1, p), generator=generator).to(prompt.device)
             return model.prefill(ids)
@@ -357,15 +368,32 @@ def rerotate(model, k: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def spread_prefix(model, prompt: torch.Tensor, p: int) -> Cache:
+def spread_prefix(model, prompt: torch.Tensor, p: int, spans: list[tuple[int, int]] | None = None) -> Cache:
     """init=document-spread: p of the document's own K/V pairs, from positions spread evenly over the whole document
     (the first one always, the attention sink), computed with the whole document in context, each key re-rotated
     from its document position to its place in the prefix (0 .. p-1): a quarter of the document's cache that covers
-    all of it, where `document` keeps its first quarter. At p = M it is the document's own cache (keep-prompt)."""
+    all of it, where `document` keeps its first quarter. At p = M it is the document's own cache (keep-prompt).
+    With `spans` (the data stage's chunks, self_study.chunk_spans), each pair is computed with the chunk that holds
+    its position most centrally in context, and re-rotated from its place in that chunk."""
     m = prompt.shape[0]
-    index = torch.linspace(0, m - 1, p, dtype=torch.float64).round().long().to(prompt.device)
-    shift = torch.arange(p, device=prompt.device) - index
-    kv = [(rerotate(model, k[:, :, index], shift), v[:, :, index]) for k, v in cache_kv(model.prefill(prompt[None]))]
+    spans = spans or [(0, m)]
+    index = torch.linspace(0, m - 1, p, dtype=torch.float64).round().long().tolist()
+    home = [max(range(len(spans)), key=lambda j: min(i - spans[j][0], spans[j][1] - 1 - i)
+                if spans[j][0] <= i < spans[j][1] else -1) for i in index]
+    parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    order: list[int] = []
+    for j, (a, b) in enumerate(spans):
+        mine = [t for t, h in enumerate(home) if h == j]
+        if not mine:
+            continue
+        order += mine
+        local = torch.tensor([index[t] - a for t in mine], device=prompt.device)
+        shift = torch.tensor(mine, device=prompt.device) - local
+        parts.append([(rerotate(model, k[:, :, local], shift), v[:, :, local])
+                      for k, v in cache_kv(model.prefill(prompt[None, a:b]))])
+    back = torch.argsort(torch.tensor(order, device=prompt.device))  # into prefix order
+    kv = [(torch.cat([part[layer][0] for part in parts], 2)[:, :, back], torch.cat([part[layer][1] for part in parts], 2)[:, :, back])
+          for layer in range(len(parts[0]))]
     return Cache(layers=kv, position=p)  # our Transformer's layers are (k, v) pairs, nothing else to keep
 
 

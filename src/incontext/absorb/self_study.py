@@ -2,7 +2,8 @@
 learns and the teacher's next-token distributions on them (Cartridges' "self-study", Eyuboglu et al. 2025, in the
 form this project's methods share: distill-lora and kv-prefix train on the same sequences).
 
-The teacher is the model with the document in its context; the student reads the sequences without it:
+The teacher is the model with the document in its context (a document longer than `chunk_tokens`, or than the
+model's context, one chunk at a time: teacher_sequences); the student reads the sequences without it:
 
 - recall windows: the document cut into windows (stride half a window); the teacher reads the whole document
   and then the window again, the student the window alone;
@@ -23,6 +24,8 @@ is replayed as a CUDA graph. It equals the plain decode up to float rounding.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -56,6 +59,7 @@ class StudyOptions:
     n_conversations: int = 0  # self-study: messages the model writes from seed prompts, answered by the teacher
     seed_prompts: tuple[str, ...] = ("structuring", "summarization", "question", "use-case", "creative")
     message_tokens: int = 32
+    chunk_tokens: int = 0  # the teacher's window on the document (chunk_spans); 0: the whole document where it fits
 
 
 # Seed prompts of self-study (the kinds Cartridges found to help, in our own words): the model, reading the
@@ -97,13 +101,86 @@ QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion:
 def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
                       generator: torch.Generator) -> tuple[list, dict[str, int]]:
     """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L positions)
-    pairs, and how many of each kind (see the module docstring). `codec` (encode/decode, chat) may be None."""
+    pairs, and how many of each kind (see the module docstring). `codec` (encode/decode, chat) may be None.
+
+    A document longer than a chunk (chunk_spans: `chunk_tokens`, or half the model's context for a document the
+    context does not hold) is read by the teacher one chunk at a time: each recall window with the chunk that holds it
+    most centrally, each training query with the chunk that shares most of its rare tokens (assign_chunks), and
+    the continuations, written questions, conversations and foreign queries shared out over the chunks (each chunk's
+    own, in turn)."""
+    m = prompt.shape[0]
+    spans = chunk_spans(m, options.chunk_tokens, model.config.max_seq_len)
+    if len(spans) == 1:
+        return _chunk_sequences(model, prompt, queries, None, options, codec, generator)
+    size = spans[0][1] - spans[0][0]
+    width = max(1, min(options.window_tokens, size // 2, model.config.max_seq_len - size))  # each whole in a chunk
+    k, starts = len(spans), window_starts(m, width)
+    # each window to the chunk that holds it most centrally (the first of equals)
+    windows = [max(range(k), key=lambda j: min(s - spans[j][0], spans[j][1] - s - width)
+                   if spans[j][0] <= s and s + width <= spans[j][1] else -1) for s in starts]
+    homes = assign_chunks(prompt, spans, queries)
+    sequences, counts = [], {}
+
+    def share(n: int, j: int) -> int:
+        return n * (j + 1) // k - n * j // k
+
+    for j, (a, b) in enumerate(spans):
+        part = dataclasses.replace(options, n_continuations=share(options.n_continuations, j),
+                                   n_questions=share(options.n_questions, j), n_foreign=share(options.n_foreign, j),
+                                   n_conversations=share(options.n_conversations, j))
+        mine = [s - a for s, home in zip(starts, windows) if home == j]
+        out, seen = _chunk_sequences(model, prompt[a:b], [q for q, home in zip(queries, homes) if home == j], mine,
+                                     part, codec, generator, width)
+        sequences += out
+        for key, value in seen.items():
+            counts[key] = counts.get(key, 0) + value
+    counts["chunks"] = k
+    return sequences, counts
+
+
+def chunk_spans(m: int, chunk_tokens: int, max_len: int | None) -> list[tuple[int, int]]:
+    """The chunks of an m-token document the teacher reads, as (start, end): the whole document when `chunk_tokens`
+    is 0 and the model's context (max_len) holds it, else windows of `chunk_tokens` (0: half the context) at a
+    stride of half a chunk, the last flush with the end, so that every passage of at most half a chunk lies whole
+    in one of them."""
+    size = chunk_tokens or (m if max_len is None or m < max_len else max_len // 2)
+    if max_len is not None and size >= max_len:
+        raise ValueError(f"chunk_tokens={size} leaves the teacher no room within the model's context ({max_len} tokens)")
+    if m <= size:
+        return [(0, m)]
+    stride = max(1, size // 2)
+    return [(s, s + size) for s in sorted(set(range(0, m - size + 1, stride)) | {m - size})]
+
+
+def window_starts(m: int, width: int) -> list[int]:
+    """Where the recall windows of `width` tokens start: a stride of half a window, the last flush with the end."""
+    return sorted(set(list(range(0, m - width + 1, max(1, width // 2))) + [m - width]))
+
+
+def assign_chunks(prompt: torch.Tensor, spans: list[tuple[int, int]], queries: list[torch.Tensor]) -> list[int]:
+    """For each query, the chunk that shares most of its rare tokens: the sum, over the query's distinct tokens that
+    the chunk holds, of log(chunks / chunks holding the token) (a token in every chunk counts nothing; a name
+    counts most); ties go to the earliest chunk."""
+    held = [set(prompt[a:b].tolist()) for a, b in spans]
+    out = []
+    for query in queries:
+        tokens = set(query.tolist())
+        weight = {t: math.log(len(spans) / n) for t in tokens if (n := sum(t in h for h in held))}
+        scores = [sum(weight[t] for t in tokens & h) for h in held]
+        out.append(scores.index(max(scores)))
+    return out
+
+
+def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], starts: list[int] | None,
+                     options: StudyOptions, codec, generator: torch.Generator, width: int | None = None):
+    """teacher_sequences for the teacher reading `prompt` (the document, or one chunk of it); `starts`: its recall
+    windows' starts (None: every window of the prompt), of `width` tokens."""
     m, max_len = prompt.shape[0], model.config.max_seq_len
     cache = Cache.empty(model.config.n_layer)
     prompt_logits = model(prompt[None], cache=cache)[0]
     room = max_len - m
     sequences, counts = [], {}
-    windows = _recall_windows(model, cache, prompt, min(options.window_tokens, m, room))
+    windows = _recall_windows(model, cache, prompt, width or min(options.window_tokens, m, room), starts)
     sequences += windows
     counts["recall_windows"] = len(windows)
     if options.n_continuations:
@@ -467,12 +544,12 @@ def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], row
     return _answered_batched(model, cache, queries, n_answers)
 
 
-def _recall_windows(model, cache, prompt, width):
-    """The prompt in windows of `width` tokens (stride width // 2, the last one flush with the end): the teacher
-    reads the cached prompt and then the window, the student the window alone."""
-    m = prompt.shape[0]
-    stride = max(1, width // 2)
-    starts = sorted(set(list(range(0, m - width + 1, stride)) + [m - width]))
+def _recall_windows(model, cache, prompt, width, starts: list[int] | None = None):
+    """The prompt in windows of `width` tokens (at `starts`; None: window_starts, a stride of width // 2, the last one
+    flush with the end): the teacher reads the cached prompt and then the window, the student the window alone."""
+    starts = window_starts(prompt.shape[0], width) if starts is None else starts
+    if not starts:
+        return []
     windows = torch.stack([prompt[s: s + width] for s in starts])
     logits = torch.cat([model(chunk, cache=_copy(cache, chunk.shape[0])) for chunk in windows.split(16)])
     return [(w, _log_probs(x)) for w, x in zip(windows, logits)]
@@ -627,8 +704,6 @@ def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: Stu
     """The data stage with its cache: the teacher's sequences (top-k targets unless top_k is None), read from
     `cache_dir` when an entry with the same model, document, queries and settings is there, else built (from
     `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it)."""
-    import dataclasses
-
     settings = {"options": dataclasses.asdict(options), "top_k": top_k, "seed": seed, "tokenizer": codec is not None}
     key = stage_key(model, prompt, queries, settings) if cache_dir else None
     if key is not None:
