@@ -10,7 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from incontext.absorb import AdaptedModel, KeepPrompt, get_absorb_method  # noqa: E402
+from incontext.absorb import AdaptedModel, KeepPrompt, get_absorb_method, self_study  # noqa: E402
 from incontext.absorb.generation import stream_tokens  # noqa: E402
 from incontext.interop.hf import to_hf_llama  # noqa: E402
 from incontext.interop.hf_backend import HFCausalLM, prefix_cache  # noqa: E402
@@ -274,6 +274,19 @@ def test_a_prefix_longer_than_the_document_or_the_context_is_refused(model):
         get_absorb_method("kv-prefix", prefix_tokens=11, steps=0, **FAST).absorb(model, prompt)
     with pytest.raises(ValueError, match="no room for queries"):
         get_absorb_method("kv-prefix", prefix_tokens=128, init="random-tokens", steps=0, **FAST).absorb(model, prompt)
+
+
+def test_a_document_longer_than_the_context_is_absorbed_in_chunks(model):
+    """Both backends: a 300-token document on a 128-token context: the teacher reads chunks of half the context, the
+    prefix (a quarter of the context by default) starts as the document's first 32 tokens' own K/V, and the
+    untrained prefix answers as keep-prompt does on those 32 tokens (1e-10, float64)."""
+    prompt, query = prompt_and_query(300)
+    adapted = get_absorb_method("kv-prefix", steps=0, **FAST).absorb(model, prompt)
+    assert adapted.position == 32 and adapted.history["pool"]["chunks"] == len(self_study.chunk_spans(300, 0, 128)) > 1
+    keep = KeepPrompt().absorb(model, prompt[:32])
+    assert (adapted(query) - keep(query)).abs().max() < 1e-10
+    with pytest.raises(ValueError, match="chunk_tokens=128 leaves the teacher no room"):
+        get_absorb_method("kv-prefix", chunk_tokens=128, steps=0, **FAST).absorb(model, prompt)
 
 
 def test_composed_prefixes_at_full_length_are_both_documents_in_context(model):
