@@ -95,7 +95,7 @@ class TrainedPrefix(AdaptedModel):
 @dataclass
 class KVPrefixOptions(DataStageOptions):
     prefix_tokens: int | None = limit(None, min=1)
-    init: Literal["document", "document-spread", "random-tokens", "random-vectors"] = "document"
+    init: Literal["document", "document-spread", "document-attended", "random-tokens", "random-vectors"] = "document"
     freeze_first: bool = True
     steps: int = limit(96, min=0)
     passes: int = limit(12, min=0)
@@ -205,10 +205,13 @@ class KVPrefix(AbsorbMethod):
         chunk_spans(m, self.chunk_tokens, limit)  # a chunk the context cannot hold fails now, not in the data stage
         if self.init.startswith("document") and p > m:
             raise ValueError(f"kv-prefix: prefix_tokens={p} exceeds the document's {m} tokens (init={self.init})")
-        if self.init == "document-spread" and (getattr(model, "backend", None) != "incontext"
-                                              or model.config.positions != "rope"):
-            raise ValueError("kv-prefix: init=document-spread re-rotates RoPE keys: it needs our Transformer with RoPE "
+        if self.init in ("document-spread", "document-attended") and (getattr(model, "backend", None) != "incontext"
+                                                                     or model.config.positions != "rope"):
+            raise ValueError(f"kv-prefix: init={self.init} re-rotates RoPE keys: it needs our Transformer with RoPE "
                              "(use init=document)")
+        if self.init == "document-attended" and len(chunk_spans(m, self.chunk_tokens, limit)) > 1:
+            raise ValueError("kv-prefix: init=document-attended reads the whole document's attention: it needs a document "
+                             "the context holds, without chunk_tokens (use init=document-spread)")
         if limit is not None and p >= limit:
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({limit})")
         with tf32_matmuls(self.tf32, prompt.device):
@@ -225,7 +228,7 @@ class KVPrefix(AbsorbMethod):
         try:
             sequences, counts = study(model, prompt, queries, self.stage, self.codec, generator, top_k=self.top_k,
                                       cache_dir=self.data_cache or None, seed=self.seed)
-            template = self._initial(model, prompt, p, generator)
+            template = self._initial(model, prompt, p, generator, queries or [item[0] for item in sequences])
         finally:
             model.train(was_training)
         limit, longest = model.config.max_seq_len, max((item[0].shape[0] for item in sequences), default=0)
@@ -243,9 +246,11 @@ class KVPrefix(AbsorbMethod):
         return adapted.eval()
 
     @torch.no_grad()
-    def _initial(self, model, prompt: torch.Tensor, p: int, generator: torch.Generator) -> Cache:
+    def _initial(self, model, prompt: torch.Tensor, p: int, generator: torch.Generator, observations) -> Cache:
         if self.init == "document":
             return model.prefill(prompt[None, :p])
+        if self.init == "document-attended":
+            return attended_prefix(model, prompt, p, observations)
         if self.init == "document-spread":
             return spread_prefix(model, prompt, p, chunk_spans(prompt.shape[0], self.chunk_tokens, model.config.max_seq_len))
         if self.init == "random-tokens":
@@ -395,6 +400,54 @@ def spread_prefix(model, prompt: torch.Tensor, p: int, spans: list[tuple[int, in
     kv = [(torch.cat([part[layer][0] for part in parts], 2)[:, :, back], torch.cat([part[layer][1] for part in parts], 2)[:, :, back])
           for layer in range(len(parts[0]))]
     return Cache(layers=kv, position=p)  # our Transformer's layers are (k, v) pairs, nothing else to keep
+
+
+@torch.no_grad()
+def attended_prefix(model, prompt: torch.Tensor, p: int, observations: list[torch.Tensor]) -> Cache:
+    """init=document-attended: in each layer, the p document positions that the `observations` (token sequences read
+    after the document: the task's training queries, else the data stage's sequences) attend to most, their
+    softmax attention summed over heads and tokens (attention_mass; the first position always, the attention sink),
+    their own K/V in document order, each key re-rotated to its place in the prefix (0 .. p-1): SnapKV's selection
+    (Li et al. 2024) as the start of training. At p = M it is the document's own cache (keep-prompt)."""
+    m = prompt.shape[0]
+    cache = model.prefill(prompt[None])
+    mass = attention_mass(model, cache, m, observations)
+    kv = []
+    for layer, (k, v) in enumerate(cache_kv(cache)):
+        score = mass[layer].clone()
+        score[0] = math.inf
+        index = score.topk(p).indices.sort().values.to(prompt.device)
+        kv.append((rerotate(model, k[:, :, index], torch.arange(p, device=prompt.device) - index), v[:, :, index]))
+    return Cache(layers=kv, position=p)
+
+
+@torch.no_grad()
+def attention_mass(model, cache: Cache, m: int, observations: list[torch.Tensor]) -> torch.Tensor:
+    """(n_layer, m) float64: the softmax attention that the tokens of each observation sequence, read after the
+    cached m-token document (each on its own copy of the cache), give each document position, summed over the
+    query heads and the tokens (our Transformer's Attention.observe)."""
+    c = model.config
+    mass = torch.zeros(c.n_layer, m, dtype=torch.float64)
+    scale = 1.0 / math.sqrt(c.dim_head) if c.scale_attn else 1.0
+
+    def observer(layer: int):
+        def observe(q, k):
+            scores = q @ k.repeat_interleave(c.n_head // c.kv_heads, 1).transpose(-1, -2) * scale
+            t, s = scores.shape[-2:]
+            future = torch.arange(s, device=q.device)[None, :] > (s - t + torch.arange(t, device=q.device))[:, None]
+            mass[layer] += scores.masked_fill(future, -math.inf).softmax(-1)[..., :m].sum((0, 1, 2)).double().cpu()
+        return observe
+
+    attentions = [block.attn for block in model.blocks]
+    try:
+        for layer, attention in enumerate(attentions):
+            attention.observe = observer(layer)
+        for ids in observations:
+            model(ids[None], cache=copy_cache(cache, 1))
+    finally:
+        for attention in attentions:
+            attention.observe = None
+    return mass
 
 
 def _finite(flat: list[torch.Tensor]) -> torch.Tensor:

@@ -205,6 +205,9 @@ class Attention(nn.Module):
         if c.residual_stream == "value_residual" and layer_index > 0:
             # Zhou et al. 2024: v_n <- lambda_self * v_n + lambda_first * v_1, both learned, start at 1/2
             self.value_mix = nn.Parameter(torch.full((2,), 0.5))
+        # a callable given (queries, keys) of softmax attention after RoPE, keys with the cached ones before them, on
+        # the plain cache path (kv_prefix.attention_mass reads where the queries look); None: nothing is called
+        self.observe = None
 
     def forward(
         self,
@@ -257,6 +260,8 @@ class Attention(nn.Module):
         if layer_cache is not None:
             k = torch.cat([layer_cache[0], k], dim=2)
             v = torch.cat([layer_cache[1], v], dim=2)
+        if self.observe is not None:
+            self.observe(q, k)
         attend = SOFTMAX_ATTENTION_IMPLS[c.softmax_impl]
         dropout = c.attn_dropout if self.training else 0.0
         out = attend(q, k, v, scale=scale, dropout_p=dropout)  # grouped K/V heads: the op shares them
