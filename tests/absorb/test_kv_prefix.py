@@ -442,3 +442,59 @@ def test_autocast_on_a_device_without_the_dtype_fails_before_the_data_stage(monk
     prompt, _ = prompt_and_query(m=16, seed=3)
     with pytest.raises(ValueError, match="dtype bfloat16 is not supported on cpu: no bfloat16 here"):
         get_absorb_method("kv-prefix", **FAST, prefix_tokens=4, steps=2, autocast="bfloat16").absorb(tiny(), prompt)
+
+
+@pytest.mark.parametrize("m", [6, 20])
+def test_document_attended_at_p_equal_m_is_keep_prompt(m):
+    model = tiny()
+    prompt, query = prompt_and_query(m)
+    observations = [torch.randint(0, 61, (5,), generator=torch.Generator().manual_seed(9))]
+    adapted = get_absorb_method("kv-prefix", init="document-attended", prefix_tokens=m, steps=0, **FAST).absorb(
+        model, prompt, train_queries=observations)
+    assert (adapted(query) - KeepPrompt().absorb(model, prompt)(query)).abs().max() < 1e-10
+
+
+@torch.no_grad()
+def test_attention_mass_is_the_first_layers_softmax_attention_on_the_document():
+    """Layer 0's mass against a reference built from its weights (embedding, norm, qkv, RoPE, causal softmax) over the
+    document and each observation read whole (float64, 1e-10); every selected start keeps the first position and
+    the positions of most mass, in document order."""
+    from incontext.absorb.kv_prefix import attended_prefix, attention_mass
+    from incontext.models.lm import cache_kv
+    from incontext.ops import apply_rope
+
+    model = tiny(seed=3)
+    c = model.config
+    prompt, _ = prompt_and_query(12)
+    observations = [torch.randint(0, 61, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 5)]
+    mass = attention_mass(model, model.prefill(prompt[None]), 12, observations)
+    want = torch.zeros(12, dtype=torch.float64)
+    for ids in observations:
+        full = torch.cat([prompt, ids])[None]
+        x, rope = model.embed(full, 0)
+        attention = model.blocks[0].attn
+        sizes = [c.n_head * c.dim_head, c.kv_heads * c.dim_head, c.kv_heads * c.dim_head]
+        q, k, _ = attention.qkv(model.blocks[0].norm1(x)).split(sizes, -1)
+        q = apply_rope(q.view(1, -1, c.n_head, c.dim_head).transpose(1, 2), *rope)
+        k = apply_rope(k.view(1, -1, c.kv_heads, c.dim_head).transpose(1, 2), *rope)
+        k = k.repeat_interleave(c.n_head // c.kv_heads, 1)
+        scores = (q @ k.transpose(-1, -2)) / c.dim_head ** 0.5
+        n = full.shape[1]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        want += scores.softmax(-1)[0, :, 12:, :12].sum((0, 1))
+    assert (mass[0] - want).abs().max() < 1e-10 and mass.shape == (c.n_layer, 12)
+    prefix = cache_kv(attended_prefix(model, prompt, 4, observations))
+    full = cache_kv(model.prefill(prompt[None]))
+    for layer in range(c.n_layer):
+        score = mass[layer].clone()
+        score[0] = float("inf")
+        index = score.topk(4).indices.sort().values
+        assert index[0] == 0 and torch.equal(prefix[layer][1], full[layer][1][:, :, index])
+
+
+def test_document_attended_needs_our_rope_transformer_and_a_whole_document(model):
+    prompt, _ = prompt_and_query(300 if model.backend == "incontext" else 20)
+    message = "reads the whole document's attention" if model.backend == "incontext" else "init=document-attended re-rotates"
+    with pytest.raises(ValueError, match=message) as error:
+        get_absorb_method("kv-prefix", init="document-attended", steps=0, **FAST).absorb(model, prompt)
+    assert "\n" not in str(error.value)

@@ -120,7 +120,8 @@ class KVPrefix(AbsorbMethod):
     of the document, Cartridges' memory budget for this comparison), init ("document-spread" is the better start for
     a long document: on 1,035-token `facts` documents at p = 100, 5 of keep-prompt's 9 validation answers and 4 of 10
     test answers against 4 and 3 from the first tokens, and a tie, 2 and 2, on a second validation document, where its
-    KL was lower; on 2-person documents it tied),
+    KL was lower; on 2-person documents it tied; "document-attended": per layer, the p positions the training queries
+    attend to most, attended_prefix),
     freeze_first, steps and passes (training runs max(steps, passes * sequences / batch_size) steps: at the defaults 96
     for a 160-token document's ~30 sequences, about 580 for a 1,000-token one's ~190), learning_rate, batch_size,
     patience / min_improvement (early stop on a KL plateau, over windows of at least one pass; windows
