@@ -154,7 +154,7 @@ def test_absorb_refuses_bad_method_options(capsys, world, tmp_path, method, opti
 @pytest.mark.parametrize("extra, fragment", [
     (["--set", "dynamic-eval.n_steps=1.5"], "dynamic-eval: n_steps must be an integer >= 1, got 1.5"),
     (["--set", "distill-lora.learning_rate=inf"], "distill-lora: learning_rate must be a finite number > 0"),
-    (["--set", "kv-prefix.init=zeros"], "init must be one of document, document-spread, random-tokens, random-vectors"),
+    (["--set", "kv-prefix.init=zeros"], "init must be one of document, document-spread, document-attended, random-tokens, random-vectors"),
     (["--set", "iclca-approx.exact_sinks=-1"], "exact_sinks must be an integer >= 0"),
     (["--tune", "dynamic-eval.learning_rate=1e-3,abc"], "learning_rate must be a finite number > 0, got 'abc'"),
     (["--tune", "dynamic-eval.learning_rate=[1"], "is not a valid YAML scalar"),
