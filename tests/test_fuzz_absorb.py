@@ -156,6 +156,8 @@ def test_absorb_refuses_bad_method_options(capsys, world, tmp_path, method, opti
     (["--set", "distill-lora.learning_rate=inf"], "distill-lora: learning_rate must be a finite number > 0"),
     (["--set", "kv-prefix.init=zeros"], "init must be one of document, document-spread, document-attended, random-tokens, random-vectors"),
     (["--set", "iclca-approx.exact_sinks=-1"], "exact_sinks must be an integer >= 0"),
+    (["--set", "kv-prefix.chunk_tokens=-1"], "kv-prefix: chunk_tokens must be an integer >= 0"),
+    (["--set", "distill-lora.chunk_tokens=x"], "distill-lora: chunk_tokens must be an integer >= 0"),
     (["--tune", "dynamic-eval.learning_rate=1e-3,abc"], "learning_rate must be a finite number > 0, got 'abc'"),
     (["--tune", "dynamic-eval.learning_rate=[1"], "is not a valid YAML scalar"),
     (["--tune", "dynamic-eval.speed=1,2"], "dynamic-eval: unknown option 'speed'"),

@@ -232,10 +232,10 @@ class KVPrefix(AbsorbMethod):
             template = self._initial(model, prompt, p, generator, queries or [item[0] for item in sequences])
         finally:
             model.train(was_training)
-        limit, longest = model.config.max_seq_len, max((item[0].shape[0] for item in sequences), default=0)
-        if limit is not None and p + longest > limit:
+        context, longest = model.config.max_seq_len, max((item[0].shape[0] for item in sequences), default=0)
+        if context is not None and p + longest > context:  # `limit` is config's field helper here
             raise ValueError(f"kv-prefix: prefix_tokens={p} and the data stage's sequences of up to {longest} tokens exceed "
-                             f"the context ({limit}); lower prefix_tokens or chunk_tokens")
+                             f"the context ({context}); lower prefix_tokens or chunk_tokens")
         teacher_seconds = time.perf_counter() - start
         history = self._train(model, template, sequences, generator) if self.steps and sequences else {"kl": [], "steps": 0}
         adapted = TrainedPrefix(model, with_kv(template, history.pop("kv", cache_kv(template))))
