@@ -49,6 +49,23 @@ def test_top_k_at_the_whole_vocabulary_is_the_full_kl():
         assert torch.isfinite(distillation_kl(student, top_k_targets(full[:3], 4)))
 
 
+def test_the_argmax_term_is_the_cross_entropy_of_the_teachers_top_token():
+    """distillation_kl with argmax_weight w: the KL plus w times the mean over taught positions of -log q(argmax p),
+    against a plain loop over the sequences (float64), for top-k and whole-distribution targets alike."""
+    model, student = tiny(0).double(), tiny(1).double()
+    full, _ = study(model, PROMPT, [], OPTIONS, None, torch.Generator().manual_seed(0), top_k=None)
+    batch = full[:3]
+    with torch.no_grad():
+        ce, n = 0.0, 0
+        for ids, logp in batch:
+            log_q = torch.log_softmax(student(ids[None])[0, -logp.shape[0]:], -1)
+            ce -= float(log_q.gather(-1, logp.argmax(-1, keepdim=True)).sum())
+            n += logp.shape[0]
+        for targets in (batch, top_k_targets(batch, 4)):
+            plain = float(distillation_kl(student, targets))
+            assert abs(float(distillation_kl(student, targets, 0.5)) - (plain + 0.5 * ce / n)) < 1e-10
+
+
 def test_the_cache_is_reused_only_when_everything_matches(tmp_path, monkeypatch):
     model = tiny()
     built, counts = run(model, tmp_path)

@@ -247,6 +247,7 @@ class DistillLoRAOptions(DataStageOptions):
     seed: int = limit(0, min=0)
     progress: bool = True
     top_k: int | None = limit(20, min=1)
+    argmax_weight: float = limit(0.0, min=0)
     data_cache: str = ""
     compose_steps: int = limit(0, min=0)
 
@@ -291,7 +292,9 @@ class DistillLoRA(AbsorbMethod):
 
     The sequences come from the data stage (absorb/self_study.py, shared with kv-prefix; `data_cache` keeps them on
     disk) with the teacher's top `top_k` log-probabilities per taught position (20, as Cartridges; unset: the whole
-    distribution), and the loss is KL(teacher || student) over them.
+    distribution), and the loss is KL(teacher || student) over them; with `argmax_weight` w > 0, plus w times the
+    cross-entropy of the teacher's most likely token at each taught position (what a greedy answer reads; 0: the KL
+    alone, the default).
 
     Each epoch visits every sequence once in a seeded random order, `batch_size` per AdamW step. Training stops
     after max(steps, passes * sequences / batch_size) steps (48 for a 160-token document's ~30 sequences, about 290
@@ -417,7 +420,7 @@ class DistillLoRA(AbsorbMethod):
                 order += torch.randperm(len(sequences), generator=generator).tolist()
             picked, order = order[: self.batch_size], order[self.batch_size:]
             with runtime.autocast():  # autocast=True: bf16 matmuls on the model's device (else nothing)
-                loss = _kl_loss(student, [sequences[i] for i in picked])
+                loss = distillation_kl(student, [sequences[i] for i in picked], self.argmax_weight)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -471,12 +474,6 @@ def _query_ids(queries, m: int, max_len: int) -> list[torch.Tensor]:
                              f"exceeds max_seq_len={max_len}")
         out.append(query.long())
     return out
-
-
-def _kl_loss(adapted, batch) -> torch.Tensor:
-    """Mean over the taught positions of KL(teacher || student), the student being the adapted model (or a function
-    of ids that runs it; the data stage's loss, self_study.distillation_kl)."""
-    return distillation_kl(adapted, batch)
 
 
 def training_steps(steps: int, passes: int, n_sequences: int, batch_size: int) -> int:

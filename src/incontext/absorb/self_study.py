@@ -597,26 +597,32 @@ def distillation_batch(batch, length: int | None = None) -> dict[str, torch.Tens
     return out if index is None else {**out, "index": index}
 
 
-def distillation_loss(logits: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+def distillation_loss(logits: torch.Tensor, tensors: dict[str, torch.Tensor], argmax_weight: float = 0.0) -> torch.Tensor:
     """Mean over the taught positions of KL(teacher || student) from the student's logits (B, L, V) on
-    distillation_batch's ids; without a host sync (a CUDA graph can hold it)."""
+    distillation_batch's ids; without a host sync (a CUDA graph can hold it). With `argmax_weight` w > 0, plus w times
+    the mean cross-entropy of the teacher's most likely token (what a greedy answer reads) at the same positions."""
     log_q = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
-    if "index" in tensors:
-        log_q = log_q.gather(-1, tensors["index"])
     log_p = tensors["teacher"].to(log_q.dtype)
+    if "index" in tensors:
+        log_q = log_q.gather(-1, tensors["index"])  # the top k, most likely first
+        top = log_q[..., 0]
+    else:
+        top = log_q.gather(-1, log_p.argmax(-1, keepdim=True))[..., 0]
     kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
+    if argmax_weight:
+        kl = kl - argmax_weight * top
     mask = tensors["mask"].to(kl.dtype)
     return (kl * mask).sum() / mask.sum()
 
 
-def distillation_kl(student, batch) -> torch.Tensor:
+def distillation_kl(student, batch, argmax_weight: float = 0.0) -> torch.Tensor:
     """Mean over the taught positions of KL(teacher || student); `student` maps (B, L) ids to logits. Sequences are
     right-padded (causal: padding is unseen) and each teaches its last n positions (n = rows of its teacher
     log-probs). A sequence given as (ids, top-k log-probs, their ids) is taught on the teacher's top k tokens:
     sum_i p_i (log p_i - log q_i) over them (the full KL when k = V; the gradient of the cross-entropy on the
     teacher's top-k probabilities otherwise)."""
     tensors = distillation_batch(batch)
-    return distillation_loss(student(tensors["tokens"]), tensors)
+    return distillation_loss(student(tensors["tokens"]), tensors, argmax_weight)
 
 
 def next_token_loss(student, batch) -> torch.Tensor:
