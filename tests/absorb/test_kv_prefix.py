@@ -124,6 +124,8 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"compose_steps": -1}, "compose_steps must be an integer >= 0"),
     ({"tf32": "on"}, "tf32 must be true or false"),
     ({"autocast": "int8"}, "autocast must be one of none, bfloat16, float16"),
+    ({"argmax_weight": -1}, "argmax_weight must be a finite number >= 0"),
+    ({"argmax_weight": 1, "objective": "next-token"}, "argmax_weight adds to the KL objective"),
 ])
 def test_bad_options_are_refused(options, message):
     """Through the registry (--set) and through the class from Python alike: one check, one-line errors."""
@@ -160,7 +162,7 @@ def test_autocast_trains_with_half_precision_matmuls_and_keeps_the_prefix_in_flo
     prompt, _ = prompt_and_query(m=16, seed=6)
     seen = []
     loss = self_study.distillation_loss
-    monkeypatch.setattr(self_study, "distillation_loss", lambda logits, tensors: (seen.append(logits.dtype), loss(logits, tensors))[1])
+    monkeypatch.setattr(self_study, "distillation_loss", lambda logits, tensors, *rest: (seen.append(logits.dtype), loss(logits, tensors, *rest))[1])
     options = dict(FAST, prefix_tokens=4, steps=8, learning_rate=0.02, patience=50)
     plain = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
     again = get_absorb_method("kv-prefix", **options, autocast="none").absorb(model, prompt)
@@ -365,8 +367,8 @@ def test_the_next_token_objective_is_the_sequences_own_cross_entropy():
     assert trained.history["kl"][-1] < trained.history["kl"][0]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeypatch, seed):
+@pytest.mark.parametrize("seed, argmax_weight", [(0, 0.0), (1, 0.5)])
+def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeypatch, seed, argmax_weight):
     """On a CUDA device the training step is captured as a CUDA graph, which needs fixed shapes (every batch padded
     to the longest sequence) and a loss without host syncs; run eagerly here, that step trains the same prefix as
     the eager one whose batches are padded to their own longest sequence (float64, 1e-10)."""
@@ -376,7 +378,8 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeyp
     prompt, _ = prompt_and_query(m=16, seed=seed + 3)
     g = torch.Generator().manual_seed(seed)
     queries = [torch.randint(0, 61, (1, n), generator=g) for n in (3, 5, 9, 2)]  # sequences of several lengths
-    options = dict(FAST, prefix_tokens=4, steps=12, learning_rate=0.05, patience=50, window_tokens=6, answer_tokens=2)
+    options = dict(FAST, prefix_tokens=4, steps=12, learning_rate=0.05, patience=50, window_tokens=6, answer_tokens=2,
+                   argmax_weight=argmax_weight)
     eager = get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries)
     monkeypatch.setattr(KVPrefix, "_graphed", lambda self, model, device: True)
     fixed = get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries)

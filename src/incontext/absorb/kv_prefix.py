@@ -26,6 +26,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate
 from typing import Any, Literal
 
@@ -108,11 +109,17 @@ class KVPrefixOptions(DataStageOptions):
     top_k: int | None = limit(20, min=1)
     data_cache: str = ""
     objective: Literal["kl", "next-token"] = "kl"  # KL(teacher || student) on the teacher's targets, or the sequences' own next tokens
+    argmax_weight: float = limit(0.0, min=0)  # with the KL: plus this times the cross-entropy of the teacher's top token
     cuda_graph: bool = True
     tf32: bool = False
     autocast: Literal["none", "bfloat16", "float16"] = "none"  # training's matmul dtype under torch.autocast ("none": the model's own)
     schedule: Literal["constant", "cosine"] = "constant"  # the rate over the steps: fixed, or decayed to 0 along half a cosine
     compose_steps: int = limit(0, min=0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.argmax_weight and self.objective != "kl":
+            raise ValueError(f"argmax_weight adds to the KL objective; objective={self.objective!r} takes none")
 
 
 class KVPrefix(AbsorbMethod):
@@ -142,7 +149,9 @@ class KVPrefix(AbsorbMethod):
     17.9%, and raised the KL, 0.91 vs 0.73 nats; results/kv-prefix-validation), then steps=96, patience=16 and
     learning_rate=0.1 (21.4% and KL 0.55 against 17.9% and 0.73 at 48 steps and 2e-2, and 21.4% and 0.66 at 5e-2;
     results/kv-prefix-validation-sweep), which double the absorb time. objective: "kl" (the teacher's distributions) or
-    "next-token" (the sequences' own next tokens; Cartridges' ablation). cuda_graph: on a CUDA device, the KL training
+    "next-token" (the sequences' own next tokens; Cartridges' ablation); argmax_weight w > 0: with the KL, plus w times
+    the cross-entropy of the teacher's most likely token at each taught position (what a greedy answer reads;
+    self_study.distillation_loss). cuda_graph: on a CUDA device, the KL training
     step is captured once as a CUDA graph and replayed (every batch padded to the longest sequence; false: eager).
     tf32: on a CUDA device, the absorb's float32 matmuls (data stage and training) in TF32 (runtime.tf32_matmuls).
     autocast: "bfloat16" or "float16": training's forward and backward under torch.autocast in that dtype (its matmuls
@@ -312,9 +321,10 @@ class KVPrefix(AbsorbMethod):
 
         try:
             if fixed:
-                steps = _FixedShapeSteps(student, optimizer, flat, sequences, capture=graphed)
+                steps = _FixedShapeSteps(student, optimizer, flat, sequences, capture=graphed, argmax_weight=self.argmax_weight)
             else:
-                steps = _EagerSteps(student, optimizer, flat, distillation_kl if self.objective == "kl" else next_token_loss)
+                objective = partial(distillation_kl, argmax_weight=self.argmax_weight) if self.objective == "kl" else next_token_loss
+                steps = _EagerSteps(student, optimizer, flat, objective)
             guard = Rollback(flat, optimizer, self.patience)  # `patience` steps, not a pass: blow-ups in the first pass too
             with self._autocast(flat[0].device):  # training's matmuls in half precision (option autocast)
                 for step, batch in zip(range(total), batches()):
@@ -484,8 +494,8 @@ class _FixedShapeSteps:
 
     warmup = 1
 
-    def __init__(self, student, optimizer, flat, sequences, capture: bool):
-        self.student, self.optimizer, self.flat = student, optimizer, flat
+    def __init__(self, student, optimizer, flat, sequences, capture: bool, argmax_weight: float = 0.0):
+        self.student, self.optimizer, self.flat, self.argmax_weight = student, optimizer, flat, argmax_weight
         self.length = max(item[0].shape[0] for item in sequences)
         self.static: dict[str, torch.Tensor] | None = None
         self.graph, self.calls, self.capture = None, 0, capture
@@ -493,7 +503,7 @@ class _FixedShapeSteps:
 
     def _step(self):
         self.optimizer.zero_grad(set_to_none=True)
-        loss = distillation_loss(self.student(self.static["tokens"]), self.static)
+        loss = distillation_loss(self.student(self.static["tokens"]), self.static, self.argmax_weight)
         loss.backward()
         self.optimizer.step()
         return loss.detach(), _finite(self.flat)
