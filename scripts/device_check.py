@@ -103,7 +103,8 @@ def every_method_through_the_harness(device: str, work: Path) -> dict:
 @check
 def composition_and_the_next_token_objective(device: str, work: Path) -> dict:
     """Two documents absorbed apart and composed (kv-prefix's prefixes, distill-lora's adapters; plain and trained
-    with compose_steps, the data stage with n_foreign) and kv-prefix's next-token objective, on both backends on
+    with compose_steps, the data stage with n_foreign), kv-prefix's next-token objective and distill-lora with
+    argmax_weight, on both backends on
     `device`: every row ok, the composed rows with a score per document."""
     from incontext.absorb.harness import compare
     from incontext.interop.models import load_model
@@ -119,7 +120,8 @@ def composition_and_the_next_token_objective(device: str, work: Path) -> dict:
         episodes = source.episodes(1, 0, tokenizer=loaded.tokenizer, task=None)
         trained = {**fast, "compose_steps": 3, "n_foreign": 2}
         rows = compare(model, source, episodes, {"kv-prefix": fast, "kv-prefix:next": {**fast, "objective": "next-token"},
-                                                 "distill-lora": fast, "kv-prefix:co": trained, "distill-lora:co": trained},
+                                                 "distill-lora": fast, "kv-prefix:co": trained, "distill-lora:co": trained,
+                                                 "distill-lora:am": {**fast, "argmax_weight": 1.0}},
                        progress=False, codec=loaded.tokenizer)
         rows = {row["method"]: row for row in rows}
         assert all(row["status"] == "ok" for row in rows.values()), {k: r.get("reason") for k, r in rows.items()}
@@ -150,7 +152,8 @@ def _tiny_transformer(device: str, sharpen: bool = False):
 @check
 def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
     """kv-prefix's training step replayed as a CUDA graph (its default on a GPU) trains the same prefix as the eager
-    step, in float64 on our Transformer (1e-8), with several sequence lengths per batch; on a CPU both are eager."""
+    step, in float64 on our Transformer (1e-8), with several sequence lengths per batch and the argmax term in the
+    loss (argmax_weight); on a CPU both are eager."""
     from incontext.absorb import get_absorb_method
 
     model = _tiny_transformer(device)
@@ -158,7 +161,8 @@ def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
     prompt = torch.randint(0, 61, (16,), generator=g).to(device)
     queries = [torch.randint(0, 61, (1, n), generator=g).to(device) for n in (3, 5, 9, 2)]
     options = {"prefix_tokens": 4, "steps": 12, "learning_rate": 0.05, "patience": 50, "progress": False,
-               "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 6, "answer_tokens": 2}
+               "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 6, "answer_tokens": 2,
+               "argmax_weight": 0.5}
     from incontext.absorb import kv_prefix
 
     def absorb(graph: bool):

@@ -603,14 +603,12 @@ def distillation_loss(logits: torch.Tensor, tensors: dict[str, torch.Tensor], ar
     the mean cross-entropy of the teacher's most likely token (what a greedy answer reads) at the same positions."""
     log_q = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
     log_p = tensors["teacher"].to(log_q.dtype)
-    if "index" in tensors:
+    top_k = "index" in tensors
+    if top_k:
         log_q = log_q.gather(-1, tensors["index"])  # the top k, most likely first
-        top = log_q[..., 0]
-    else:
-        top = log_q.gather(-1, log_p.argmax(-1, keepdim=True))[..., 0]
     kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
     if argmax_weight:
-        kl = kl - argmax_weight * top
+        kl = kl - argmax_weight * (log_q[..., 0] if top_k else log_q.gather(-1, log_p.argmax(-1, keepdim=True))[..., 0])
     mask = tensors["mask"].to(kl.dtype)
     return (kl * mask).sum() / mask.sum()
 
