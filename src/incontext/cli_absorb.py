@@ -275,7 +275,9 @@ def absorb_many(args) -> int:
         method, options, loaded, codec = _prepare(args, device)
         ids = {stem: _prompt_ids(codec, text, loaded.model, args.model, f"prompt file {stem}.txt")
                for stem, text in texts.items()}  # every rank checks every file: all refuse alike, before writing
-        claim_output_folder(args.out, "absorb-many")
+        if info.is_main:  # one process claims (folder, marker); the others would race it between check and write
+            claim_output_folder(args.out, "absorb-many")
+        info.barrier()
         mine = [p.stem for p in files][info.rank::info.world_size]
         for stem in tqdm(mine, desc=f"absorb ({args.method})", disable=not info.is_main):
             check_absorb_out(args.out / stem)
