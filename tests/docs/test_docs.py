@@ -54,7 +54,14 @@ LONG5 = "compare-smollm2-facts-long-1000-spread-lr3e-2-5"  # the same row on the
 LONG20 = "compare-smollm2-facts-long-1000-spread-lr3e-2-20"  # the long documents' test row: all twenty documents
 LONG20_PREFIX = "kv-prefix:p100-tuned-spread-lr3e-2"
 ARGMAX, ARGMAX_LORA = "compare-smollm2-facts-distill-lora-argmax", "distill-lora:p12-am1"  # the README's distill-lora row
+CONT = "compare-smollm2-continuation-long-1000-bytes-5"  # long continuation passages: CE against kept bytes
 LR, PREFIX_LR = "compare-smollm2-facts-lr5e-2", "kv-prefix:passes8-autocast-lr5e-2"  # the README's kv-prefix row
+
+
+def ce_share(path: str, method: str) -> float:
+    """A row's share of the cross-entropy the prompt gives (drop-prompt's CE minus keep-prompt's), in percent."""
+    drop, keep = (row(path, m)["score"]["mean"] for m in ("drop-prompt", "keep-prompt"))
+    return 100 * (drop - row(path, method)["score"]["mean"]) / (drop - keep)
 
 
 def mean(values) -> float:
@@ -99,6 +106,9 @@ HEADLINES = [
     ("({:.0f}% over the\nfirst five documents", lambda: share(LONG5, LONG20_PREFIX)),
     ("{:.0f}% over the other fifteen", lambda: 100 * (answers(LONG20, LONG20_PREFIX) - answers(LONG5, LONG20_PREFIX))
      / (answers(LONG20, "keep-prompt") - answers(LONG5, "keep-prompt"))),
+    ("p = 100 keeps {:.0f}% of the 0.857 nats", lambda: ce_share(CONT, "kv-prefix:p100")),
+    ("keeps 45% of the {:.3f} nats the passage", lambda: row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"]),
+    ("passage ({:.0f}% at rank 2)", lambda: ce_share(CONT, "distill-lora:r2")),
     ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
     ("shapes, {:.1f} s with `--set batch_size=16", lambda: absorb_s("kv-prefix:b16tf32", 489)),
     ("perplexity {:.2f} vs", lambda: tint("dynamic eval")),
