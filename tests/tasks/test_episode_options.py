@@ -64,3 +64,18 @@ def test_topics_fixed_query_sets_on_the_task_split(bbc):
         get_episode_source("topics", query_set="test", **{**options, "test_per_topic": 6}).episodes(1, task=bbc)
     with pytest.raises(ValueError, match="query_set"):
         get_episode_source("topics", query_set="train")
+
+
+class _CharCodec:
+    """One token per character (plus the first, which the source drops as possibly cut)."""
+
+    def encode(self, text):
+        return [0] + [ord(c) % 256 for c in text]
+
+
+def test_continuation_passages_longer_than_any_held_out_play_are_a_one_line_error():
+    source = get_episode_source("continuation", prompt_tokens=64, query_tokens=8)
+    (episode,) = source.episodes(1, seed=0, tokenizer=_CharCodec())
+    assert episode.prompt.shape == (64,) and episode.queries[0].inputs.shape == (7,)
+    with pytest.raises(ValueError, match="no held-out passage holds prompt_tokens \\+ query_tokens = 10000008 tokens"):
+        get_episode_source("continuation", prompt_tokens=10_000_000, query_tokens=8).episodes(1, tokenizer=_CharCodec())

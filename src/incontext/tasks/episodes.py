@@ -348,6 +348,9 @@ class ContinuationConfig:
         check_choices(self)
 
 
+_CONTINUATION_DRAWS = 50  # draws of a held-out passage per episode before a too-long passage is an error
+
+
 class Continuation(EpisodeSource):
     name = "continuation"
     description = "long-document continuation on held-out Shakespeare plays: prompt = a passage, queries = what follows (CE)"
@@ -367,11 +370,16 @@ class Continuation(EpisodeSource):
         _, heldout = split_plays(ShakespeareConfig(), plays)  # never in the Shakespeare task's training plays
         need = c.prompt_tokens + c.query_tokens
         rng = random.Random(f"continuation-{seed}")
-        out = []
+        out, draws, longest = [], 0, 0
         while len(out) < n:
+            if draws >= _CONTINUATION_DRAWS * n:  # never a passage that long: say so, not spin
+                raise ValueError(f"continuation: no held-out passage holds prompt_tokens + query_tokens = {need} tokens "
+                                 f"(the longest drawn held {longest}); lower prompt_tokens or query_tokens")
+            draws += 1
             text = plays[rng.choice(heldout)]
             start = rng.randrange(max(1, len(text) - 12 * need))
             ids = codec.encode(text[start: start + 12 * need])[1:need + 1]  # the first token may be cut
+            longest = max(longest, len(ids))
             if len(ids) < need:
                 continue
             out.append(self._episode(torch.tensor(ids)))
