@@ -114,6 +114,8 @@ def test_bad_facts_settings():
         get_episode_source("facts", format="html")
     with pytest.raises(ValueError, match="unknown fact attribute"):
         facts_prompt(make_people(1, random.Random(0)), random.Random(0), attributes=("height",))
+    with pytest.raises(ValueError, match="at most 10000 people"):  # it looked for fresh names for ever past ~28,000
+        make_people(10_001, random.Random(0))
 
 
 def test_chat_format_splits_at_a_turn():

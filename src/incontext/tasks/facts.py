@@ -27,6 +27,7 @@ JOBS = ("glassblower", "beekeeper", "cartographer", "blacksmith", "baker", "fish
         "sailor", "miller", "astronomer")
 ANIMALS = ("ferret", "parrot", "tortoise", "goat", "rabbit", "cat", "dog", "hedgehog", "owl", "goose")
 ATTRIBUTES = ("birthplace", "job", "pet", "year")
+MAX_PEOPLE = 10_000  # distinct invented names and places for at most this many people per prompt
 PARAPHRASES = 6  # forms of each question in other words (training queries; none is the evaluation question)
 _RESERVED = frozenset(name.lower() for name in TRAIN_NAMES + HELDOUT_NAMES)  # names other tasks train on
 
@@ -108,6 +109,8 @@ def make_people(n: int, rng: random.Random) -> list[Person]:
     """n people with distinct names, places and pet names (so every question has one answer)."""
     if n < 1:
         raise ValueError(f"a facts prompt needs at least one person, got {n}")
+    if n > MAX_PEOPLE:  # the invented places run out near 28,000; the prompt (~70 tokens a person) long before
+        raise ValueError(f"a facts prompt holds at most {MAX_PEOPLE} people (about 70 tokens each), got {n}")
     people, used = [], set()
 
     def fresh(make) -> str:
