@@ -108,7 +108,7 @@ HEADLINES = [
      / (answers(LONG20, "keep-prompt") - answers(LONG5, "keep-prompt"))),
     ("p = 100 keeps {:.0f}% of the 0.857 nats", lambda: ce_share(CONT, "kv-prefix:p100")),
     ("keeps 45% of the {:.3f} nats the passage", lambda: row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"]),
-    ("passage ({:.0f}% at rank 2)", lambda: ce_share(CONT, "distill-lora:r2")),
+    ("passage ({:.0f}% at rank 2; its adapters", lambda: ce_share(CONT, "distill-lora:r2")),
     ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
     ("shapes, {:.1f} s with `--set batch_size=16", lambda: absorb_s("kv-prefix:b16tf32", 489)),
     ("perplexity {:.2f} vs", lambda: tint("dynamic eval")),
