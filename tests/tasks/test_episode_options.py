@@ -79,3 +79,16 @@ def test_continuation_passages_longer_than_any_held_out_play_are_a_one_line_erro
     assert episode.prompt.shape == (64,) and episode.queries[0].inputs.shape == (7,)
     with pytest.raises(ValueError, match="no held-out passage holds prompt_tokens \\+ query_tokens = 10000008 tokens"):
         get_episode_source("continuation", prompt_tokens=10_000_000, query_tokens=8).episodes(1, tokenizer=_CharCodec())
+
+    class PairCodec(_CharCodec):  # one token per two characters: passages fit by characters, never by tokens
+        def encode(self, text):
+            return super().encode(text)[::2]
+
+    from incontext.tasks.corpora import shakespeare_plays
+    from incontext.tasks.text import ShakespeareConfig, split_plays
+
+    plays = shakespeare_plays()
+    longest = max(len(plays[h]) for h in split_plays(ShakespeareConfig(), plays)[1])
+    too_long = get_episode_source("continuation", prompt_tokens=longest * 3 // 4, query_tokens=8)
+    with pytest.raises(ValueError, match="the longest drawn held"):
+        too_long.episodes(1, tokenizer=PairCodec())

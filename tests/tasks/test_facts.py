@@ -116,6 +116,8 @@ def test_bad_facts_settings():
         facts_prompt(make_people(1, random.Random(0)), random.Random(0), attributes=("height",))
     with pytest.raises(ValueError, match="at most 10000 people"):  # it looked for fresh names for ever past ~28,000
         make_people(10_001, random.Random(0))
+    with pytest.raises(ValueError, match="people=10001: a facts prompt holds at most 10000 people"):
+        get_episode_source("facts", people=10_001)
 
 
 def test_chat_format_splits_at_a_turn():

@@ -32,7 +32,7 @@ import torch
 
 from ..config import check_choices, from_dict
 from .base import Task
-from .facts import PARAPHRASES, facts_prompt, make_people
+from .facts import MAX_PEOPLE, PARAPHRASES, facts_prompt, make_people
 from .metrics import get_metric
 
 
@@ -161,6 +161,8 @@ class FactsConfig:
 
     def __post_init__(self):
         _positive(self, "people", "documents", "paraphrases")
+        if self.people > MAX_PEOPLE:  # refused with the options, before a model loads (make_people refuses too)
+            raise ValueError(f"FactsConfig.people={self.people}: a facts prompt holds at most {MAX_PEOPLE} people")
         if self.paraphrases > PARAPHRASES:
             raise ValueError(f"FactsConfig.paraphrases={self.paraphrases}: the task has {PARAPHRASES} wordings of each question")
         check_choices(self)
@@ -369,6 +371,10 @@ class Continuation(EpisodeSource):
         plays = shakespeare_plays()
         _, heldout = split_plays(ShakespeareConfig(), plays)  # never in the Shakespeare task's training plays
         need = c.prompt_tokens + c.query_tokens
+        longest_play = max(len(plays[h]) for h in heldout)
+        if need > longest_play:  # a token holds at least one character: no draw could succeed
+            raise ValueError(f"continuation: no held-out passage holds prompt_tokens + query_tokens = {need} tokens "
+                             f"(the longest held-out play has {longest_play} characters); lower prompt_tokens or query_tokens")
         rng = random.Random(f"continuation-{seed}")
         out, draws, longest = [], 0, 0
         while len(out) < n:
