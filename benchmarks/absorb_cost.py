@@ -152,17 +152,17 @@ def main() -> None:
         if args.warmup and people == args.people[0]:
             for m in methods:
                 with answers_by(m):
-                    get_absorb_method(base(m), **options[m]).use_codec(codec).absorb(models[dtypes[m]], prompt,
-                                                                                       train_queries=train)
+                    get_absorb_method(base(m), **options[m]).absorb(models[dtypes[m]], prompt, train_queries=train,
+                                                                     codec=codec)
         times = {m: [] for m in methods}
         splits = {m: [] for m in methods}
         for r in range(args.repeats):
             for m in methods[r % len(methods):] + methods[: r % len(methods)]:
-                method = get_absorb_method(base(m), **options[m]).use_codec(codec)
+                method = get_absorb_method(base(m), **options[m])
                 model = models[dtypes[m]]
                 wall = time.perf_counter()
                 with answers_by(m):
-                    adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train))
+                    adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train, codec=codec))
                 wall = time.perf_counter() - wall
                 times[m].append(ms / 1000)
                 h = adapted.history

@@ -109,8 +109,8 @@ def step_kernels(model, codec, prompt, train, device: str, cache_dir: str) -> di
     kv_prefix._FixedShapeSteps._step, kv_prefix._FixedShapeSteps.warmup = step, 10**9
     kv_prefix.KVPrefix._graphed = lambda self, model, device: True  # the fixed-shape step, on a CPU too (never captured)
     try:
-        get_absorb_method("kv-prefix", progress=False, steps=4, passes=0, data_cache=cache_dir).use_codec(codec).absorb(
-            model, prompt, train_queries=train)
+        get_absorb_method("kv-prefix", progress=False, steps=4, passes=0, data_cache=cache_dir).absorb(
+            model, prompt, train_queries=train, codec=codec)
     finally:
         kv_prefix._FixedShapeSteps._step, kv_prefix._FixedShapeSteps.warmup = original, warmup
         kv_prefix.KVPrefix._graphed = graphed
@@ -146,8 +146,8 @@ def main() -> None:
         record["replayed_step_ms"] = {}
         for batch in (int(b) for b in args.batches.split(",") if b):
             method = get_absorb_method("kv-prefix", progress=False, steps=48, passes=0, batch_size=batch, patience=1000,
-                                       data_cache=cache_dir).use_codec(codec)
-            adapted = method.absorb(model, prompt, train_queries=train)
+                                       data_cache=cache_dir)
+            adapted = method.absorb(model, prompt, train_queries=train, codec=codec)
             h = adapted.history
             record["replayed_step_ms"][batch] = {"train_s": h.get("train_seconds"), "steps": h.get("steps"),
                                                  "ms_per_step": 1e3 * h.get("train_seconds") / max(1, h.get("steps")),

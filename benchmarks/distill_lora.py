@@ -79,10 +79,8 @@ def main() -> None:
 
     options = dict(args.set)
     method = get_absorb_method("distill-lora", **options)
-    if args.tokenizer:
-        method.use_codec(HFCodec(tokenizer))
     start, cpu_start = time.perf_counter(), time.process_time()
-    adapted = method.absorb(model, prompt)
+    adapted = method.absorb(model, prompt, codec=HFCodec(tokenizer) if args.tokenizer else None)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     history = adapted.history
 
@@ -91,7 +89,7 @@ def main() -> None:
     after = scores(teacher, adapted, queries)
     result = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "set")},
-        "method_options": {k: v for k, v in vars(method).items() if k != "codec"},
+        "method_options": dict(vars(method)),
         "pool": history["pool"],
         "absorb_seconds": seconds, "absorb_cpu_seconds": cpu_seconds,
         "teacher_seconds": history["teacher_seconds"], "train_seconds": history["train_seconds"],

@@ -81,9 +81,9 @@ def main() -> None:
                 adapted, prefix = model, text.strip() + "\n\n"
                 seconds.append(0.0)
             else:
-                method = get_absorb_method("distill-lora", **options).use_codec(codec)
+                method = get_absorb_method("distill-lora", **options)
                 start = time.perf_counter()
-                adapted, prefix = method.absorb(model, torch.tensor(codec.encode(text))), ""
+                adapted, prefix = method.absorb(model, torch.tensor(codec.encode(text)), codec=codec), ""
                 seconds.append(time.perf_counter() - start)
                 pools.append(adapted.history["pool"])
             for question, answer, others in questions:

@@ -88,7 +88,7 @@ def main() -> None:
             teacher = [F.log_softmax(model(q.inputs[None], cache=copy_cache(cache))[0].float(), -1)[q.mask]
                        for q in episode.queries]
         keep_prompt = sum(bool((t.argmax(-1) == q.targets[q.mask]).all()) for q, t in zip(episode.queries, teacher))
-        method = get_absorb_method("kv-prefix", **options).use_codec(loaded.tokenizer)
+        method = get_absorb_method("kv-prefix", **options)
         p_tokens = method.prefix_tokens or max(1, episode.prompt.shape[0] // 4)
         template = method._initial(model, episode.prompt, p_tokens, torch.Generator().manual_seed(method.seed))
         state = {"step": 0, "ema": {}, "swa": None, "n": 0, "trace": []}
@@ -111,7 +111,7 @@ def main() -> None:
                 state["trace"].append(row)
 
         with each_step(hook):  # the absorb's own data stage and initial prefix (the same seed), trained eagerly
-            method.absorb(model, episode.prompt, train_queries=list(episode.train_queries))
+            method.absorb(model, episode.prompt, train_queries=list(episode.train_queries), codec=loaded.tokenizer)
         rows.append({"episode": i, "queries": len(episode.queries), "keep_prompt": keep_prompt, "trace": state["trace"]})
         print(json.dumps({"episode": i, "keep_prompt": keep_prompt, "last": state["trace"][-1]}), flush=True)
     totals = {}

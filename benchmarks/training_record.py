@@ -54,8 +54,8 @@ def main() -> None:
     rows = []
     for i, episode in enumerate(source.episodes(args.episodes, args.seed, tokenizer=loaded.tokenizer, task=loaded.task)):
         method = get_absorb_method(args.method, **options)
-        method.use_codec(loaded.tokenizer)
-        history = method.absorb(loaded.model, episode.prompt, train_queries=list(episode.train_queries)).history
+        history = method.absorb(loaded.model, episode.prompt, train_queries=list(episode.train_queries),
+                                codec=loaded.tokenizer).history
         kl = history["kl"]
         row = {"episode": i, "steps": history["steps"], "stopped_early": history.get("stopped_early", False),
                "rollbacks": history.get("rollbacks", 0), "best_window_kl": history.get("best_window_loss"),

@@ -189,8 +189,8 @@ def test_a_distilled_adapter_reloads_with_the_logits_of_the_absorbed_model(llama
     record = absorb(capsys, llama, out, "distill-lora", *DISTILL, "merge=false")
     assert record["peft_adapter"]["written"] and record["peft_adapter"]["query_position"] == record["prompt_tokens"]
     # the same absorb in this process (seeded, deterministic on CPU): the model the folder should give back
-    method = get_absorb_method("distill-lora", **{k: v for k, v in record["options"].items()}).use_codec(loaded.tokenizer)
-    absorbed = method.absorb(loaded.model, torch.tensor(loaded.tokenizer.encode(PROMPT)))
+    method = get_absorb_method("distill-lora", **{k: v for k, v in record["options"].items()})
+    absorbed = method.absorb(loaded.model, torch.tensor(loaded.tokenizer.encode(PROMPT)), codec=loaded.tokenizer)
     reloaded = load_adapted(out, loaded.model, llama)
     query = torch.tensor([loaded.tokenizer.encode(QUESTION)])
     with torch.no_grad():

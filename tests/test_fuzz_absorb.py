@@ -187,7 +187,7 @@ def test_random_option_values_are_taken_typed_or_refused_in_one_line(data):
     option = data.draw(st.sampled_from(method_options(name) + ["no_such_option"]))
     value = data.draw(WRONG_VALUES)
     try:
-        method = get_absorb_method(name, **{option: value})
+        get_absorb_method(name, **{option: value})
     except (ValueError, OSError) as error:
         assert "\n" not in str(error) and str(error).strip(), error
         return

@@ -121,8 +121,6 @@ def _prepare(args, device: str):
     if reason is not None:
         raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
     codec = _codec(loaded, args.model)
-    if hasattr(method, "use_codec"):  # distill-lora, kv-prefix: the data stage writes questions with the tokenizer
-        method.use_codec(codec)  # questions about the prompt, in the chat format too (a bare prompt has no queries)
     return method, options, loaded, codec
 
 
@@ -151,7 +149,8 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
     """Absorb one prompt and write its folder (adapted model or PEFT adapter, then absorb.json last)."""
     model = loaded.model
     start = time.perf_counter()
-    adapted = method.absorb(model, torch.tensor(ids, device=device_of(model)))  # checked: finite, not exploded
+    # checked: finite, not exploded; the tokenizer lets a data stage write questions about the prompt (chat turns too)
+    adapted = method.absorb(model, torch.tensor(ids, device=device_of(model)), codec=loaded.tokenizer)
     seconds = time.perf_counter() - start
 
     check_absorb_out(out)  # again: the folder may have changed while the method ran

@@ -268,7 +268,7 @@ class CharCodec:
 
 def test_recall_windows_are_the_prompted_models_distributions():
     """Each recall window's targets: the model reading the prompt and then the window (float64 reference)."""
-    from incontext.absorb.distill_lora import _recall_windows
+    from incontext.absorb.self_study import _recall_windows
     from incontext.models import Cache
 
     model, prompt = llama_like(torch.float64, seed=3), ids(37, 2)
@@ -290,7 +290,7 @@ def test_chat_turns_teach_the_answer_given_with_the_prompt_in_the_user_turn():
     are the distributions of the model that read the prompt and the question in the user turn (float64)."""
     model, codec = llama_like(torch.float64, seed=4, max_seq_len=160), CharCodec()
     prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker."))
-    method_ = method(chat_answer_tokens=6).use_codec(codec)
+    method_ = method(chat_answer_tokens=6)
     with torch.no_grad():
         (student, logp), = self_study._chat_turns(model, prompt, ["Where was Abe born?"], 100, codec,
                                                   method_.chat_answer_tokens)
@@ -313,16 +313,16 @@ def test_a_codec_adds_questions_and_chat_turns(monkeypatch):
     questions = []
     original = self_study._questions
     monkeypatch.setattr(self_study, "_questions", lambda model, prompt, codec, n: questions or original(model, prompt, codec, n))
-    plain = method(steps=2, n_questions=16).use_codec(codec).absorb(model, prompt).history["pool"]
+    plain = method(steps=2, n_questions=16).absorb(model, prompt, codec=codec).history["pool"]
     questions += ["Where was Abe born?", "What is Bea's pet called?"]
-    asked = method(steps=2, n_questions=16).use_codec(codec).absorb(model, prompt).history["pool"]
+    asked = method(steps=2, n_questions=16).absorb(model, prompt, codec=codec).history["pool"]
     assert asked["questions"] == asked["chat_turns"] == 2 and asked["recall_windows"] == plain["recall_windows"] > 0
     assert method(steps=2, n_questions=16).absorb(model, prompt).history["pool"]["chat_turns"] == 0  # no codec: none
-    assert method(steps=2).use_codec(codec).absorb(model, prompt).history["pool"]["questions"] == 0  # the default: 0
+    assert method(steps=2).absorb(model, prompt, codec=codec).history["pool"]["questions"] == 0  # the default: 0
 
 
 def test_contrastive_questions_ask_each_question_about_every_subject():
-    from incontext.absorb.distill_lora import contrastive_questions, subjects
+    from incontext.absorb.self_study import contrastive_questions, subjects
 
     passage = ("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss has a cat named Tom Tim.\nBea Voss is a potter. "
                "The Cat Inn is old. Anna sings. Anna dances.\n\nQ: Where was Bea Voss born?\nA: Oslo")
@@ -341,7 +341,7 @@ def test_contrast_adds_the_swapped_questions_to_the_pool(monkeypatch):
     prompt = torch.tensor(codec.encode("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss is a potter.\n"
                                        "Bea Voss has a cat."))
     monkeypatch.setattr(self_study, "_questions", lambda model, prompt, codec, n: ["Where was Abe Lonn born?"])
-    pools = [method(steps=1, contrast=contrast, n_questions=16).use_codec(codec).absorb(model, prompt).history["pool"]
+    pools = [method(steps=1, contrast=contrast, n_questions=16).absorb(model, prompt, codec=codec).history["pool"]
              for contrast in (False, True)]
     assert pools[0]["questions"] == pools[0]["chat_turns"] == 1
     assert pools[1]["questions"] == pools[1]["chat_turns"] == 2  # and "Where was Bea Voss born?"

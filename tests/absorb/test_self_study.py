@@ -131,8 +131,8 @@ def test_distill_lora_trains_on_the_same_conversations_as_kv_prefix(tmp_path):
     prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker."))
     common = dict(steps=1, top_k=8, data_cache=str(tmp_path), window_tokens=6, n_continuations=0, n_questions=0,
                   n_conversations=2, message_tokens=6, seed_prompts="question,creative", progress=False)
-    lora = get_absorb_method("distill-lora", **common).use_codec(codec).absorb(model, prompt)
-    prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).use_codec(codec).absorb(model, prompt)
+    lora = get_absorb_method("distill-lora", **common).absorb(model, prompt, codec=codec)
+    prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, prompt, codec=codec)
     assert lora.history["pool"]["conversations"] >= 1 and not lora.history["pool"]["cached"]
     assert prefix.history["pool"]["cached"] and prefix.history["pool"]["conversations"] == lora.history["pool"]["conversations"]
     with pytest.raises(ValueError, match="seed_prompts must be"):
@@ -347,3 +347,35 @@ def test_spread_start_of_a_long_document_is_each_chunks_own_keys_and_values():
         want = rerotate(model, k[:, :, [i - a]], torch.tensor([t - (i - a)]))
         assert float((prefix[1][0][:, :, t: t + 1] - want).abs().max()) < 1e-10
         assert float((prefix[1][1][:, :, t: t + 1] - v[:, :, [i - a]]).abs().max()) < 1e-10
+
+
+def test_the_harness_and_a_direct_absorb_run_the_same_data_stage(tmp_path):
+    """The tokenizer reaches the data stage through `absorb(..., codec=)` from the harness (and `incontext absorb`)
+    as from Python: the harness's absorb writes the cached stage a direct absorb with the codec then reuses (same
+    key: model, document, queries, settings, the tokenizer), and one without the codec does not."""
+    from conftest import ByteCodec
+    from test_composition import byte_model
+
+    from incontext.absorb.harness import compare
+    from incontext.tasks.episodes import get_episode_source
+
+    class Bytes(ByteCodec):  # the random model writes any byte: decoded leniently
+        def decode(self, ids):
+            return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    model, codec = byte_model(torch.float32), Bytes()
+    source = get_episode_source("facts", people=1)
+    episode = source.episodes(1, seed=0, tokenizer=codec)[0]
+    fast = {"steps": 1, "progress": False, "n_continuations": 0, "window_tokens": 64, "n_questions": 1,
+            "data_cache": str(tmp_path)}
+    compare(model, source, [episode], {"kv-prefix": fast}, progress=False, references=False, codec=codec)
+    method = get_absorb_method("kv-prefix", **fast)
+    pool = method.absorb(model, episode.prompt, train_queries=list(episode.train_queries), codec=codec).history["pool"]
+    assert pool["cached"]  # the stage the harness wrote, with the tokenizer
+    bare = method.absorb(model, episode.prompt, train_queries=list(episode.train_queries)).history["pool"]
+    assert not bare["cached"] and bare["questions"] == 0
+    # a method without a data stage takes the codec and ignores it; a codec that is no tokenizer is one line
+    dropped = get_absorb_method("drop-prompt").absorb(model, episode.prompt, codec=codec)
+    assert torch.equal(dropped(episode.prompt[None, :5]), model(episode.prompt[None, :5]))
+    with pytest.raises(ValueError, match="^kv-prefix: the codec must be a tokenizer with encode and decode, got int$"):
+        method.absorb(model, episode.prompt, codec=3)

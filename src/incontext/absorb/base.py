@@ -229,6 +229,7 @@ class AbsorbMethod(ABC):
     needs: ClassVar[str] = "a causal LM"
     batched: ClassVar[bool] = False  # _absorb takes (B, M) prompts; otherwise one prompt at a time
     long_prompts: ClassVar[bool] = False  # absorbs a prompt longer than the model's context (in chunks)
+    takes_codec: ClassVar[bool] = False  # _absorb takes codec= (the model's tokenizer; its data stage writes text)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -267,14 +268,21 @@ class AbsorbMethod(ABC):
         return None
 
     def absorb(self, model: nn.Module, prompt: torch.Tensor, *, loss_mask: torch.Tensor | None = None,
-               train_queries: list[torch.Tensor] | None = None) -> AdaptedModel:
+               train_queries: list[torch.Tensor] | None = None, codec=None) -> AdaptedModel:
         """Absorb `prompt` ((M,) or (B, M) token ids; (M, d) or (B, M, d) vectors for a vector model) into
         `model`; the result answers queries without the prompt. `loss_mask` ((M,) or (B, M) bool) marks
         the prompt positions whose next token a training-based method learns (None: all); `train_queries`
-        are task-provided queries a method may train on (never the evaluation queries)."""
+        are task-provided queries a method may train on (never the evaluation queries); `codec` is the model's
+        tokenizer (encode, decode; chat where it has a template): a method whose data stage writes text
+        (`takes_codec`: distill-lora, kv-prefix) then also trains on questions about the prompt, the others
+        ignore it. `incontext absorb` and the harness both give it, so both run the same algorithm."""
         reason = self.unsupported(model)
         if reason is not None:
             raise ValueError(f"{self.name} does not apply to this model: {reason}")
+        if codec is not None and not (hasattr(codec, "encode") and hasattr(codec, "decode")):
+            raise ValueError(f"{self.name}: the codec must be a tokenizer with encode and decode, "
+                             f"got {type(codec).__name__}")
+        extra = {"codec": codec} if self.takes_codec else {}
         model = self.runs_on(model)
         prompt = check_prompt(model, prompt, long=self.long_prompts)
         if loss_mask is not None:
@@ -284,9 +292,9 @@ class AbsorbMethod(ABC):
             if tuple(loss_mask.shape) != tuple(prompt.shape[:2]):
                 raise ValueError(f"loss_mask has shape {tuple(loss_mask.shape)}; the prompt is {tuple(prompt.shape[:2])}")
         if self.batched or prompt.shape[0] == 1:
-            return self._checked(model, self._absorb(model, prompt, loss_mask, train_queries))
+            return self._checked(model, self._absorb(model, prompt, loss_mask, train_queries, **extra))
         return PerPrompt([self._checked(model, self._absorb(model, prompt[i : i + 1], None if loss_mask is None
-                                                            else loss_mask[i : i + 1], train_queries))
+                                                            else loss_mask[i : i + 1], train_queries, **extra))
                           for i in range(prompt.shape[0])])
 
     def _checked(self, model: nn.Module, adapted: AdaptedModel) -> AdaptedModel:
@@ -296,7 +304,8 @@ class AbsorbMethod(ABC):
     @abstractmethod
     def _absorb(self, model: nn.Module, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
                 train_queries: list[torch.Tensor] | None) -> AdaptedModel:
-        """`prompt` is checked and batched ((B, M) or (B, M, d)); B == 1 unless the method is `batched`."""
+        """`prompt` is checked and batched ((B, M) or (B, M, d)); B == 1 unless the method is `batched`. A method
+        with `takes_codec` also takes `codec=` (None when the caller has no tokenizer)."""
 
 
 def max_context(model: nn.Module) -> int | None:

@@ -33,8 +33,7 @@ from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
 from ..runtime import device_of, frozen_casts, resolve_runtime
 from .base import AbsorbMethod, AdaptedModel, tensor_bytes
-from .self_study import (QUESTION_WRITER, StudyOptions, _recall_windows, contrastive_questions,  # noqa: F401 (re-exported)
-                         distillation_kl, seed_kinds, study, subjects)
+from .self_study import StudyOptions, distillation_kl, seed_kinds, study
 
 # linear layers of a Transformer block a LoRA can target (fused qkv and, for SwiGLU, fused gate/up)
 LORA_TARGETS = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
@@ -273,9 +272,9 @@ class DistillLoRA(AbsorbMethod):
       the prefix before the window knows no fact stated in the window: nothing to learn);
     - `n_continuations` continuations of `continuation_tokens` the teacher samples after the prompt;
     - each training query (never an evaluation query), followed by `answer_tokens` the teacher answers greedily;
-    - with a tokenizer (`use_codec`; `incontext absorb` gives the model's): up to `n_questions` questions
-      the base model writes about the prompt's sentences (QUESTION_WRITER), each as "Q: ...\\nA:" plus the
-      teacher's answer, and, where the codec has a chat template, as a chat turn: the teacher reads the prompt
+    - with a tokenizer (`absorb(..., codec=tokenizer)`; `incontext absorb` and the harness give the model's):
+      up to `n_questions` questions the base model writes about the prompt's sentences (QUESTION_WRITER), each
+      as "Q: ...\\nA:" plus the teacher's answer, and, where the codec has a chat template, as a chat turn: the teacher reads the prompt
       and the question in the user turn, the student the question alone, and the student learns the teacher's
       answer (up to `chat_answer_tokens`, to its end of turn); with `contrast`, each question that names one of
       the passage's subjects (`subjects`) is also asked about every other subject (up to `n_questions` more), so
@@ -313,23 +312,15 @@ class DistillLoRA(AbsorbMethod):
     name = "distill-lora"
     Options = DistillLoRAOptions
     needs = "a token-input causal LM"
+    takes_codec = True  # with the tokenizer the data stage also writes questions about the prompt (and chat turns)
     summary = "context distillation into a LoRA adapter (a PEFT folder for the family's own transformers class)"
 
     def __init__(self, **options):
         """`options`: the fields of DistillLoRAOptions (their defaults where not given), checked there."""
         self._set_options(options)
-        self.codec = None
 
     def stage_options(self) -> StudyOptions:
         return StudyOptions(**{name: getattr(self, name) for name in StudyOptions.__dataclass_fields__})
-
-    def use_codec(self, codec) -> "DistillLoRA":
-        """Gives the method the model's tokenizer (encode, decode; chat for chat turns): it then also trains on
-        questions about the prompt (see the class docstring). Not an option: a tokenizer is no --set value."""
-        if not (hasattr(codec, "encode") and hasattr(codec, "decode")):
-            raise ValueError("distill-lora: the codec must be a tokenizer with encode and decode")
-        self.codec = codec
-        return self
 
     def compose(self, adapted: list[DistilledLoRA]) -> DistilledLoRA:
         """Documents distilled one by one, answered together: the adapters added (compose_loras). With
@@ -368,7 +359,7 @@ class DistillLoRA(AbsorbMethod):
         return None
 
     def _absorb(self, model: CausalLM, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
-                train_queries: list[torch.Tensor] | None) -> DistilledLoRA:
+                train_queries: list[torch.Tensor] | None, codec=None) -> DistilledLoRA:
         """`loss_mask` is ignored (the student matches the teacher everywhere); `train_queries` must never be
         evaluation queries."""
         if self.autocast:  # a device without bf16 fails now, not after the data stage
@@ -383,7 +374,7 @@ class DistillLoRA(AbsorbMethod):
         model.eval()
         start = time.perf_counter()
         try:
-            sequences, counts = study(model, prompt, queries, self.stage_options(), self.codec, generator,
+            sequences, counts = study(model, prompt, queries, self.stage_options(), codec, generator,
                                       top_k=self.top_k, cache_dir=self.data_cache or None, seed=self.seed)
             spec = lora_spec(model, self.rank, self.alpha, self.target_modules)
             adapted = DistilledLoRA(copy.deepcopy(model), spec, offset=m, merged=False).eval()

@@ -218,12 +218,14 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     """Runs every method on every episode; returns one summary row per method, in the order given, after
     keep-prompt and drop-prompt (always included unless `references=False`, which also skips agreement).
     `per_episode` adds each episode's scores and scored positions to the rows. `codec` (the model's tokenizer) goes
-    to every method that takes one (`use_codec`: the data stage writes questions with it), as `incontext absorb`
+    to every absorb (`absorb(..., codec=)`: a data stage writes questions with it), as `incontext absorb`
     gives it, so both run the same algorithm.
     `methods` maps a row label (a method name, or "name:variant" for several settings of one method) to the
     method's options. See the module docstring for the fields."""
     if not episodes:
         raise ValueError("no episodes to compare on")
+    if not (hasattr(codec, "encode") and hasattr(codec, "decode")):
+        codec = None  # a model without a tokenizer (or a task's vector codec): no data stage writes text
     if references:
         methods = {REFERENCE: methods.get(REFERENCE, {}), "drop-prompt": methods.get("drop-prompt", {}),
                    **{k: v for k, v in methods.items() if k not in (REFERENCE, "drop-prompt")}}
@@ -236,8 +238,6 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     instances = {}
     for label, options in methods.items():
         method = get_absorb_method(method_name(label), **options)  # unknown names and options fail here, before any work
-        if codec is not None and hasattr(method, "use_codec") and hasattr(codec, "encode") and hasattr(codec, "decode"):
-            method.use_codec(codec)
         reason = method.unsupported(model)
         if reason is not None:
             records[label].status, records[label].reason = "n/a", reason
@@ -269,7 +269,8 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             adapted = None
             try:
                 with PeakMemory(device) as peak:
-                    adapted, absorb_ms = timer(lambda: instances[name].absorb(model, prompt, loss_mask=loss_mask, train_queries=train))
+                    adapted, absorb_ms = timer(lambda: instances[name].absorb(
+                        model, prompt, loss_mask=loss_mask, train_queries=train, codec=codec))
                 adapted.eval()
                 with torch.no_grad():
                     if index == 0:
@@ -290,7 +291,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
         for name, label in composed.items():
             if records[label].status == "ok" and episode.parts:
                 _composed_episode(records[label], instances[name], model, episode, queries, metric, timer,
-                                  device, outputs, index, max_failures)
+                                  device, outputs, index, max_failures, codec)
         if not references:
             continue
         reference = outputs.get(REFERENCE)
@@ -318,7 +319,7 @@ def _answer(adapted, queries: list[Query], timer: CostTimer, record: MethodRecor
 
 def _composed_episode(record: MethodRecord, method, model: nn.Module, episode: Episode, queries: list[Query],
                       metric, timer: CostTimer, device: torch.device, outputs: dict, index: int,
-                      max_failures: int) -> None:
+                      max_failures: int, codec=None) -> None:
     """Each part of the episode absorbed alone (timed together with composing them), every query answered by the
     parts composed; each part's own queries also answered by that part absorbed alone, the reference of
     composition (a composed part should recall what it recalls alone)."""
@@ -327,7 +328,8 @@ def _composed_episode(record: MethodRecord, method, model: nn.Module, episode: E
             alone, absorb_ms = [], 0.0
             for part in episode.parts:
                 train = [_as_model_input(t, model) for t in part.train_queries]
-                adapted, ms = timer(lambda: method.absorb(model, _as_model_input(part.prompt, model), train_queries=train))
+                adapted, ms = timer(lambda: method.absorb(model, _as_model_input(part.prompt, model),
+                                                          train_queries=train, codec=codec))
                 alone.append(adapted.eval())
                 absorb_ms += ms
             combined, ms = timer(lambda: method.compose(alone))

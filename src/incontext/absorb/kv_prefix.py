@@ -2,7 +2,7 @@
 prepended to every query's attention, trained by self-study so the model with the prefix answers as the model
 with the whole document in its context. The base model stays frozen.
 
-    adapted = get_absorb_method("kv-prefix", prefix_tokens=32).use_codec(codec).absorb(model, prompt)
+    adapted = get_absorb_method("kv-prefix", prefix_tokens=32).absorb(model, prompt, codec=tokenizer)
     logits = adapted(query)               # the query attends to the prefix (positions p, p+1, ...)
 
 - initialisation (`init`): the K/V of the document's first p tokens ("document", Cartridges' best), p of the
@@ -166,6 +166,7 @@ class KVPrefix(AbsorbMethod):
     name = "kv-prefix"
     Options = KVPrefixOptions
     long_prompts = True  # a document longer than the context: the data stage reads it in chunks
+    takes_codec = True  # with the tokenizer the data stage also writes questions about the document (and chat turns)
     needs = "a token-input causal LM with softmax attention"
     summary = "self-study into a trained K/V prefix of prefix_tokens=P vectors per layer (Cartridges)"
 
@@ -173,14 +174,6 @@ class KVPrefix(AbsorbMethod):
         """`options`: the fields of KVPrefixOptions (their defaults where not given), checked there."""
         self._set_options(options)
         self.stage = StudyOptions(**{name: getattr(self, name) for name in StudyOptions.__dataclass_fields__})
-        self.codec = None
-
-    def use_codec(self, codec) -> "KVPrefix":
-        """The model's tokenizer: the data stage then also writes questions about the document (and chat turns)."""
-        if not (hasattr(codec, "encode") and hasattr(codec, "decode")):
-            raise ValueError("kv-prefix: the codec must be a tokenizer with encode and decode")
-        self.codec = codec
-        return self
 
     def compose(self, adapted: list[TrainedPrefix]) -> TrainedPrefix:
         """Documents absorbed one by one, answered together: their prefixes concatenated (compose_prefixes). With
@@ -207,7 +200,7 @@ class KVPrefix(AbsorbMethod):
             return "needs softmax attention (a linear-attention state is no K/V prefix; iclca converts it exactly)"
         return None
 
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> TrainedPrefix:
+    def _absorb(self, model, prompt, loss_mask, train_queries, codec=None) -> TrainedPrefix:
         prompt = prompt[0].long()
         m, limit = prompt.shape[0], model.config.max_seq_len
         # default p: a quarter of the document; of the context for a document the context does not hold
@@ -225,9 +218,9 @@ class KVPrefix(AbsorbMethod):
         if limit is not None and p >= limit:
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({limit})")
         with tf32_matmuls(self.tf32, prompt.device):
-            return self._absorb_document(model, prompt, p, train_queries)
+            return self._absorb_document(model, prompt, p, train_queries, codec)
 
-    def _absorb_document(self, model, prompt, p: int, train_queries) -> TrainedPrefix:
+    def _absorb_document(self, model, prompt, p: int, train_queries, codec) -> TrainedPrefix:
         if self.autocast != "none" and self.steps:  # a device without the dtype fails now, not after the data stage
             resolve_runtime(device_of(model), self.autocast)
         queries = [q[0] if q.dim() == 2 else q for q in (train_queries or [])]
@@ -236,7 +229,7 @@ class KVPrefix(AbsorbMethod):
         model.eval()
         start = time.perf_counter()
         try:
-            sequences, counts = study(model, prompt, queries, self.stage, self.codec, generator, top_k=self.top_k,
+            sequences, counts = study(model, prompt, queries, self.stage, codec, generator, top_k=self.top_k,
                                       cache_dir=self.data_cache or None, seed=self.seed)
             template = self._initial(model, prompt, p, generator, queries or [item[0] for item in sequences])
         finally:
