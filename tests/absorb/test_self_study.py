@@ -379,3 +379,25 @@ def test_the_harness_and_a_direct_absorb_run_the_same_data_stage(tmp_path):
     assert torch.equal(dropped(episode.prompt[None, :5]), model(episode.prompt[None, :5]))
     with pytest.raises(ValueError, match="^kv-prefix: the codec must be a tokenizer with encode and decode, got int$"):
         method.absorb(model, episode.prompt, codec=3)
+
+
+def test_a_cached_stage_is_reused_only_with_the_same_tokenizer(tmp_path):
+    """The tokenizer is one of the settings: a stage written with one chat template is not read back for another
+    (its chat turns would differ), nor for none; the same tokenizer again reads it back."""
+    from test_distill_lora import CharCodec
+
+    class OtherTemplate(CharCodec):
+        def chat(self, messages, add_generation_prompt=False):
+            return "".join(f"[{m['role'][0]}]{m['content']}|" for m in messages) + ("[a]" if add_generation_prompt else "")
+
+    model = tiny(vocab=64)
+    prompt = torch.tensor(CharCodec().encode("Abe was born in Rome. Abe is a baker."))
+
+    def pool(codec):
+        return study(model, prompt, [], OPTIONS, codec, torch.Generator().manual_seed(0), top_k=8,
+                     cache_dir=tmp_path, seed=0)[1]["cached"]
+
+    assert [pool(CharCodec()), pool(CharCodec()), pool(OtherTemplate()), pool(None), pool(OtherTemplate())] == \
+        [False, True, False, False, True]
+    assert self_study.tokenizer_fingerprint(None) is None
+    assert self_study.tokenizer_fingerprint(CharCodec()) == self_study.tokenizer_fingerprint(CharCodec())

@@ -639,9 +639,28 @@ def next_token_loss(student, batch) -> torch.Tensor:
 # ----------------------------------------------------------------------------- the stage's cache on disk
 
 
+FINGERPRINT_TEXT = "Q: Where was Abe Lonn born?\nA: In Rome, 1987 (\u00fcber caf\u00e9)."
+
+
+def tokenizer_fingerprint(codec) -> str | None:
+    """None without a tokenizer; else a short sha256 of what the data stage reads of it: its ids for a probe text,
+    its end-of-turn id and its chat template's rendering of a probe turn (where it has one). Two tokenizers that
+    write different questions or chat turns get different data stages."""
+    if codec is None:
+        return None
+    import hashlib
+    import json
+
+    parts = {"type": type(codec).__name__, "ids": list(map(int, codec.encode(FINGERPRINT_TEXT))),
+             "eos": getattr(codec, "eos_token_id", None)}
+    if _has_template(codec):
+        parts["chat"] = codec.chat([{"role": "user", "content": FINGERPRINT_TEXT}], add_generation_prompt=True)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def stage_key(model, prompt: torch.Tensor, queries: list[torch.Tensor], settings: dict) -> str:
     """sha256 naming one data stage: the model (a sample of its weights), the document, the training queries and
-    every setting that shapes the sequences (options, k, seed, whether a tokenizer wrote questions)."""
+    every setting that shapes the sequences (options, k, seed, the tokenizer's fingerprint)."""
     import hashlib
     import json
 
@@ -708,7 +727,8 @@ def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: Stu
     """The data stage with its cache: the teacher's sequences (top-k targets unless top_k is None), read from
     `cache_dir` when an entry with the same model, document, queries and settings is there, else built (from
     `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it)."""
-    settings = {"options": dataclasses.asdict(options), "top_k": top_k, "seed": seed, "tokenizer": codec is not None}
+    settings = {"options": dataclasses.asdict(options), "top_k": top_k, "seed": seed,
+                "tokenizer": tokenizer_fingerprint(codec)}
     key = stage_key(model, prompt, queries, settings) if cache_dir else None
     if key is not None:
         cached = load_stage(cache_dir, key, settings, prompt.device)
