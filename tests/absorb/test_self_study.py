@@ -381,6 +381,17 @@ def test_the_harness_and_a_direct_absorb_run_the_same_data_stage(tmp_path):
         method.absorb(model, episode.prompt, codec=3)
 
 
+def test_a_method_that_takes_the_codec_must_say_so_in_its_absorb():
+    from incontext.absorb import AbsorbMethod
+
+    with pytest.raises(TypeError, match="sets takes_codec but its _absorb takes no codec= parameter"):
+        class Forgetful(AbsorbMethod):  # no name: never registered
+            takes_codec = True
+
+            def _absorb(self, model, prompt, loss_mask, train_queries):
+                return None
+
+
 def test_a_cached_stage_is_reused_only_with_the_same_tokenizer(tmp_path):
     """The tokenizer is one of the settings: a stage written with one chat template is not read back for another
     (its chat turns would differ), nor for none; the same tokenizer again reads it back."""

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -233,6 +234,8 @@ class AbsorbMethod(ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if cls.takes_codec and "codec" not in inspect.signature(cls._absorb).parameters:
+            raise TypeError(f"{cls.__name__} sets takes_codec but its _absorb takes no codec= parameter")
         if getattr(cls, "name", None):
             _METHODS[cls.name] = cls
 
