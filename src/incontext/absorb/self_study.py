@@ -727,10 +727,11 @@ def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: Stu
     """The data stage with its cache: the teacher's sequences (top-k targets unless top_k is None), read from
     `cache_dir` when an entry with the same model, document, queries and settings is there, else built (from
     `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it)."""
-    settings = {"options": dataclasses.asdict(options), "top_k": top_k, "seed": seed,
-                "tokenizer": tokenizer_fingerprint(codec)}
-    key = stage_key(model, prompt, queries, settings) if cache_dir else None
-    if key is not None:
+    key = None
+    if cache_dir:  # the key (a pass over the weights, the tokenizer's fingerprint) only where there is a cache
+        settings = {"options": dataclasses.asdict(options), "top_k": top_k, "seed": seed,
+                    "tokenizer": tokenizer_fingerprint(codec)}
+        key = stage_key(model, prompt, queries, settings)
         cached = load_stage(cache_dir, key, settings, prompt.device)
         if cached is not None:
             return cached[0], {**cached[1], "cached": True}

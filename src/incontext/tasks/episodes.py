@@ -371,16 +371,18 @@ class Continuation(EpisodeSource):
         plays = shakespeare_plays()
         _, heldout = split_plays(ShakespeareConfig(), plays)  # never in the Shakespeare task's training plays
         need = c.prompt_tokens + c.query_tokens
+        def too_long(why: str) -> ValueError:
+            return ValueError(f"continuation: no held-out passage holds prompt_tokens + query_tokens = {need} tokens "
+                              f"({why}); lower prompt_tokens or query_tokens")
+
         longest_play = max(len(plays[h]) for h in heldout)
         if need > longest_play:  # a token holds at least one character: no draw could succeed
-            raise ValueError(f"continuation: no held-out passage holds prompt_tokens + query_tokens = {need} tokens "
-                             f"(the longest held-out play has {longest_play} characters); lower prompt_tokens or query_tokens")
+            raise too_long(f"the longest held-out play has {longest_play} characters")
         rng = random.Random(f"continuation-{seed}")
         out, draws, longest = [], 0, 0
         while len(out) < n:
             if draws >= _CONTINUATION_DRAWS * n:  # never a passage that long: say so, not spin
-                raise ValueError(f"continuation: no held-out passage holds prompt_tokens + query_tokens = {need} tokens "
-                                 f"(the longest drawn held {longest}); lower prompt_tokens or query_tokens")
+                raise too_long(f"the longest drawn held {longest}")
             draws += 1
             text = plays[rng.choice(heldout)]
             start = rng.randrange(max(1, len(text) - 12 * need))
