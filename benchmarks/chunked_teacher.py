@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
-from data_stage_decodes import add_facts_arguments, facts_source  # the same `facts` probe arguments
+from data_stage_decodes import (add_facts_arguments, add_validation_arguments,  # the shared probe arguments
+                                check_validation_arguments, facts_source)
 from training_record import write_new
 
 from incontext.absorb import self_study
@@ -38,15 +38,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_facts_arguments(p, episodes=3, seed=10000)
     p.add_argument("--chunks", type=int, nargs="+", default=[128, 192, 256, 384], help="chunk sizes in tokens")
-    p.add_argument("--allow-test", action="store_true", help="allow seed 0 (the test episodes)")
-    p.add_argument("--out", type=Path, help="a JSON file to write (an existing one is refused)")
+    add_validation_arguments(p)
     args = p.parse_args()
-    if args.seed == 0 and not args.allow_test:
-        p.error("seed 0 holds the test episodes: probe validation episodes (seed 10000), or pass --allow-test")
+    check_validation_arguments(p, args)
     if any(c < 2 for c in args.chunks):
         p.error("every --chunks size must be >= 2 tokens")
-    if args.out is not None and args.out.exists():
-        p.error(f"--out {args.out} exists; give a new file")
     source = facts_source(p, args)
     loaded = load_model("smollm2")
     model = loaded.model.eval()

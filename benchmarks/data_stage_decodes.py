@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -25,6 +26,21 @@ def add_facts_arguments(p: argparse.ArgumentParser, episodes: int, seed: int) ->
     p.add_argument("--people", type=int, default=2)
     p.add_argument("--paraphrases", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+
+
+def add_validation_arguments(p: argparse.ArgumentParser) -> None:
+    """--allow-test and --out of a probe that reads evaluation questions (chunked_teacher.py, prefix_trajectory.py,
+    wording_consistency.py); check_validation_arguments refuses them after parsing."""
+    p.add_argument("--allow-test", action="store_true", help="allow seed 0 (the test episodes)")
+    p.add_argument("--out", type=Path, help="a JSON file to write (an existing one is refused)")
+
+
+def check_validation_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Seed 0 (the test episodes) without --allow-test, and an --out that exists, named by p.error."""
+    if args.seed == 0 and not args.allow_test:
+        p.error("seed 0 holds the test episodes: probe validation episodes (seed 10000), or pass --allow-test")
+    if args.out is not None and args.out.exists():
+        p.error(f"--out {args.out} exists; give a new file")
 
 
 def facts_source(p: argparse.ArgumentParser, args: argparse.Namespace):

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from data_stage_decodes import add_facts_arguments, facts_source  # the same `facts` probe arguments
+from data_stage_decodes import (add_facts_arguments, add_validation_arguments,  # the shared probe arguments
+                                check_validation_arguments, facts_source)
 from training_record import option, write_new
 
 from incontext.absorb import get_absorb_method, kv_prefix
@@ -64,15 +64,11 @@ def main() -> None:
     p.add_argument("--every", type=int, default=16)
     p.add_argument("--decays", type=float, nargs="*", default=[0.9, 0.97], help="EMA decays of the prefix's iterates")
     p.add_argument("--set", action="append", default=[], type=option, metavar="OPTION=VALUE", help="a kv-prefix option")
-    p.add_argument("--allow-test", action="store_true", help="allow seed 0 (the test episodes)")
-    p.add_argument("--out", type=Path, help="a JSON file to write (an existing one is refused)")
+    add_validation_arguments(p)
     args = p.parse_args()
-    if args.seed == 0 and not args.allow_test:
-        p.error("seed 0 holds the test episodes: probe validation episodes (seed 10000), or pass --allow-test")
+    check_validation_arguments(p, args)
     if args.steps < 1 or args.every < 1 or not all(0 < d < 1 for d in args.decays):
         p.error("--steps and --every must be >= 1 and every decay in (0, 1)")
-    if args.out is not None and args.out.exists():
-        p.error(f"--out {args.out} exists; give a new file")
     source = facts_source(p, args)
     options = {"autocast": "bfloat16", **dict(args.set), "progress": False, "steps": args.steps, "passes": 0,
                "patience": 10 ** 9}
