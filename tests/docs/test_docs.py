@@ -3,6 +3,7 @@ number on the README front page equals the value in its results.json, and every 
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,23 @@ CONT = "compare-smollm2-continuation-long-1000-bytes-5"  # long continuation pas
 LR, PREFIX_LR = "compare-smollm2-facts-lr5e-2", "kv-prefix:passes8-autocast-lr5e-2"  # the README's kv-prefix row
 
 
+def wordings() -> dict:
+    """benchmarks/wording_consistency.py's facts on the eleven long validation documents, summarised together."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    from wording_consistency import summarise
+    facts = [f for seed in (10000, 20000, 30000)
+             for f in json.loads((ROOT / f"benchmarks/results/wording_consistency_long_{seed}.json").read_text())["facts"]]
+    return summarise(facts, 4, student=True)
+
+
+def wordings_kept(*groups: tuple[str, ...]) -> tuple[float, ...]:
+    """The student's hits as a percentage of keep-prompt's right facts, per group of training-wording counts."""
+    out = wordings()
+    return tuple(100 * sum(out["student_right_by_train_hits"][k] for k in g)
+                 / sum(out["teacher_right_by_train_hits"][k] for k in g) for g in groups)
+
+
 def ce_share(path: str, method: str) -> float:
     """A row's share of the cross-entropy the prompt gives (drop-prompt's CE minus keep-prompt's), in percent."""
     drop, keep = (row(path, m)["score"]["mean"] for m in ("drop-prompt", "keep-prompt"))
@@ -112,6 +130,9 @@ HEADLINES = [
      / (answers(LONG20, "keep-prompt") - answers(LONG5, "keep-prompt"))),
     ("12 passes instead of 8, chosen on validation documents, kept {:.0f}%\non the twenty",
      lambda: share(LONG20_P12, "kv-prefix:p100-spread-lr3e-2-passes12")),
+    ("SmolLM2 answers only {} of its {} right facts right", lambda: (wordings()["teacher_right_by_train_hits"]["4"],
+                                                                    wordings()["teacher_eval"])),
+    ("the prefix keeps {:.0f}% of those and {:.0f}% of the ones", lambda: wordings_kept(("4",), ("0", "1"))),
     ("p = 100 keeps {:.0f}% of the 0.857 nats", lambda: ce_share(CONT, "kv-prefix:p100")),
     ("keeps 45% of the {:.3f} nats the passage", lambda: row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"]),
     ("passage ({:.0f}% at rank 2; its adapters", lambda: ce_share(CONT, "distill-lora:r2")),
