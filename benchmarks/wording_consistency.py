@@ -1,4 +1,4 @@
-"""Does the prompted model (the teacher) answer a fact the same way in every wording? On SmolLM2 and `facts`
+"""Does the prompted model (the teacher) answer a fact the same way in every wording? On SmolLM2 (CPU) and `facts`
 episodes, each asked fact is scored (exact match, as the harness scores it) in the evaluation wording and in the
 training queries' wordings (the statement cut before its answer, and `paraphrases` other questions), by keep-prompt
 and, with --student, by a kv-prefix (or distill-lora) absorbed from the same training queries.
