@@ -26,21 +26,13 @@ from training_record import option, write_new
 
 from incontext.absorb import get_absorb_method
 from incontext.interop.models import load_model
-from incontext.tasks.episodes import Query
+from incontext.tasks.episodes import Query, token_query
 from incontext.tasks.metrics import token_scores
 
 
 def answer_ids(query: Query) -> torch.Tensor:
     """The tokens a query is scored on (its answer)."""
     return query.targets[query.mask]
-
-
-def worded(question: torch.Tensor, answer: torch.Tensor) -> Query:
-    """A query that reads `question` and is scored on `answer` (text_query's layout, from tokens)."""
-    ids = torch.cat([question, answer])
-    scored = torch.zeros(len(ids), dtype=torch.bool)
-    scored[len(question):] = True
-    return Query(inputs=ids[:-1], targets=ids[1:], mask=scored[1:])
 
 
 @torch.no_grad()
@@ -70,7 +62,7 @@ def main() -> None:
         train = list(episode.train_queries)
         if len(train) != group * len(episode.queries):
             raise SystemExit(f"episode {i}: {len(train)} training queries for {len(episode.queries)} facts")
-        wordings = [worded(t, answer_ids(episode.queries[j // group])) for j, t in enumerate(train)]
+        wordings = [token_query(t, answer_ids(episode.queries[j // group])) for j, t in enumerate(train)]
         models = {"teacher": get_absorb_method("keep-prompt").absorb(loaded.model, episode.prompt)}
         if args.student:
             models["student"] = get_absorb_method(args.method, **options).absorb(

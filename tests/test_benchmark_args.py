@@ -46,19 +46,19 @@ def test_bad_task_options_are_one_line_errors(argv, named, tmp_path):
 
 
 def test_wording_consistency_scores_a_training_wording_as_the_harness_scores_a_question(monkeypatch):
-    """The probe's query from tokens has text_query's layout; its summary counts facts by the training wordings the
-    teacher answers right, and the student's hits in each group."""
+    """A query from tokens (token_query, what the probe scores) has text_query's layout; the probe's summary counts
+    facts by the training wordings the teacher answers right, and the student's hits in each group."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import wording_consistency as wc
 
-    from incontext.tasks.episodes import text_query
+    from incontext.tasks.episodes import text_query, token_query
 
     class Codec:
         def encode(self, text):
             return [ord(c) for c in text]
 
     reference = text_query(Codec(), "Q: who?\nA:", " Ada")
-    built = wc.worded(reference.inputs[:len("Q: who?\nA:")], wc.answer_ids(reference))
+    built = token_query(reference.inputs[:len("Q: who?\nA:")], wc.answer_ids(reference))
     for name in ("inputs", "targets", "mask"):
         assert torch.equal(getattr(built, name), getattr(reference, name))
     facts = [{"teacher_eval": True, "teacher_train": [True, True, False], "student_eval": True,

@@ -1,6 +1,7 @@
 """The documentation agrees with the result files: every embedded result table equals its file, every headline
 number on the README front page equals the value in its results.json, and every link points at a file."""
 
+import functools
 import json
 import re
 import sys
@@ -60,6 +61,7 @@ CONT = "compare-smollm2-continuation-long-1000-bytes-5"  # long continuation pas
 LR, PREFIX_LR = "compare-smollm2-facts-lr5e-2", "kv-prefix:passes8-autocast-lr5e-2"  # the README's kv-prefix row
 
 
+@functools.cache
 def wordings() -> dict:
     """benchmarks/wording_consistency.py's facts on the eleven long validation documents, summarised together."""
     if str(ROOT / "benchmarks") not in sys.path:

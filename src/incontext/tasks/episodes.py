@@ -82,9 +82,14 @@ def text_query(codec: Codec, question: str, answer: str) -> Query:
     q, a = codec.encode(question), codec.encode(answer)
     if not q or not a:
         raise ValueError(f"empty question or answer after tokenization: {question!r} / {answer!r}")
-    ids = torch.tensor(q + a)
+    return token_query(torch.tensor(q), torch.tensor(a))
+
+
+def token_query(question: torch.Tensor, answer: torch.Tensor) -> Query:
+    """text_query from token ids: reads `question` (L,), scored on predicting `answer` (n,) after it."""
+    ids = torch.cat([question, answer])
     scored = torch.zeros(len(ids), dtype=torch.bool)
-    scored[len(q):] = True
+    scored[len(question):] = True
     return Query(inputs=ids[:-1], targets=ids[1:], mask=scored[1:])
 
 
