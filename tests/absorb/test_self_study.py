@@ -165,6 +165,58 @@ def test_batched_answers_equal_one_query_at_a_time(seed):
             assert logp.shape == ref_logp.shape and torch.allclose(logp, ref_logp, atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_wording_ensemble_against_a_plain_loop(seed):
+    """wording_ensemble (float64) against a loop over each question's wordings with the reference `_answered`: the
+    consensus is the wording's greedy answer whose first token has the highest summed log-probability over the
+    wordings; every wording is taught the mean of the wordings' log-probabilities along it, renormalised, at the
+    answer positions, and keeps its own targets on the query. A question with one wording is left as it was."""
+    from incontext.models import Cache
+
+    model = tiny(seed)
+    g = torch.Generator().manual_seed(seed + 10)
+    prompt = torch.randint(0, 61, (20,), generator=g)
+    queries = [torch.randint(0, 61, (int(torch.randint(2, 6, (), generator=g)),), generator=g) for _ in range(7)]
+    groups = [0, 0, 0, 1, 1, 2, 1]  # questions 0 and 1 in several wordings (not adjacent), 2 in one
+    options = StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3, wording_ensemble=True)
+    (stage, counts), (plain, _) = [study(model, prompt, queries, o, None, torch.Generator().manual_seed(0), top_k=None,
+                                         groups=groups) for o in (options, StudyOptions(**{**vars(options),
+                                                                                           "wording_ensemble": False}))]
+    assert counts["ensembled"] == 2
+    with torch.no_grad():
+        cache = Cache.empty(model.config.n_layer)
+        model(prompt[None], cache=cache)
+        own = [self_study._answered(model, self_study._copy(cache), q, 3) for q in queries]
+        expected = list(own)
+        for question in (0, 1):
+            rows = [i for i, q in enumerate(groups) if q == question]
+            answers = [torch.cat([own[i][0][len(queries[i]):], own[i][1][-1:].argmax(-1)]) for i in rows]
+            score = [sum(float(own[j][1][len(queries[j]) - 1, a[0]]) for j in rows) for a in answers]
+            best = answers[score.index(max(score))]
+            forced = {i: self_study._answered(model, self_study._copy(cache), torch.cat([queries[i], best[:-1]]), 0)
+                      for i in rows}
+            mean = sum(forced[i][1][len(queries[i]) - 1:] for i in rows) / len(rows)
+            poe = mean - mean.logsumexp(-1, keepdim=True)
+            for i in rows:
+                m = len(queries[i])
+                expected[i] = (torch.cat([queries[i], best[:-1]]), torch.cat([own[i][1][: m - 1], poe]))
+    answered = stage[-len(queries):]  # the training queries' sequences come last (no questions, no conversations)
+    assert same(plain[: -len(queries)], stage[: -len(queries)])  # the recall windows as without the ensemble
+    for (ids, logp), (ref_ids, ref_logp) in zip(answered, expected):
+        assert torch.equal(ids, ref_ids) and torch.allclose(logp, ref_logp, atol=1e-10, rtol=0)
+    assert same(answered[5:6], plain[-2:-1])  # the question with one wording is as without the ensemble
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(answered, plain[-len(queries):]))  # some answer changed
+    first = {tuple(logp[len(q) - 1:].shape) for (ids, logp), q, gr in zip(answered, queries, groups) if gr == 0}
+    assert len(first) == 1
+
+
+def test_train_groups_name_one_question_per_training_query():
+    model = tiny()
+    method = get_absorb_method("kv-prefix", steps=1, progress=False, n_continuations=0)
+    with pytest.raises(ValueError, match="^kv-prefix: train_groups has 1 ids for 2 training queries$"):
+        method.absorb(model, PROMPT, train_queries=[PROMPT[:3], PROMPT[3:6]], train_groups=[0])
+
+
 def test_foreign_queries_ask_about_invented_names():
     """n_foreign: training queries that name one of the document's subjects, asked again about an invented name (the
     name's letters shuffled: same look, not in the document); seeded; at most n_foreign; none without a subject."""
@@ -384,7 +436,7 @@ def test_the_harness_and_a_direct_absorb_run_the_same_data_stage(tmp_path):
 def test_a_method_that_takes_the_codec_must_say_so_in_its_absorb():
     from incontext.absorb import AbsorbMethod
 
-    with pytest.raises(TypeError, match="sets takes_codec but its _absorb takes no codec= parameter"):
+    with pytest.raises(TypeError, match="sets takes_codec but its _absorb takes no codec= and train_groups= parameters"):
         class Forgetful(AbsorbMethod):  # no name: never registered
             takes_codec = True
 

@@ -91,6 +91,8 @@ def test_training_queries_are_not_the_evaluation_questions(paraphrases):
     assert len(episode.train_queries) == (1 + paraphrases) * len(episode.queries)
     texts = [codec.decode(t) for t in episode.train_queries]
     assert len(set(texts)) == len(texts)
+    # the wordings of one question (its statement cut before the answer, then its paraphrases) share its id
+    assert episode.train_groups == [i // (1 + paraphrases) for i in range(len(texts))]
     for text in texts:
         assert text not in questions
         assert not any(answer in text for answer in answers)  # no answer inside

@@ -234,8 +234,8 @@ class AbsorbMethod(ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.takes_codec and "codec" not in inspect.signature(cls._absorb).parameters:
-            raise TypeError(f"{cls.__name__} sets takes_codec but its _absorb takes no codec= parameter")
+        if cls.takes_codec and not {"codec", "train_groups"} <= set(inspect.signature(cls._absorb).parameters):
+            raise TypeError(f"{cls.__name__} sets takes_codec but its _absorb takes no codec= and train_groups= parameters")
         if getattr(cls, "name", None):
             _METHODS[cls.name] = cls
 
@@ -271,21 +271,29 @@ class AbsorbMethod(ABC):
         return None
 
     def absorb(self, model: nn.Module, prompt: torch.Tensor, *, loss_mask: torch.Tensor | None = None,
-               train_queries: list[torch.Tensor] | None = None, codec=None) -> AdaptedModel:
+               train_queries: list[torch.Tensor] | None = None, codec=None,
+               train_groups: list[int] | None = None) -> AdaptedModel:
         """Absorb `prompt` ((M,) or (B, M) token ids; (M, d) or (B, M, d) vectors for a vector model) into
         `model`; the result answers queries without the prompt. `loss_mask` ((M,) or (B, M) bool) marks
         the prompt positions whose next token a training-based method learns (None: all); `train_queries`
         are task-provided queries a method may train on (never the evaluation queries); `codec` is the model's
         tokenizer (encode, decode; chat where it has a template): a method whose data stage writes text
         (`takes_codec`: distill-lora, kv-prefix) then also trains on questions about the prompt, the others
-        ignore it. `incontext absorb` and the harness both give it, so both run the same algorithm."""
+        ignore it. `incontext absorb` and the harness both give it, so both run the same algorithm. `train_groups`
+        (one int per training query; the wordings of one question share it) tells such a method which training
+        queries ask the same question (its `wording_ensemble` option reads it; None: each query its own)."""
         reason = self.unsupported(model)
         if reason is not None:
             raise ValueError(f"{self.name} does not apply to this model: {reason}")
         if codec is not None and not (hasattr(codec, "encode") and hasattr(codec, "decode")):
             raise ValueError(f"{self.name}: the codec must be a tokenizer with encode and decode, "
                              f"got {type(codec).__name__}")
-        extra = {"codec": codec} if self.takes_codec else {}
+        if train_groups is not None:
+            train_groups = [int(g) for g in train_groups]
+            if len(train_groups) != len(train_queries or []):
+                raise ValueError(f"{self.name}: train_groups has {len(train_groups)} ids for "
+                                 f"{len(train_queries or [])} training queries")
+        extra = {"codec": codec, "train_groups": train_groups} if self.takes_codec else {}
         model = self.runs_on(model)
         prompt = check_prompt(model, prompt, long=self.long_prompts)
         if loss_mask is not None:
@@ -308,7 +316,7 @@ class AbsorbMethod(ABC):
     def _absorb(self, model: nn.Module, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
                 train_queries: list[torch.Tensor] | None) -> AdaptedModel:
         """`prompt` is checked and batched ((B, M) or (B, M, d)); B == 1 unless the method is `batched`. A method
-        with `takes_codec` also takes `codec=` (None when the caller has no tokenizer)."""
+        with `takes_codec` also takes `codec=` (None when the caller has no tokenizer) and `train_groups=`."""
 
 
 def max_context(model: nn.Module) -> int | None:

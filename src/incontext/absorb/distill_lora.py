@@ -225,6 +225,7 @@ class DataStageOptions:
     seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"
     message_tokens: int = limit(32, min=1)
     chunk_tokens: int = limit(0, min=0)  # the teacher's window on a long document (self_study.chunk_spans); 0: whole
+    wording_ensemble: bool = False  # one target for a question's wordings (self_study.wording_ensemble)
 
     def __post_init__(self):
         self.seed_prompts = seed_kinds(self.seed_prompts)  # a comma string from --set, or a sequence from Python
@@ -359,7 +360,7 @@ class DistillLoRA(AbsorbMethod):
         return None
 
     def _absorb(self, model: CausalLM, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
-                train_queries: list[torch.Tensor] | None, codec=None) -> DistilledLoRA:
+                train_queries: list[torch.Tensor] | None, codec=None, train_groups=None) -> DistilledLoRA:
         """`loss_mask` is ignored (the student matches the teacher everywhere); `train_queries` must never be
         evaluation queries."""
         if self.autocast:  # a device without bf16 fails now, not after the data stage
@@ -375,7 +376,8 @@ class DistillLoRA(AbsorbMethod):
         start = time.perf_counter()
         try:
             sequences, counts = study(model, prompt, queries, self.stage_options(), codec, generator,
-                                      top_k=self.top_k, cache_dir=self.data_cache or None, seed=self.seed)
+                                      top_k=self.top_k, cache_dir=self.data_cache or None, seed=self.seed,
+                                      groups=train_groups)
             spec = lora_spec(model, self.rank, self.alpha, self.target_modules)
             adapted = DistilledLoRA(copy.deepcopy(model), spec, offset=m, merged=False).eval()
         finally:

@@ -270,7 +270,8 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             try:
                 with PeakMemory(device) as peak:
                     adapted, absorb_ms = timer(lambda: instances[name].absorb(
-                        model, prompt, loss_mask=loss_mask, train_queries=train, codec=codec))
+                        model, prompt, loss_mask=loss_mask, train_queries=train, codec=codec,
+                        train_groups=episode.train_groups))
                 adapted.eval()
                 with torch.no_grad():
                     if index == 0:
@@ -329,7 +330,8 @@ def _composed_episode(record: MethodRecord, method, model: nn.Module, episode: E
             for part in episode.parts:
                 train = [_as_model_input(t, model) for t in part.train_queries]
                 adapted, ms = timer(lambda: method.absorb(model, _as_model_input(part.prompt, model),
-                                                          train_queries=train, codec=codec))
+                                                          train_queries=train, codec=codec,
+                                                          train_groups=part.train_groups))
                 alone.append(adapted.eval())
                 absorb_ms += ms
             combined, ms = timer(lambda: method.compose(alone))

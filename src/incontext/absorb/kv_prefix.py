@@ -200,7 +200,7 @@ class KVPrefix(AbsorbMethod):
             return "needs softmax attention (a linear-attention state is no K/V prefix; iclca converts it exactly)"
         return None
 
-    def _absorb(self, model, prompt, loss_mask, train_queries, codec=None) -> TrainedPrefix:
+    def _absorb(self, model, prompt, loss_mask, train_queries, codec=None, train_groups=None) -> TrainedPrefix:
         prompt = prompt[0].long()
         m, limit = prompt.shape[0], model.config.max_seq_len
         # default p: a quarter of the document; of the context for a document the context does not hold
@@ -218,9 +218,9 @@ class KVPrefix(AbsorbMethod):
         if limit is not None and p >= limit:
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({limit})")
         with tf32_matmuls(self.tf32, prompt.device):
-            return self._absorb_document(model, prompt, p, train_queries, codec)
+            return self._absorb_document(model, prompt, p, train_queries, codec, train_groups)
 
-    def _absorb_document(self, model, prompt, p: int, train_queries, codec) -> TrainedPrefix:
+    def _absorb_document(self, model, prompt, p: int, train_queries, codec, train_groups=None) -> TrainedPrefix:
         if self.autocast != "none" and self.steps:  # a device without the dtype fails now, not after the data stage
             resolve_runtime(device_of(model), self.autocast)
         queries = [q[0] if q.dim() == 2 else q for q in (train_queries or [])]
@@ -230,7 +230,7 @@ class KVPrefix(AbsorbMethod):
         start = time.perf_counter()
         try:
             sequences, counts = study(model, prompt, queries, self.stage, codec, generator, top_k=self.top_k,
-                                      cache_dir=self.data_cache or None, seed=self.seed)
+                                      cache_dir=self.data_cache or None, seed=self.seed, groups=train_groups)
             template = self._initial(model, prompt, p, generator, queries or [item[0] for item in sequences])
         finally:
             model.train(was_training)

@@ -60,6 +60,7 @@ class StudyOptions:
     seed_prompts: tuple[str, ...] = ("structuring", "summarization", "question", "use-case", "creative")
     message_tokens: int = 32
     chunk_tokens: int = 0  # the teacher's window on the document (chunk_spans); 0: the whole document where it fits
+    wording_ensemble: bool = False  # one target for the wordings of one question (wording_ensemble below)
 
 
 # Seed prompts of self-study (the kinds Cartridges found to help, in our own words): the model, reading the
@@ -99,7 +100,7 @@ QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion:
 
 @torch.no_grad()
 def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
-                      generator: torch.Generator) -> tuple[list, dict[str, int]]:
+                      generator: torch.Generator, groups: list[int] | None = None) -> tuple[list, dict[str, int]]:
     """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L positions)
     pairs, and how many of each kind (see the module docstring). `codec` (encode/decode, chat) may be None.
 
@@ -107,18 +108,25 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     context does not hold) is read by the teacher one chunk at a time: each recall window with the chunk that holds it
     most centrally, each training query with the chunk that shares most of its rare tokens (assign_chunks), and
     the continuations, written questions, conversations and foreign queries shared out over the chunks (each chunk's
-    own, in turn)."""
+    own, in turn). `groups`: a question's id for each training query (its wordings share one; None: each query its
+    own), read with `wording_ensemble`, which also sends all the wordings of one question to one chunk."""
     m = prompt.shape[0]
     spans = chunk_spans(m, options.chunk_tokens, model.config.max_seq_len)
+    groups = groups if options.wording_ensemble else None
     if len(spans) == 1:
-        return _chunk_sequences(model, prompt, queries, None, options, codec, generator)
+        return _chunk_sequences(model, prompt, queries, None, options, codec, generator, groups=groups)
     size = spans[0][1] - spans[0][0]
     width = max(1, min(options.window_tokens, size // 2, model.config.max_seq_len - size))  # each whole in a chunk
     k, starts = len(spans), window_starts(m, width)
     # each window to the chunk that holds it most centrally (the first of equals)
     windows = [max(range(k), key=lambda j: min(s - spans[j][0], spans[j][1] - s - width)
                    if spans[j][0] <= s and s + width <= spans[j][1] else -1) for s in starts]
-    homes = assign_chunks(prompt, spans, queries)
+    if groups is None:
+        homes = assign_chunks(prompt, spans, queries)
+    else:  # a question's wordings together, in the chunk its wordings' tokens point to
+        ids = list(dict.fromkeys(groups))
+        merged = assign_chunks(prompt, spans, [torch.cat([q for q, g in zip(queries, groups) if g == i]) for i in ids])
+        homes = [merged[ids.index(g)] for g in groups]
     sequences, counts = [], {}
 
     def share(n: int, j: int) -> int:
@@ -130,7 +138,8 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
                                    n_conversations=share(options.n_conversations, j))
         mine = [s - a for s, home in zip(starts, windows) if home == j]
         out, seen = _chunk_sequences(model, prompt[a:b], [q for q, home in zip(queries, homes) if home == j], mine,
-                                     part, codec, generator, width)
+                                     part, codec, generator, width,
+                                     groups=None if groups is None else [g for g, home in zip(groups, homes) if home == j])
         sequences += out
         for key, value in seen.items():
             counts[key] = counts.get(key, 0) + value
@@ -172,9 +181,11 @@ def assign_chunks(prompt: torch.Tensor, spans: list[tuple[int, int]], queries: l
 
 
 def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], starts: list[int] | None,
-                     options: StudyOptions, codec, generator: torch.Generator, width: int | None = None):
+                     options: StudyOptions, codec, generator: torch.Generator, width: int | None = None,
+                     groups: list[int] | None = None):
     """teacher_sequences for the teacher reading `prompt` (the document, or one chunk of it); `starts`: its recall
-    windows' starts (None: every window of the prompt), of `width` tokens."""
+    windows' starts (None: every window of the prompt), of `width` tokens; `groups`: the training queries' question
+    ids, for wording_ensemble (None: none)."""
     m, max_len = prompt.shape[0], model.config.max_seq_len
     cache = Cache.empty(model.config.n_layer)
     prompt_logits = model(prompt[None], cache=cache)[0]
@@ -199,7 +210,11 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
         foreign = foreign_queries([codec.decode(q.tolist()) for q in plain], names, options.n_foreign, generator)
         plain += [q for q in (torch.tensor(codec.encode(text), device=device) for text in foreign)
                   if q.shape[0] + options.answer_tokens < room]
-    sequences += _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain])
+    answered = _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain])
+    if groups is not None:
+        answered[: len(queries)], counts["ensembled"] = wording_ensemble(model, cache, queries, answered[: len(queries)],
+                                                                         groups)
+    sequences += answered
     counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
     messages = _seed_messages(model, prompt, codec, options, generator) if codec is not None and options.n_conversations else []
     counts["conversations"] = len(messages)
@@ -365,9 +380,14 @@ def foreign_queries(texts: list[str], names: list[str], limit: int, generator: t
     return out
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 at least, float64 kept."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _log_probs(logits: torch.Tensor) -> torch.Tensor:
     """In float32 at least (half-precision logits lose the small probabilities), float64 kept."""
-    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1).to(logits.dtype)
+    return F.log_softmax(_wide(logits), -1).to(logits.dtype)
 
 
 def _copy(cache: Cache, batch: int = 1) -> Cache:
@@ -542,6 +562,43 @@ def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], row
     if queries[0].is_cuda:
         return _answered_full_passes(model, cache, queries, n_answers)
     return _answered_batched(model, cache, queries, n_answers)
+
+
+def wording_ensemble(model, cache, queries: list[torch.Tensor], answered: list, groups: list[int]) -> tuple[list, int]:
+    """One target for the wordings of one question (the queries sharing a `groups` id; `answered`: their `_answer`
+    sequences): the teacher often answers one fact right in one wording and wrong in another, and a student taught
+    both learns neither. The consensus answer is the wording's greedy answer whose first token has the highest
+    log-probability summed over the wordings; every wording is then read with that answer (teacher-forced) and
+    taught, at each answer position, the teacher's log-probabilities averaged over the wordings and renormalised (a
+    product of experts: the wordings that agree, or are sure, outweigh the ones that guess). The query positions keep
+    their own targets. A self-consistency ensemble of the teacher: it reads no answer the document's teacher did not
+    give. Returns the new sequences and how many questions were ensembled (those with two or more wordings whose
+    answers have one length)."""
+    out, members = list(answered), {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    chosen, redo, where = {}, [], []
+    for g, rows in members.items():
+        answers = [torch.cat([answered[i][0][queries[i].shape[0]:], answered[i][1][-1:].argmax(-1)]) for i in rows]
+        if len(rows) < 2 or len({a.shape[0] for a in answers}) > 1 or answers[0].shape[0] == 0:
+            continue
+        first = torch.stack([_wide(answered[i][1][queries[i].shape[0] - 1]) for i in rows])  # (wordings, V)
+        best = answers[int(first[:, torch.stack([a[0] for a in answers])].sum(0).argmax())]
+        chosen[g] = best
+        for i, answer in zip(rows, answers):
+            if not torch.equal(answer, best):
+                redo.append(torch.cat([queries[i], best[:-1]]))
+                where.append(i)
+    for i, item in zip(where, _answered_batched(model, cache, redo, [0] * len(redo))):
+        out[i] = item
+    for g, best in chosen.items():
+        rows = members[g]
+        taught = torch.stack([_wide(out[i][1][queries[i].shape[0] - 1:]) for i in rows])  # (wordings, n, V)
+        poe = F.log_softmax(taught.mean(0), -1)
+        for i in rows:
+            m = queries[i].shape[0]
+            out[i] = (out[i][0], torch.cat([out[i][1][: m - 1], poe.to(out[i][1].dtype)]))
+    return out, len(chosen)
 
 
 def _recall_windows(model, cache, prompt, width, starts: list[int] | None = None):
@@ -723,19 +780,23 @@ def load_stage(folder, key: str, settings: dict, device) -> tuple[list, dict] | 
 
 
 def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
-          generator: torch.Generator, *, top_k: int | None, cache_dir=None, seed: int | None = None) -> tuple[list, dict]:
+          generator: torch.Generator, *, top_k: int | None, cache_dir=None, seed: int | None = None,
+          groups: list[int] | None = None) -> tuple[list, dict]:
     """The data stage with its cache: the teacher's sequences (top-k targets unless top_k is None), read from
     `cache_dir` when an entry with the same model, document, queries and settings is there, else built (from
-    `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it)."""
+    `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it); `groups`
+    (the training queries' question ids) is read with `options.wording_ensemble`."""
     key = None
     if cache_dir:  # the key (a pass over the weights, the tokenizer's fingerprint) only where there is a cache
         settings = {"options": dataclasses.asdict(options), "top_k": top_k, "seed": seed,
                     "tokenizer": tokenizer_fingerprint(codec)}
+        if options.wording_ensemble:
+            settings["groups"] = None if groups is None else list(map(int, groups))
         key = stage_key(model, prompt, queries, settings)
         cached = load_stage(cache_dir, key, settings, prompt.device)
         if cached is not None:
             return cached[0], {**cached[1], "cached": True}
-    sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator)
+    sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator, groups)
     if top_k is not None:
         sequences = top_k_targets(sequences, top_k)
     if key is not None:

@@ -59,6 +59,7 @@ class Episode:
     queries: list[Query]
     prompt_loss_mask: torch.Tensor | None = None  # (M,) bool: prompt tokens a training method learns (None: all)
     train_queries: list[torch.Tensor] = field(default_factory=list)  # a method may train on these; never scored
+    train_groups: list[int] | None = None  # one id per training query: the wordings of one question share it
     calibration: Query | None = None  # content-free query for calibrated "choice" scoring
     # documents that make up the prompt (each a whole episode: its own prompt, queries and training queries); the
     # prompt is their concatenation and the queries theirs in order. Methods that compose (kv-prefix, distill-lora)
@@ -66,6 +67,9 @@ class Episode:
     parts: list["Episode"] = field(default_factory=list)
 
     def __post_init__(self):
+        if self.train_groups is not None and len(self.train_groups) != len(self.train_queries):
+            raise ValueError(f"an episode's train_groups ({len(self.train_groups)}) must name one question per training "
+                             f"query ({len(self.train_queries)})")
         if self.parts:
             if not torch.equal(self.prompt, torch.cat([part.prompt for part in self.parts])):
                 raise ValueError("an episode's prompt must be the concatenation of its parts' prompts")
@@ -202,7 +206,7 @@ class Facts(EpisodeSource):
             else:
                 prompt_text, queries = self._chat(codec, text, pairs, example)
             out.append(Episode(prompt=torch.tensor(codec.encode(prompt_text)), queries=queries,
-                               train_queries=self._train_queries(codec, pairs)))
+                               train_queries=self._train_queries(codec, pairs), train_groups=self._train_groups(pairs)))
         return out
 
     def _train_queries(self, codec, pairs) -> list[torch.Tensor]:
@@ -211,19 +215,26 @@ class Facts(EpisodeSource):
         return [torch.tensor(codec.encode(text)) for person, a in pairs
                 for text in (person.cloze(a), *(person.paraphrase(a, form) for form in range(self.config.paraphrases)))]
 
+    def _train_groups(self, pairs, first: int = 0) -> list[int]:
+        """_train_queries' question ids: the statement and its paraphrases ask one question (ids from `first`)."""
+        return [first + i for i in range(len(pairs)) for _ in range(1 + self.config.paraphrases)]
+
     def _split(self, codec, people, rng) -> Episode:
         """The people dealt over `documents` documents in order (sizes differ by at most one), each a facts prompt
         of its own; the episode is their concatenation with the parts kept."""
         k = self.config.documents
         groups = [people[i * len(people) // k:(i + 1) * len(people) // k] for i in range(k)]
-        parts = []
+        parts, asked = [], 0
         for group in groups:
             text, pairs, _ = facts_prompt(group, rng)
             parts.append(Episode(prompt=torch.tensor(codec.encode(text)),
                                  queries=[text_query(codec, *person.question(a)) for person, a in pairs],
-                                 train_queries=self._train_queries(codec, pairs)))
+                                 train_queries=self._train_queries(codec, pairs),
+                                 train_groups=self._train_groups(pairs, asked)))
+            asked += len(pairs)
         return Episode(prompt=torch.cat([part.prompt for part in parts]), queries=[q for part in parts for q in part.queries],
-                       train_queries=[t for part in parts for t in part.train_queries], parts=parts)
+                       train_queries=[t for part in parts for t in part.train_queries],
+                       train_groups=[g for part in parts for g in part.train_groups], parts=parts)
 
     @staticmethod
     def _chat(codec, text: str, pairs, example) -> tuple[str, list[Query]]:
