@@ -589,7 +589,7 @@ def wording_ensemble(model, cache, queries: list[torch.Tensor], answered: list, 
             if not torch.equal(answer, best):
                 redo.append(torch.cat([queries[i], best[:-1]]))
                 where.append(i)
-    for i, item in zip(where, _answered_batched(model, cache, redo, [0] * len(redo))):
+    for i, item in zip(where, _answer(model, cache, redo, [0] * len(redo))):
         out[i] = item
     for g, best in chosen.items():
         rows = members[g]
