@@ -287,6 +287,8 @@ class DistillLoRA(AbsorbMethod):
       (`seed_prompts`, up to `message_tokens` each), answered by the teacher (the same stage as kv-prefix's);
     - with `chunk_tokens` below the document's length: the teacher reads it in chunks (self_study.chunk_spans; a
       document longer than the model's context is kv-prefix's: the adapter answers after the document's positions).
+    - with `wording_ensemble`: the wordings of one training question (absorb's `train_groups`) taught one target,
+      the teacher's log-probabilities averaged over them along their consensus answer (self_study.wording_ensemble).
     `compose_steps`: `compose` trains the summed adapter that many steps on the documents' data stages (0: the plain
     sum, the default).
 

@@ -144,7 +144,9 @@ class KVPrefix(AbsorbMethod):
     that many tokens, self_study.chunk_spans; 0, the default: whole where the model's context holds it, else in
     chunks of half the context, so a document longer than the context is absorbed too, with p at most a quarter of
     the context by default; at ~1,000 tokens a chunk's reader answers fewer facts than the whole document's,
-    benchmarks/results/chunked_teacher_facts_long.json). Defaults chosen on 4 validation episodes of `facts`
+    benchmarks/results/chunked_teacher_facts_long.json; wording_ensemble: the wordings of one training question, as the
+    task groups them (absorb's train_groups), taught one target, the teacher's log-probabilities averaged over them
+    along their consensus answer, self_study.wording_ensemble). Defaults chosen on 4 validation episodes of `facts`
     (seed 10000, never the test episodes): n_questions=0 (the base model's own questions lowered the score, 14.3% vs
     17.9%, and raised the KL, 0.91 vs 0.73 nats; results/kv-prefix-validation), then steps=96, patience=16 and
     learning_rate=0.1 (21.4% and KL 0.55 against 17.9% and 0.73 at 48 steps and 2e-2, and 21.4% and 0.66 at 5e-2;
