@@ -59,6 +59,14 @@ LONG20_P12 = "compare-smollm2-facts-long-1000-spread-lr3e-2-passes12-20"  # the 
 ARGMAX, ARGMAX_LORA = "compare-smollm2-facts-distill-lora-argmax", "distill-lora:p12-am1"  # the README's distill-lora row
 CONT = "compare-smollm2-continuation-long-1000-bytes-5"  # long continuation passages: CE against kept bytes
 LR, PREFIX_LR = "compare-smollm2-facts-lr5e-2", "kv-prefix:passes8-autocast-lr5e-2"  # the README's kv-prefix row
+ENSEMBLE_VALIDATION = [f"kv-prefix-validation-long-1000-ensemble-{seed}" for seed in (10000, 20000, 30000)]
+ENSEMBLE5, ENSEMBLE = "compare-smollm2-facts-long-1000-ensemble-5", "kv-prefix:L3E"  # wording_ensemble, long documents
+
+
+def kept_answers(paths: list[str], method: str) -> tuple[int, int, float]:
+    """A row's right answers summed over runs, keep-prompt's, and the first as a percentage of the second."""
+    got, keep = (sum(answers(p, m) for p in paths) for m in (method, "keep-prompt"))
+    return got, keep, 100 * got / keep
 
 
 @functools.cache
@@ -135,6 +143,8 @@ HEADLINES = [
     ("SmolLM2 answers only {} of its {} right facts right", lambda: (wordings()["teacher_right_by_train_hits"]["4"],
                                                                     wordings()["teacher_eval"])),
     ("the prefix keeps {:.0f}% of those and {:.0f}% of the ones", lambda: wordings_kept(("4",), ("0", "1"))),
+    ("(`wording_ensemble=true`), keeps {} of the {} ({:.0f}%) on the validation", lambda: kept_answers(ENSEMBLE_VALIDATION, ENSEMBLE)),
+    ("documents and {} of {} ({:.0f}%) on the first five\ntest", lambda: kept_answers([ENSEMBLE5], ENSEMBLE)),
     ("p = 100 keeps {:.0f}% of the 0.857 nats", lambda: ce_share(CONT, "kv-prefix:p100")),
     ("keeps 45% of the {:.3f} nats the passage", lambda: row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"]),
     ("passage ({:.0f}% at rank 2; its adapters", lambda: ce_share(CONT, "distill-lora:r2")),
