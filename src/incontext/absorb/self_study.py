@@ -126,7 +126,8 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     else:  # a question's wordings together, in the chunk its wordings' tokens point to
         ids = list(dict.fromkeys(groups))
         merged = assign_chunks(prompt, spans, [torch.cat([q for q, g in zip(queries, groups) if g == i]) for i in ids])
-        homes = [merged[ids.index(g)] for g in groups]
+        home_of = dict(zip(ids, merged))
+        homes = [home_of[g] for g in groups]
     sequences, counts = [], {}
 
     def share(n: int, j: int) -> int:
@@ -580,7 +581,7 @@ def wording_ensemble(model, cache, queries: list[torch.Tensor], answered: list, 
     chosen, redo, where = {}, [], []
     for g, rows in members.items():
         answers = [torch.cat([answered[i][0][queries[i].shape[0]:], answered[i][1][-1:].argmax(-1)]) for i in rows]
-        if len(rows) < 2 or len({a.shape[0] for a in answers}) > 1 or answers[0].shape[0] == 0:
+        if len(rows) < 2 or len({a.shape[0] for a in answers}) > 1:
             continue
         first = torch.stack([_wide(answered[i][1][queries[i].shape[0] - 1]) for i in rows])  # (wordings, V)
         best = answers[int(first[:, torch.stack([a[0] for a in answers])].sum(0).argmax())]
