@@ -146,6 +146,9 @@ HEADLINES = [
     ("kept\n{} of the {} ({:.0f}%) on the validation", lambda: kept_answers(ENSEMBLE_VALIDATION, ENSEMBLE)),
     ("then {} of keep-prompt's {} answers on the twenty test", lambda: kept_answers([ENSEMBLE20], ENSEMBLE)[:2]),
     ("its absorb took {:.0f} s on a machine", lambda: row(ENSEMBLE20, ENSEMBLE)["absorb_ms"] / 1000),
+    ("about {:.1f} times slower than the row without it", lambda: row(ENSEMBLE20, "keep-prompt")["query_ms"]
+     / row(LONG20, "keep-prompt")["query_ms"]),  # the machines' ratio, by keep-prompt's ms per query
+    ("the row without it ({:.0f} s; not side", lambda: row(LONG20, LONG20_PREFIX)["absorb_ms"] / 1000),
     ("p = 100 keeps {:.0f}% of the 0.857 nats", lambda: ce_share(CONT, "kv-prefix:p100")),
     ("keeps 45% of the {:.3f} nats the passage", lambda: row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"]),
     ("passage ({:.0f}% at rank 2; its adapters", lambda: ce_share(CONT, "distill-lora:r2")),
