@@ -84,3 +84,37 @@ def test_no_method_checks_the_model_class():
         runtime_imports = [line for line in source.splitlines() if line.startswith("from ..models") and "Transformer" in line
                            and "TransformerConfig" not in line]
         assert name == "base.py" or not runtime_imports, (name, runtime_imports)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_wording_ensemble_stage_is_the_same_on_both_backends(seed):
+    """The data stage with `wording_ensemble` (train_groups read, consensus answers forced, the wordings' targets
+    averaged) on our Transformer and on transformers' LlamaForCausalLM with the same weights, both in float64: the
+    same sequences, and the same targets to 1e-5 (transformers computes RoPE's angles in float32 whatever the model's
+    dtype: the stage without the ensemble differs by as much), and some answer changed by the ensemble."""
+    from incontext.absorb.self_study import StudyOptions, study
+
+    torch.manual_seed(seed)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=64,
+                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=True)
+    ours = Transformer(config).double().eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    theirs = HFCausalLM(to_hf_llama(ours).double().eval()).eval()
+    g = torch.Generator().manual_seed(seed + 10)
+    prompt = torch.randint(0, 61, (16,), generator=g)
+    queries = [torch.randint(0, 61, (int(torch.randint(2, 6, (), generator=g)),), generator=g) for _ in range(6)]
+    groups = [0, 1, 0, 1, 0, 2]
+    options = StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3, wording_ensemble=True)
+    stages = [study(model, prompt, queries, o, None, torch.Generator().manual_seed(0), top_k=None, groups=groups)
+              for model in (ours, theirs) for o in (options, StudyOptions(**{**vars(options), "wording_ensemble": False}))]
+    (a, counts_a), plain_a, (b, counts_b), plain_b = stages
+    assert counts_a["ensembled"] == counts_b["ensembled"] == 2
+    for ours_stage, theirs_stage in ((a, b), (plain_a[0], plain_b[0])):
+        assert len(ours_stage) == len(theirs_stage)
+        for (ids, logp), (ref_ids, ref_logp) in zip(ours_stage, theirs_stage):
+            assert torch.equal(ids, ref_ids) and logp.shape == ref_logp.shape
+            assert float((logp - ref_logp).abs().max()) < 1e-5
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(a, plain_a[0]))  # the ensemble changed an answer
