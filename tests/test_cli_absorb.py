@@ -305,6 +305,8 @@ def test_a_crash_while_writing_keeps_the_earlier_absorb_folder(llama, tmp_path, 
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "seed_prompts=poems"], "seed_prompts must be"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "autocast=int4"], "autocast must be one of none, bfloat16"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "tf32=maybe"], "tf32"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "wording_ensemble=true"], "incontext absorb has none"),
+    (["--method", "distill-lora", "--prompt", PROMPT, "--set", "wording_ensemble=true"], "incontext absorb has none"),
 ])
 def test_bad_absorb_input_is_one_line_and_writes_nothing(argv, message, llama, tmp_path, capsys):
     (tmp_path / "EMPTY").write_text("")

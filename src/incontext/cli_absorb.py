@@ -116,6 +116,9 @@ def _prepare(args, device: str):
     """The method (options checked), the loaded model on `device` and its codec; one-line errors first."""
     options = parse_overrides(args.set, flat=True)
     method = get_absorb_method(args.method, **options)  # names, types and ranges checked (config.parse_options)
+    if getattr(method, "wording_ensemble", False):  # it would be ignored: say so rather than absorb without it
+        raise ValueError(f"{args.method}: wording_ensemble=true groups a task's training queries by question, and "
+                         "incontext absorb has none (use incontext compare, or absorb(..., train_groups=) from Python)")
     loaded = load_model(args.model, device, args.dtype)
     reason = method.unsupported(loaded.model)
     if reason is not None:
