@@ -27,16 +27,24 @@ FAST = {"distill-lora": {"steps": 2, "n_continuations": 1, "continuation_tokens"
         "tint": {"rows_per_prefix": 4}}
 
 
-@pytest.fixture(scope="module")
-def backends():
-    torch.manual_seed(0)
-    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=48, d_mlp=96, vocab_size=61, max_seq_len=64,
-                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=True)
-    ours = Transformer(config).eval()
+def llama_like(seed: int, d_model: int, d_mlp: int, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A random Llama-shaped Transformer (GQA, RoPE, RMSNorm, SwiGLU, tied embeddings), its matrices drawn at std
+    0.3 in `dtype` (float64: weights not float32-exact)."""
+    torch.manual_seed(seed)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=d_model, d_mlp=d_mlp, vocab_size=61,
+                               max_seq_len=64, positions="rope", norm="rmsnorm", mlp="swiglu", bias=False,
+                               tie_embeddings=True)
+    model = Transformer(config).to(dtype).eval()
     with torch.no_grad():
-        for p in ours.parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def backends():
+    ours = llama_like(0, 48, 96)
     theirs = HFCausalLM(to_hf_llama(ours).eval()).eval()
     return ours, theirs
 
@@ -92,16 +100,11 @@ def test_the_wording_ensemble_stage_is_the_same_on_both_backends(seed):
     averaged) on our Transformer and on transformers' LlamaForCausalLM with the same weights, both in float64: the
     same sequences, and the same targets to 1e-5 (transformers computes RoPE's angles in float32 whatever the model's
     dtype: the stage without the ensemble differs by as much), and some answer changed by the ensemble."""
+    from dataclasses import replace
+
     from incontext.absorb.self_study import StudyOptions, study
 
-    torch.manual_seed(seed)
-    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=64,
-                               positions="rope", norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=True)
-    ours = Transformer(config).double().eval()
-    with torch.no_grad():
-        for p in ours.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
+    ours = llama_like(seed, 32, 64, torch.float64)
     theirs = HFCausalLM(to_hf_llama(ours).double().eval()).eval()
     g = torch.Generator().manual_seed(seed + 10)
     prompt = torch.randint(0, 61, (16,), generator=g)
@@ -109,7 +112,7 @@ def test_the_wording_ensemble_stage_is_the_same_on_both_backends(seed):
     groups = [0, 1, 0, 1, 0, 2]
     options = StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3, wording_ensemble=True)
     stages = [study(model, prompt, queries, o, None, torch.Generator().manual_seed(0), top_k=None, groups=groups)
-              for model in (ours, theirs) for o in (options, StudyOptions(**{**vars(options), "wording_ensemble": False}))]
+              for model in (ours, theirs) for o in (options, replace(options, wording_ensemble=False))]
     (a, counts_a), plain_a, (b, counts_b), plain_b = stages
     assert counts_a["ensembled"] == counts_b["ensembled"] == 2
     for ours_stage, theirs_stage in ((a, b), (plain_a[0], plain_b[0])):

@@ -41,6 +41,16 @@ def share(path: str, method: str) -> float:
     return 100 * row(path, method)["score"]["mean"] / row(path, "keep-prompt")["score"]["mean"]
 
 
+def seconds(path: str, method: str) -> float:
+    """A row's median absorb in seconds."""
+    return row(path, method)["absorb_ms"] / 1000
+
+
+def slower(path: str, than: str) -> float:
+    """How many times slower the machine of run `path` was than that of run `than`, by keep-prompt's ms per query."""
+    return row(path, "keep-prompt")["query_ms"] / row(than, "keep-prompt")["query_ms"]
+
+
 def tint(name: str) -> float:
     data = result("tint-perplexity")
     return data["perplexity"][name][data["config"]["fractions"].index(0.5)]
@@ -107,7 +117,7 @@ def method_cells(path: str, method: str) -> tuple[float, ...]:
     """A method's row of the README's table: exact match % (share of keep-prompt's), kept KiB (share), absorb s."""
     r = row(path, method)
     return (100 * r["score"]["mean"], share(path, method), r["kept_bytes"] / 1024, bytes_share(path, method),
-            r["absorb_ms"] / 1000)
+            seconds(path, method))
 
 
 def mean(values) -> float:
@@ -124,7 +134,7 @@ HEADLINES = [
     ("vs keep-prompt's {:.1f}% (111%) at a quarter", lambda: 100 * row(SHORT_ENSEMBLE, "keep-prompt")["score"]["mean"]),
     ("38.6% ({:.0f}%) at a quarter", lambda: share(SHORT_ENSEMBLE, "kv-prefix")),
     ("({:.0f}% without, {:.1f} s to absorb on 2 CPU cores)",
-     lambda: (share(LR, PREFIX_LR), row(LR, PREFIX_LR)["absorb_ms"] / 1000)),
+     lambda: (share(LR, PREFIX_LR), seconds(LR, PREFIX_LR))),
     ("{:.0f}% at 9.7% of the bytes on ~1,035", lambda: share(ENSEMBLE20, ENSEMBLE)),
     ("98% at {:.1f}% of the bytes on ~1,035", lambda: bytes_share(ENSEMBLE20, ENSEMBLE)),
     ("(demo); {:.1f}% vs keep-prompt's", lambda: 100 * row(LORA_ENSEMBLE, LORA_E)["score"]["mean"]),
@@ -149,17 +159,16 @@ HEADLINES = [
     ("the ensemble kept {} of keep-prompt's {} answers against {} without",
      lambda: (answers(SHORT_ENSEMBLE, "kv-prefix"), answers(SHORT_ENSEMBLE, "keep-prompt"), answers(LR, PREFIX_LR))),
     ("its absorb took {:.1f} s on a machine about {:.1f} times slower",
-     lambda: (row(SHORT_ENSEMBLE, "kv-prefix")["absorb_ms"] / 1000,
-              row(SHORT_ENSEMBLE, "keep-prompt")["query_ms"] / row(LR, "keep-prompt")["query_ms"])),
-    ("side: {:.1f} s with, {:.1f} s without)", lambda: tuple(row(SHORT_VALIDATION, f"kv-prefix:{label}")["absorb_ms"] / 1000
-                                                              for label in ("SE", "S"))),
+     lambda: (seconds(SHORT_ENSEMBLE, "kv-prefix"), slower(SHORT_ENSEMBLE, LR))),
+    ("side: {:.1f} s with, {:.1f} s without)", lambda: (seconds(SHORT_VALIDATION, "kv-prefix:SE"),
+                                                       seconds(SHORT_VALIDATION, "kv-prefix:S"))),
     ("distill-lora, {} ({:.0f}%; {:.0f}% with the option)", lambda: ("met" if share(ARGMAX, ARGMAX_LORA) >= 80 else "not met",
                                                                   share(ARGMAX, ARGMAX_LORA), share(LORA_ENSEMBLE, LORA_E))),
     ("With distill-lora it kept {} against {} ({:.1f} s on a machine about {:.1f} times\nslower; side by side on "
      "validation {:.1f} s with, {:.1f} s without)",
-     lambda: (answers(LORA_ENSEMBLE, LORA_E), answers(ARGMAX, ARGMAX_LORA), row(LORA_ENSEMBLE, LORA_E)["absorb_ms"] / 1000,
-              row(LORA_ENSEMBLE, "keep-prompt")["query_ms"] / row(ARGMAX, "keep-prompt")["query_ms"],
-              *(row(LORA_VALIDATION, f"distill-lora:{label}")["absorb_ms"] / 1000 for label in ("DE", "D")))),
+     lambda: (answers(LORA_ENSEMBLE, LORA_E), answers(ARGMAX, ARGMAX_LORA), seconds(LORA_ENSEMBLE, LORA_E),
+              slower(LORA_ENSEMBLE, ARGMAX), seconds(LORA_VALIDATION, "distill-lora:DE"),
+              seconds(LORA_VALIDATION, "distill-lora:D"))),
     ("met with `wording_ensemble=true`\n({:.0f}%; the same prefix", lambda: share(ENSEMBLE20, ENSEMBLE)),
     ("without it kept {:.0f}%, ", lambda: share(LONG20, LONG20_PREFIX)),
     ("{:.0f}% over the first five documents", lambda: share(LONG5, LONG20_PREFIX)),
@@ -170,10 +179,9 @@ HEADLINES = [
     ("the prefix keeps {:.0f}% of those and {:.0f}% of the ones", lambda: wordings_kept(("4",), ("0", "1"))),
     ("kept\n{} of the {} ({:.0f}%) on the validation", lambda: kept_answers(ENSEMBLE_VALIDATION, ENSEMBLE)),
     ("then {} of keep-prompt's {} answers on the twenty test", lambda: kept_answers([ENSEMBLE20], ENSEMBLE)[:2]),
-    ("its absorb took {:.0f} s on a machine", lambda: row(ENSEMBLE20, ENSEMBLE)["absorb_ms"] / 1000),
-    ("about {:.1f} times slower than the row without it", lambda: row(ENSEMBLE20, "keep-prompt")["query_ms"]
-     / row(LONG20, "keep-prompt")["query_ms"]),  # the machines' ratio, by keep-prompt's ms per query
-    ("the row without it ({:.0f} s; not side", lambda: row(LONG20, LONG20_PREFIX)["absorb_ms"] / 1000),
+    ("its absorb took {:.0f} s on a machine", lambda: seconds(ENSEMBLE20, ENSEMBLE)),
+    ("about {:.1f} times slower than the row without it", lambda: slower(ENSEMBLE20, LONG20)),
+    ("the row without it ({:.0f} s; not side", lambda: seconds(LONG20, LONG20_PREFIX)),
     ("p = 100 keeps {:.0f}% of the 0.857 nats", lambda: ce_share(CONT, "kv-prefix:p100")),
     ("keeps 45% of the {:.3f} nats the passage", lambda: row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"]),
     ("passage ({:.0f}% at rank 2; its adapters", lambda: ce_share(CONT, "distill-lora:r2")),
