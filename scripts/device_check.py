@@ -227,6 +227,37 @@ def data_stage_static_decode_graph(device: str, work: Path) -> dict:
     return out
 
 
+@check
+def wording_ensemble_stage_on_device(device: str, work: Path) -> dict:
+    """The data stage with wording_ensemble (consensus answers forced, the wordings' targets averaged; on a GPU the
+    answers decode on the static cache replayed as a CUDA graph) on `device` equals the same stage on the CPU, in
+    float64 on our Transformer (ids equal, targets to 1e-8); the ensemble changes some answer."""
+    from dataclasses import replace
+
+    from incontext.absorb.self_study import StudyOptions, study
+
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 61, (20,), generator=g)
+    queries = [torch.randint(0, 61, (n,), generator=g) for n in (3, 5, 4, 2, 6, 3, 4)]
+    groups = [0, 0, 0, 1, 1, 2, 1]
+    options = StudyOptions(window_tokens=6, n_continuations=1, continuation_tokens=5, answer_tokens=3,
+                           wording_ensemble=True)
+
+    def stage(where: str, chosen: StudyOptions = options):
+        model = _tiny_transformer(where, sharpen=True)
+        return study(model, prompt.to(where), [q.to(where) for q in queries], chosen, None,
+                     torch.Generator().manual_seed(0), top_k=None, groups=groups)
+
+    (here, counts), (cpu, _), (plain, _) = stage(device), stage("cpu"), stage("cpu", replace(options, wording_ensemble=False))
+    assert counts["ensembled"] == 2 and len(here) == len(cpu), counts
+    assert all(torch.equal(x.cpu(), y) for (x, _), (y, _) in zip(here, cpu)), "the stage's tokens differ from the CPU's"
+    out = {"sequences": len(here), "ensembled": counts["ensembled"],
+           "device_vs_cpu": max(float((x.cpu() - y).abs().max()) for (_, x), (_, y) in zip(here, cpu)),
+           "answers_changed": sum(not torch.equal(x, y) for (x, _), (y, _) in zip(cpu, plain))}
+    assert out["device_vs_cpu"] < 1e-8 and out["answers_changed"] > 0, out
+    return out
+
+
 def _tiny_prefix_run(device: str):
     """A tiny random RoPE Transformer on `device`, a 16-token prompt and kv-prefix options for 8 short steps."""
     from incontext.models import Transformer, TransformerConfig
