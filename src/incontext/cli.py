@@ -60,10 +60,15 @@ def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
     return results
 
 
-DEMO = {"model": "smollm2", "task": "facts", "episodes": 5, "task_options": {"people": 2},
+# The prompt-free methods run at the settings of the README's short rows (chosen on validation episodes,
+# docs/absorb-methods.md), with three other wordings of each question as training queries.
+DEMO = {"model": "smollm2", "task": "facts", "episodes": 5, "task_options": {"people": 2, "paraphrases": 3},
         "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora", "kv-prefix"],
         "method_options": {"iclca-approx": {"n_features": 256, "exact_sinks": 1},
-                           "distill-lora": {"progress": False}, "kv-prefix": {"progress": False}},
+                           "distill-lora": {"progress": False, "passes": 12, "argmax_weight": 1,
+                                            "wording_ensemble": True},
+                           "kv-prefix": {"progress": False, "passes": 8, "autocast": "bfloat16",
+                                         "learning_rate": 0.05, "wording_ensemble": True}},
         "tune": {"dynamic-eval.learning_rate": [1e-5, 1e-4, 3e-4]}, "validation_episodes": 4}
 
 
