@@ -337,6 +337,8 @@ HARNESS_CASES = [
     (["compare", "--model", "LLAMA", "--task", "facts", "--set", "people=10001", "--out", "OUT"], "at most 10000 people"),
     (["compare", "--model", "LLAMA", "--task", "continuation", "--set", "prompt_tokens=10000000", "--out", "OUT"],
      "no held-out passage holds prompt_tokens + query_tokens"),
+    (compare_args("--methods", "kv-prefix", "--set", "kv-prefix.wording_ensemble=true", task="continuation"),
+     "kv-prefix: wording_ensemble=true groups the training queries by question, and task 'continuation' gives no groups"),
     (absorb_args("iclca"), "iclca does not apply to model"),
     (["absorb", "--model", "CGT", "--method", "keep-prompt", "--prompt", "1+1", "--out", "OUT"], "has no tokenizer"),
     (["generate", "--model", "CGT", "hello"], "has no tokenizer"),

@@ -137,6 +137,17 @@ def test_bad_options_are_refused(options, message):
         assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("name", ["kv-prefix", "distill-lora"])
+def test_the_wording_ensemble_without_groups_is_refused_not_ignored(name):
+    """wording_ensemble=true with training queries but no train_groups: one line before any work (it was ignored)."""
+    prompt, query = prompt_and_query()
+    method = get_absorb_method(name, wording_ensemble=True, steps=1, **FAST)
+    with pytest.raises(ValueError, match=f"{name}: wording_ensemble=true needs train_groups") as error:
+        method.absorb(tiny(), prompt, train_queries=[query[0]])
+    assert "\n" not in str(error.value)
+    assert method.absorb(tiny(), prompt, train_queries=[query[0]], train_groups=[0]) is not None
+
+
 def test_options_from_python_are_the_registrys():
     """The class built from Python holds the Options' defaults and the given values, converted as --set's are."""
     from incontext.absorb.kv_prefix import KVPrefix, KVPrefixOptions

@@ -281,7 +281,7 @@ class AbsorbMethod(ABC):
         (`takes_codec`: distill-lora, kv-prefix) then also trains on questions about the prompt, the others
         ignore it. `incontext absorb` and the harness both give it, so both run the same algorithm. `train_groups`
         (one int per training query; the wordings of one question share it) tells such a method which training
-        queries ask the same question (its `wording_ensemble` option reads it; None: each query its own)."""
+        queries ask the same question (None: each query its own; its `wording_ensemble` option needs them)."""
         reason = self.unsupported(model)
         if reason is not None:
             raise ValueError(f"{self.name} does not apply to this model: {reason}")
@@ -293,6 +293,9 @@ class AbsorbMethod(ABC):
             if len(train_groups) != len(train_queries or []):
                 raise ValueError(f"{self.name}: train_groups has {len(train_groups)} ids for "
                                  f"{len(train_queries or [])} training queries")
+        if getattr(self, "wording_ensemble", False) and train_groups is None:  # it would be ignored: say so
+            raise ValueError(f"{self.name}: wording_ensemble=true needs train_groups (one question id per training "
+                             "query); none were given")
         extra = {"codec": codec, "train_groups": train_groups} if self.takes_codec else {}
         model = self.runs_on(model)
         prompt = check_prompt(model, prompt, long=self.long_prompts)
