@@ -81,3 +81,16 @@ def test_demo_refuses_a_foreign_out_folder_before_loading_anything(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds files this command did not write (notes.txt)" in err
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and (out / "notes.txt").read_text() == "keep me"
+
+
+def test_names_of_nearly_coinciding_points_are_stacked_not_drawn_over_each_other():
+    from incontext.cli_compare import _labels
+    from incontext.outputs import pyplot
+
+    fig, ax = pyplot().subplots()
+    _labels(ax, [(1755.0, 42.9, "kv-prefix"), (2520.0, 42.9, "distill-lora"), (7155.0, 31.4, "keep-prompt"),
+                 (0.01, 0.0, "drop-prompt"), (19516.0, 0.0, "iclca-approx")])
+    offsets = {a.get_text(): a.xyann for a in ax.texts}
+    assert offsets["kv-prefix"] == (3, 3) and offsets["distill-lora"] == (3, -7)  # the second one goes below
+    assert offsets["keep-prompt"] == offsets["drop-prompt"] == offsets["iclca-approx"] == (3, 3)
+    pyplot().close(fig)

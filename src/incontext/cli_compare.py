@@ -225,21 +225,23 @@ def plot(results: dict[str, Any]):
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2))
     metric = get_metric(results["metric"])
     scale = 100 if metric.percent else 1
-    points = []
+    points, middle_labels, right_labels = [], [], []
     for r in rows:
         s = r["score"]
         err = None if math.isnan(s["low"]) else [[scale * (s["mean"] - s["low"])], [scale * (s["high"] - s["mean"])]]
         left.errorbar(r["query_ms"], scale * s["mean"], yerr=err, fmt="o", capsize=3, label=r["method"])
         kept = max(r["kept_bytes"] / 1024, 1e-2)  # drop-prompt keeps nothing: drawn at the axis' floor
         middle.errorbar(kept, scale * s["mean"], yerr=err, fmt="o", capsize=3)
-        middle.annotate(r["method"], (kept, scale * s["mean"]), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        middle_labels.append((kept, scale * s["mean"], r["method"]))
         points.append((r["query_ms"], s["mean"]))
         a = r["agreement"]
         if a is None:  # no prompted reference to agree with
             continue
         y = a["kl"] if a["kl"] is not None else a["relative_logits_error"]
         right.scatter(max(r["absorb_ms"], 1e-2), y, label=r["method"])
-        right.annotate(r["method"], (max(r["absorb_ms"], 1e-2), y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+        right_labels.append((max(r["absorb_ms"], 1e-2), y, r["method"]))
+    _labels(middle, middle_labels)
+    _labels(right, right_labels)
     better = (lambda a, b: a > b) if results["higher_is_better"] else (lambda a, b: a < b)
     front = []  # the cheapest point, then each point that beats every cheaper one
     for cost, score in sorted(points):
@@ -265,6 +267,18 @@ def plot(results: dict[str, Any]):
     right.set_title("agreement with the prompted model")
     fig.tight_layout()
     return fig
+
+
+def _labels(ax, points: list[tuple[float, float, str]]) -> None:
+    """Each point's name beside it (x on a log axis); names of points that nearly coincide are stacked downwards
+    rather than drawn over one another (two methods with the same score and kept bytes, say)."""
+    ys = [y for _, y, _ in points]
+    span = (max(ys) - min(ys) if ys else 0.0) or 1.0
+    placed: list[tuple[float, float]] = []
+    for x, y, name in points:
+        near = sum(abs(math.log10(x) - math.log10(px)) < 0.4 and abs(y - py) < 0.05 * span for px, py in placed)
+        ax.annotate(name, (x, y), fontsize=8, xytext=(3, 3 - 10 * near), textcoords="offset points")
+        placed.append((x, y))
 
 
 def write_results(results: dict[str, Any], out_dir: Path, owner: str = "compare") -> None:
