@@ -8,8 +8,18 @@ question the task would ask is put in the chat template and answered greedily (u
 - right: the true answer appears in it;
 - wrong person: not right, and the same fact of another person of the passage appears (a binding error).
 
-    python benchmarks/distill_lora_facts.py [--episodes 3] [--threads 2] [--config NAME key=value ...]
+    python benchmarks/distill_lora_facts.py [--episodes 3] [--threads 2] [--method M] [--train-queries]
+                                            [--config NAME key=value ...]
     e.g. --config base --config mlp target_modules=attn.qkv,attn.out,mlp.fc_in,mlp.fc_out --config teacher
+
+--method: distill-lora (default) or kv-prefix. --train-queries task: the method also gets the task's training
+queries and their question ids, as `incontext compare` gives them (`facts` with paraphrases=3: each fact's statement
+cut before its answer and three other wordings of its question, never the question asked below), so that
+`wording_ensemble=true` has groups to read; --train-queries questions: the three other wordings alone. Either is what
+`incontext absorb --train-queries FILE` gives for a file of those lines (cli_absorb.train_query_text: the statement
+cut before its answer read as it is, the questions as "Q: LINE\nA:"; checked below); without it the method reads the
+passage alone, as `incontext absorb` without the option. --covered F: only the first round(F * 7) facts of each
+passage get training queries; the row then counts right answers on the covered and the other facts apart.
 
 Writes benchmarks/results/distill_lora_facts.json (one row per config, appended to what is there) and prints a table.
 """
@@ -26,6 +36,7 @@ import torch
 
 from incontext.absorb import get_absorb_method
 from incontext.absorb.generation import stream_tokens
+from incontext.cli_absorb import train_query_text
 from incontext.config import parse_overrides
 from incontext.interop.models import load_model
 from incontext.tasks.facts import facts_prompt, make_people
@@ -35,8 +46,12 @@ VALIDATION_SEED = 10_000  # as cli_compare.VALIDATION_SEED_OFFSET with --seed 0
 TEACHER = "teacher"  # --config teacher: the base model reading the passage in the user turn, the ceiling
 
 
+PARAPHRASES = 3  # --train-queries: the wordings per question beside its cloze, as the README's short rows
+
+
 def episodes(n: int, people: int):
-    """(passage, [(question, answer, other people's answers to the same question)]) as the facts task draws them."""
+    """(passage, [(question, answer, other people's answers to the same question)], [each question's training
+    query texts]) as the facts task draws them (its _train_queries with paraphrases=3: the cloze, then wordings)."""
     out = []
     for i in range(n):
         rng = random.Random(f"facts-{VALIDATION_SEED + i}")
@@ -47,7 +62,8 @@ def episodes(n: int, people: int):
             question, answer = person.question(attribute)
             others = [p.question(attribute)[1].strip() for p in persons if p is not person]
             asked.append((question.removeprefix("Q: ").removesuffix("\nA:"), answer.strip(), others))
-        out.append((text, asked))
+        train = [[person.cloze(a), *(person.paraphrase(a, f) for f in range(PARAPHRASES))] for person, a in pairs]
+        out.append((text, asked, train))
     return out
 
 
@@ -62,6 +78,10 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=3)
     p.add_argument("--people", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--method", choices=["distill-lora", "kv-prefix"], default="distill-lora")
+    p.add_argument("--train-queries", choices=["task", "questions"], default=None,
+                   help="give training queries and their question ids (see above)")
+    p.add_argument("--covered", type=float, default=1.0, help="the share of each passage's facts given training queries")
     p.add_argument("--config", nargs="+", action="append", required=True, metavar="NAME [key=value ...]")
     p.add_argument("--show", action="store_true", help="print every question and answer")
     args = p.parse_args()
@@ -74,32 +94,48 @@ def main() -> None:
     rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
     for name, *settings in args.config:
         options = {} if name == TEACHER else {"progress": False, **parse_overrides(settings, flat=True)}
-        right = wrong_person = asked = 0
+        right = wrong_person = asked = covered_right = covered_asked = 0
         seconds, transcript, pools = [], [], []
-        for text, questions in data:
+        for text, questions, train in data:
+            covered = round(args.covered * len(train)) if args.train_queries else 0
+            wordings = [w if args.train_queries == "task" else w[1:] for w in train[:covered]]
+            # the lines a --train-queries file would hold, read as `incontext absorb` reads them: the same texts
+            lines = [[t.removeprefix("Q: ").removesuffix("\nA:") for t in w] for w in wordings]
+            assert [[train_query_text(t) for t in w] for w in lines] == wordings
+            given = {"train_queries": [torch.tensor(codec.encode(t)) for w in wordings for t in w],
+                     "train_groups": [g for g, w in enumerate(wordings) for _ in w]} if covered else {}
             if name == TEACHER:  # no absorb: the base model with the passage in the user turn (what is distilled)
                 adapted, prefix = model, text.strip() + "\n\n"
                 seconds.append(0.0)
             else:
-                method = get_absorb_method("distill-lora", **options)
+                method = get_absorb_method(args.method, **options)
                 start = time.perf_counter()
-                adapted, prefix = method.absorb(model, torch.tensor(codec.encode(text)), codec=codec), ""
+                adapted, prefix = method.absorb(model, torch.tensor(codec.encode(text)), codec=codec, **given), ""
                 seconds.append(time.perf_counter() - start)
                 pools.append(adapted.history["pool"])
-            for question, answer, others in questions:
+            for i, (question, answer, others) in enumerate(questions):
                 said = chat_answer(adapted, codec, prefix + question, stop)
                 ok = answer in said
                 right += ok
+                covered_right += ok and i < covered
+                covered_asked += i < covered
                 wrong_person += (not ok) and any(o in said for o in others)
                 asked += 1
                 transcript.append({"question": question, "answer": answer, "said": said, "right": ok})
                 if args.show:
                     print(f"{'OK ' if ok else '-- '}{question} [{answer}] -> {said}")
-        row = {"config": name, "options": options, "episodes": args.episodes, "validation_seed": VALIDATION_SEED,
+        row = {"config": name, "method": None if name == TEACHER else args.method,
+               "train_queries": None if name == TEACHER else args.train_queries,
+               "covered": args.covered if args.train_queries and name != TEACHER else None,
+               "covered_right": covered_right, "covered_questions": covered_asked, "options": options,
+               "episodes": args.episodes, "validation_seed": VALIDATION_SEED,
                "questions": asked, "right": right, "wrong_person": wrong_person,
                "absorb_seconds_mean": sum(seconds) / len(seconds), "threads": args.threads, "pools": pools,
                "transcript": transcript}
         rows.append(row)
+        if covered_asked and covered_asked < asked:
+            print(f"{name:>12}: covered facts right {covered_right}/{covered_asked}, the others "
+                  f"{right - covered_right}/{asked - covered_asked}")
         print(f"{name:>12}: right {right}/{asked} ({100 * right / asked:.0f}%), wrong person {wrong_person}, "
               f"absorb {row['absorb_seconds_mean']:.1f} s  {options}", flush=True)
         RESULTS.parent.mkdir(exist_ok=True)

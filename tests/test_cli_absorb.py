@@ -305,8 +305,10 @@ def test_a_crash_while_writing_keeps_the_earlier_absorb_folder(llama, tmp_path, 
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "seed_prompts=poems"], "seed_prompts must be"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "autocast=int4"], "autocast must be one of none, bfloat16"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "tf32=maybe"], "tf32"),
-    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "wording_ensemble=true"], "incontext absorb has none"),
-    (["--method", "distill-lora", "--prompt", PROMPT, "--set", "wording_ensemble=true"], "incontext absorb has none"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "wording_ensemble=true"], "give them with --train-queries FILE"),
+    (["--method", "distill-lora", "--prompt", PROMPT, "--set", "wording_ensemble=true"], "give them with --train-queries FILE"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--train-queries", "MISSING"], "--train-queries"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--train-queries", "EMPTY"], "holds no questions"),
 ])
 def test_bad_absorb_input_is_one_line_and_writes_nothing(argv, message, llama, tmp_path, capsys):
     (tmp_path / "EMPTY").write_text("")
@@ -314,6 +316,79 @@ def test_bad_absorb_input_is_one_line_and_writes_nothing(argv, message, llama, t
     code, _, err = run(capsys, "absorb", "--model", llama, *argv, "--out", str(tmp_path / "o"))
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+TRAIN_QUERIES = "Ada Lovelace was born in\nWhere was Ada born?\n\n\nWhat pet does Alan have?\n"
+
+
+@pytest.mark.parametrize("method, options", [("distill-lora", DISTILL), ("kv-prefix", DISTILL + ["prefix_tokens=4"])])
+def test_train_queries_reach_the_method_as_from_python(method, options, llama, loaded, tmp_path, capsys):
+    """--train-queries FILE: each line asked as 'Q: LINE\nA:' after the prompt, the lines of a block one question
+    (train_groups); the folder holds what the method's own absorb gives from Python with those queries and groups."""
+    from incontext.absorb import get_absorb_method
+    from incontext.config import parse_overrides
+
+    file = tmp_path / "questions.txt"
+    file.write_text(TRAIN_QUERIES)
+    out = tmp_path / method
+    options = options + ["wording_ensemble=true"]
+    code, _, err = run(capsys, "absorb", "--model", llama, "--method", method, "--prompt", PROMPT, "--train-queries",
+                       str(file), "--out", str(out), *[x for option in options for x in ("--set", option)])
+    assert code == 0, err
+    record = json.loads((out / "absorb.json").read_text())
+    text = "Ada Lovelace was born in\nWhere was Ada born?\n\nWhat pet does Alan have?"
+    assert record["train_queries"] == {"questions": 2, "wordings": 3, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    assert record["history"]["pool"]["train_queries"] == 3
+    codec = loaded.tokenizer
+    queries = [torch.tensor(codec.encode(q)) for q in ("Ada Lovelace was born in", "Q: Where was Ada born?\nA:",
+                                                        "Q: What pet does Alan have?\nA:")]
+    mine = get_absorb_method(method, **parse_overrides(options, flat=True)).absorb(
+        loaded.model, torch.tensor(codec.encode(PROMPT)), codec=codec, train_queries=queries, train_groups=[0, 0, 1])
+    theirs = PeftReference(llama, out) if method == "distill-lora" else AdaptedModel.load(out, base=loaded.model)
+    ids = torch.tensor([codec.encode(QUESTION)])
+    with torch.no_grad():
+        assert torch.allclose(theirs(ids), mine(ids), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(mine(ids), get_absorb_method(method, **parse_overrides(options[:-1], flat=True)).absorb(
+            loaded.model, torch.tensor(codec.encode(PROMPT)), codec=codec)(ids), atol=1e-3)  # the queries mattered
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "keep-prompt", "--prompt", PROMPT], "keep-prompt does not learn from training queries"),
+    (["--method", "kv-prefix", "--prompts", "FOLDER"], "--train-queries goes with one prompt"),
+])
+def test_train_queries_where_they_do_not_apply_are_one_line_errors(argv, message, llama, tmp_path, capsys):
+    (tmp_path / "FOLDER").mkdir()
+    (tmp_path / "FOLDER" / "a.txt").write_text(PROMPT)
+    (tmp_path / "q.txt").write_text(TRAIN_QUERIES)
+    argv = [str(tmp_path / a) if a == "FOLDER" else a for a in argv]
+    code, _, err = run(capsys, "absorb", "--model", llama, *argv, "--train-queries", str(tmp_path / "q.txt"),
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_query_lines_are_asked_as_questions_or_read_as_statements(loaded):
+    """A line ending in ?, . or ! is asked as 'Q: LINE\\nA:'; one without is the start of a statement, read as it is;
+    on a new line when the prompt does not end in one."""
+    from incontext.cli_absorb import train_query_ids, train_query_text
+
+    assert train_query_text("Where was Ada born?") == "Q: Where was Ada born?\nA:"
+    assert train_query_text("Name the town where Ada was born.") == "Q: Name the town where Ada was born.\nA:"
+    assert train_query_text("Ada Lovelace was born in") == "Ada Lovelace was born in"
+    codec = loaded.tokenizer
+    groups = [["Ada Lovelace was born in", "Where was Ada born?"], ["What pet does Alan have?"]]
+    ids, questions = train_query_ids(groups, codec, loaded.model, PROMPT, 20)
+    assert ids[0] == codec.encode("Ada Lovelace was born in") and questions == [0, 0, 1]
+    ids, _ = train_query_ids(groups, codec, loaded.model, PROMPT.rstrip(), 20)
+    assert ids[1] == codec.encode("\nQ: Where was Ada born?\nA:")
+
+
+def test_a_train_query_too_long_for_the_context_is_named(llama, tmp_path, capsys):
+    (tmp_path / "q.txt").write_text("Where " * 200 + "?\n")
+    code, _, err = run(capsys, "absorb", "--model", llama, "--method", "kv-prefix", "--prompt", PROMPT,
+                       "--train-queries", str(tmp_path / "q.txt"), "--out", str(tmp_path / "o"))
+    assert code == 2 and "--train-queries: 'Where Where" in err and "reads at most 96" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
 def test_absorb_refuses_a_foreign_out_folder(llama, tmp_path, capsys):

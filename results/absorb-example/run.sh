@@ -18,10 +18,14 @@ METHOD=${METHOD:-distill-lora}
 # SETS: more `--set KEY=VALUE` options for the absorb (space-separated), with NAME naming the run's folder and
 # transcript (DIR/adapted-NAME/, DIR/exchange-NAME.md); e.g. SETS="n_questions=16" NAME=distill-lora-questions
 SETS=${SETS:-}
+# TRAIN: a --train-queries file for the absorb (questions it may train on, never the ones asked below; e.g.
+# TRAIN=results/absorb-example/train-queries.txt, three other wordings of each question, with SETS="wording_ensemble=true")
+TRAIN=${TRAIN:-}
 NAME=${NAME:-$METHOD}
 if [ "$NAME" = distill-lora ]; then A=$D/adapted OUT=$D/exchange.md; else A=$D/adapted-$NAME OUT=$D/exchange-$NAME.md; fi
 EXTRA=()
 for s in $SETS; do EXTRA+=(--set "$s"); done
+if [ -n "$TRAIN" ]; then EXTRA+=(--train-queries "$TRAIN"); fi
 mapfile -t QUESTIONS < "$D/questions.txt"
 LAST=$((${#QUESTIONS[@]} - 1))
 Q1="Q: ${QUESTIONS[0]%|*}"$'\nA:'
@@ -39,8 +43,8 @@ step() {  # step TITLE ARGS...: run `incontext ARGS...`, append the command, its
     } >> "$OUT"
 }
 
-printf '# absorb ('"$METHOD${SETS:+ with $SETS}"') -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
-step "absorb the passage ($METHOD, ${SETS:-default options})" absorb --model "$MODEL" --method "$METHOD" \
+printf '# absorb ('"$METHOD${SETS:+ with $SETS}${TRAIN:+, training queries from $TRAIN}"') -> generate on SmolLM2-135M-Instruct\n\nThe passage (%s):\n\n```\n%s\n```\n\n' "$D/facts.txt" "$(cat $D/facts.txt)" > "$OUT"
+step "absorb the passage ($METHOD, ${SETS:-default options}${TRAIN:+, --train-queries $TRAIN})" absorb --model "$MODEL" --method "$METHOD" \
     --prompt-file $D/facts.txt --set progress=false "${EXTRA[@]}" --out "$A"
 if [ "$status" != 0 ]; then echo "the absorb failed (see $OUT): $output" >&2; exit 1; fi
 right=0

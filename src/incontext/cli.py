@@ -355,6 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     absorber.add_argument("--prompts", type=Path, default=None,
                           help="a folder of prompt files (*.txt): one adapted model each, in --out/<name>/; "
                           "torchrun --nproc_per_node N -m incontext.cli absorb ... shards them over N processes")
+    absorber.add_argument("--train-queries", type=Path, default=None, metavar="FILE",
+                          help="questions distill-lora or kv-prefix may train on (never the ones you will ask): one "
+                          "a line, asked as 'Q: LINE\\nA:' (a line without closing punctuation, the start of a "
+                          "statement the document completes, is read as it is); wordings of one question on "
+                          "consecutive lines, a blank line between questions; --set wording_ensemble=true teaches "
+                          "each question's wordings one target")
     absorber.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                           help="a method option (repeatable), e.g. --set steps=32 --set learning_rate=1e-3")
     absorber.add_argument("--out", type=Path, default=None, help="output folder (new, empty, or an earlier absorb folder)")

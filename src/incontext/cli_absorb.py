@@ -56,6 +56,52 @@ def read_prompt(text: str | None, file: Path | None) -> str:
     return text
 
 
+TRAIN_QUERY = "Q: {}\nA:"  # a question of --train-queries, asked after the document as the `facts` task asks its own
+
+
+def train_query_text(line: str) -> str:
+    """A --train-queries line as the text read after the document: a question or request (ending in ?, . or !) as
+    TRAIN_QUERY; a line without closing punctuation as it is, the start of a statement the document completes ("Ada
+    Lovelace was born in"), as the `facts` task's statement cut before its answer."""
+    return TRAIN_QUERY.format(line) if line.endswith(("?", ".", "!")) else line
+
+
+def read_train_queries(file: Path) -> list[list[str]]:
+    """--train-queries FILE: questions the absorb may train on (never the ones it will be scored with), one a line
+    (train_query_text); the lines of one block are wordings of one question (wording_ensemble teaches them one
+    target), a blank line starts the next question."""
+    if not file.is_file():
+        raise FileNotFoundError(f"--train-queries {file}: no such file")
+    groups, block = [], []
+    for line in file.read_text(encoding="utf-8").splitlines() + [""]:
+        if line.strip():
+            block.append(line.strip())
+        elif block:
+            groups.append(block)
+            block = []
+    if not groups:
+        raise ValueError(f"--train-queries {file} holds no questions (one a line, a blank line between questions)")
+    return groups
+
+
+def train_query_ids(groups: list[list[str]], codec, model, prompt_text: str, prompt_tokens: int
+                    ) -> tuple[list[list[int]], list[int]]:
+    """Each wording's token ids (train_query_text, on a new line when the prompt does not end in one) and its
+    question's index (absorb's train_groups)."""
+    limit = max_context(model)
+    start = "" if prompt_text.endswith("\n") else "\n"
+    ids, questions = [], []
+    for question, wordings in enumerate(groups):
+        for text in wordings:
+            query = codec.encode(start + train_query_text(text))
+            if limit is not None and prompt_tokens + len(query) >= limit:
+                raise ValueError(f"--train-queries: {text[:40]!r} has {len(query)} tokens; after the {prompt_tokens}-token "
+                                 f"prompt the model reads at most {limit} (and the answer needs room)")
+            ids.append(query)
+            questions.append(question)
+    return ids, questions
+
+
 def check_absorb_out(out: Path) -> None:
     """An absorb folder may be new, empty, or an earlier absorb folder (absorb's marker) holding only this command's
     files; it must be writable."""
@@ -116,9 +162,11 @@ def _prepare(args, device: str):
     """The method (options checked), the loaded model on `device` and its codec; one-line errors first."""
     options = parse_overrides(args.set, flat=True)
     method = get_absorb_method(args.method, **options)  # names, types and ranges checked (config.parse_options)
-    if getattr(method, "wording_ensemble", False):  # it would be ignored: say so rather than absorb without it
-        raise ValueError(f"{args.method}: wording_ensemble=true groups a task's training queries by question, and "
-                         "incontext absorb has none (use incontext compare, or absorb(..., train_groups=) from Python)")
+    if getattr(args, "train_queries", None) is not None and not method.takes_codec:
+        raise ValueError(f"{args.method} does not learn from training queries (--train-queries: distill-lora, kv-prefix)")
+    if getattr(method, "wording_ensemble", False) and getattr(args, "train_queries", None) is None:
+        raise ValueError(f"{args.method}: wording_ensemble=true groups training questions by question, and there are "
+                         "none (give them with --train-queries FILE)")
     loaded = load_model(args.model, device, args.dtype)
     reason = method.unsupported(loaded.model)
     if reason is not None:
@@ -131,10 +179,12 @@ def absorb(args) -> int:
     if getattr(args, "prompts", None) is not None:
         return absorb_many(args)
     prompt_text = read_prompt(args.prompt, args.prompt_file)
+    groups = None if args.train_queries is None else read_train_queries(args.train_queries)
     check_absorb_out(args.out)
     method, options, loaded, codec = _prepare(args, args.device)
     ids = _prompt_ids(codec, prompt_text, loaded.model, args.model, "the prompt")
-    record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out)
+    train = None if groups is None else (groups, *train_query_ids(groups, codec, loaded.model, prompt_text, len(ids)))
+    record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out, train)
     print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
     rollbacks = (record.get("history") or {}).get("rollbacks", 0)
     if rollbacks:  # the divergence guard acted (absorb/distill_lora.py, Rollback)
@@ -148,12 +198,17 @@ def absorb(args) -> int:
     return 0
 
 
-def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int], out: Path) -> dict[str, Any]:
-    """Absorb one prompt and write its folder (adapted model or PEFT adapter, then absorb.json last)."""
+def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int], out: Path,
+                 train: tuple | None = None) -> dict[str, Any]:
+    """Absorb one prompt and write its folder (adapted model or PEFT adapter, then absorb.json last). `train`: the
+    --train-queries questions, their token ids and question indices (train_query_ids), or None."""
     model = loaded.model
+    device = device_of(model)
+    given = {} if train is None else {"train_queries": [torch.tensor(q, device=device) for q in train[1]],
+                                      "train_groups": train[2]}
     start = time.perf_counter()
     # checked: finite, not exploded; the tokenizer lets a data stage write questions about the prompt (chat turns too)
-    adapted = method.absorb(model, torch.tensor(ids, device=device_of(model)), codec=loaded.tokenizer)
+    adapted = method.absorb(model, torch.tensor(ids, device=device), codec=loaded.tokenizer, **given)
     seconds = time.perf_counter() - start
 
     check_absorb_out(out)  # again: the folder may have changed while the method ran
@@ -177,6 +232,10 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
             "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
             "files": [EXPERIMENT_MARKER] + written + [ABSORB_RECORD],
         }
+        if train is not None:  # what the absorb trained on besides the prompt (the file's text, not its path)
+            text = "\n\n".join("\n".join(wordings) for wordings in train[0])
+            record["train_queries"] = {"questions": len(train[0]), "wordings": len(train[1]),
+                                       "sha256": hashlib.sha256(text.encode()).hexdigest()}
         if peft_note is not None:
             record["peft_adapter"] = peft_note
         history = getattr(adapted, "history", None)
@@ -258,6 +317,8 @@ def absorb_many(args) -> int:
 
     if args.prompt is not None or args.prompt_file is not None:
         raise ValueError("give the prompts with exactly one of --prompt, --prompt-file and --prompts")
+    if getattr(args, "train_queries", None) is not None:
+        raise ValueError("--train-queries goes with one prompt (--prompt or --prompt-file), not with --prompts")
     files = prompt_files(args.prompts)
     check_many_out(args.out, [p.stem for p in files])
     texts = {}

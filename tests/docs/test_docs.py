@@ -120,12 +120,21 @@ def method_cells(path: str, method: str) -> tuple[float, ...]:
             seconds(path, method))
 
 
+def chat(config: str) -> dict:
+    """The first row of benchmarks/results/distill_lora_facts.json named `config` (chat answers on 21 questions)."""
+    rows = json.loads((ROOT / "benchmarks" / "results" / "distill_lora_facts.json").read_text())
+    return next(r for r in rows if r["config"] == config and r["questions"] == 21)
+
+
 def mean(values) -> float:
     return sum(values) / len(values)
 
 
 # the README's headline numbers: (the text on the front page with {} for the number, the number from its file)
 HEADLINES = [
+    ("answer {} and {} of 21 chat questions on validation passages, against {} and {}\nfrom the passage alone and {} for",
+     lambda: tuple(chat(c)["right"] for c in ("s26-lora-queries-ensemble", "s26-prefix-queries-ensemble", "s26-lora-bare",
+                                              "s26-prefix-bare", "teacher"))),
     ("{:.1f}% exact match, SmolLM2 + `facts` (demo)", lambda: 100 * row("demo", "keep-prompt")["score"]["mean"]),
     ("{:.1f}% exact match (demo) |", lambda: 100 * row("demo", "drop-prompt")["score"]["mean"]),
     ("{:.1f}% exact match vs keep-prompt's 31.4% (demo)", lambda: 100 * row("demo", "distill-lora")["score"]["mean"]),
