@@ -383,6 +383,14 @@ def test_train_query_lines_are_asked_as_questions_or_read_as_statements(loaded):
     assert ids[1] == codec.encode("\nQ: Where was Ada born?\nA:")
 
 
+def test_a_train_queries_file_is_read_in_blocks(tmp_path):
+    from incontext.cli_absorb import read_train_queries
+
+    file = tmp_path / "q.txt"
+    file.write_bytes("\ufeffWhere was Ada born?  \r\nIn which town was Ada born?\r\n\r\n \r\nAda works as a\r\n".encode())
+    assert read_train_queries(file) == [["Where was Ada born?", "In which town was Ada born?"], ["Ada works as a"]]
+
+
 def test_a_train_query_too_long_for_the_context_is_named(llama, tmp_path, capsys):
     (tmp_path / "q.txt").write_text("Where " * 200 + "?\n")
     code, _, err = run(capsys, "absorb", "--model", llama, "--method", "kv-prefix", "--prompt", PROMPT,

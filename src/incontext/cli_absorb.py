@@ -73,7 +73,7 @@ def read_train_queries(file: Path) -> list[list[str]]:
     if not file.is_file():
         raise FileNotFoundError(f"--train-queries {file}: no such file")
     groups, block = [], []
-    for line in file.read_text(encoding="utf-8").splitlines() + [""]:
+    for line in file.read_text(encoding="utf-8-sig").splitlines() + [""]:  # a BOM is not part of the first line
         if line.strip():
             block.append(line.strip())
         elif block:
