@@ -1,8 +1,9 @@
-"""distill-lora as `incontext absorb` runs it (the model's tokenizer given: questions written about the passage, chat
-turns), scored the way `incontext generate --chat` is used: on VALIDATION episodes of the `facts` task only.
+"""distill-lora (or kv-prefix) as `incontext absorb` runs it (the model's tokenizer given: questions written about the
+passage, chat turns), scored the way `incontext generate --chat` is used: on VALIDATION episodes of the `facts` task
+(--test: once, on the test episodes, after the choice).
 
-An episode's passage is the `facts` prompt (people=2, seeds 10000 + i as `incontext compare --tune` uses; the test
-episodes are seeds 0, 1, ...). The method reads the passage alone: the questions asked below never reach it. Each
+An episode's passage is the `facts` prompt (people=2, seeds 10000 + i as `incontext compare --tune` uses; --test:
+the episodes of `incontext compare --seed 0`, in order). The method reads the passage alone: the questions asked below never reach it. Each
 question the task would ask is put in the chat template and answered greedily (up to 24 tokens); per answer:
 
 - right: the true answer appears in it;
@@ -20,6 +21,8 @@ cut before its answer and three other wordings of its question, never the questi
 cut before its answer read as it is, the questions as "Q: LINE\nA:"; checked below); without it the method reads the
 passage alone, as `incontext absorb` without the option. --covered F: only the first round(F * 7) facts of each
 passage get training queries; the row then counts right answers on the covered and the other facts apart.
+--test: the passages of the harness's test episodes (`incontext compare --task facts --seed 0`, the demo's) instead,
+for one run after the settings are chosen on validation.
 
 Writes benchmarks/results/distill_lora_facts.json (one row per config, appended to what is there) and prints a table.
 """
@@ -49,12 +52,13 @@ TEACHER = "teacher"  # --config teacher: the base model reading the passage in t
 PARAPHRASES = 3  # --train-queries: the wordings per question beside its cloze, as the README's short rows
 
 
-def episodes(n: int, people: int):
+def episodes(n: int, people: int, test: bool = False):
     """(passage, [(question, answer, other people's answers to the same question)], [each question's training
     query texts]) as the facts task draws them (its _train_queries with paraphrases=3: the cloze, then wordings)."""
     out = []
+    stream = random.Random("facts-0")  # --test: the passages of `incontext compare --seed 0` (the demo's), in order
     for i in range(n):
-        rng = random.Random(f"facts-{VALIDATION_SEED + i}")
+        rng = stream if test else random.Random(f"facts-{VALIDATION_SEED + i}")
         persons = make_people(people, rng)
         text, pairs, _ = facts_prompt(persons, rng)
         asked = []
@@ -84,13 +88,20 @@ def main() -> None:
     p.add_argument("--covered", type=float, default=1.0, help="the share of each passage's facts given training queries")
     p.add_argument("--config", nargs="+", action="append", required=True, metavar="NAME [key=value ...]")
     p.add_argument("--show", action="store_true", help="print every question and answer")
+    p.add_argument("--test", action="store_true",
+                   help="the test passages (compare --seed 0's episodes) instead of validation: once, after choosing")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model("smollm2")
     model, codec = loaded.model, loaded.tokenizer
     vocab = codec.tokenizer.get_vocab()
     stop = {codec.eos_token_id} | {vocab[t] for t in ("<|im_end|>",) if t in vocab}
-    data = episodes(args.episodes, args.people)
+    data = episodes(args.episodes, args.people, args.test)
+    if args.test:  # the same passages as the harness's test episodes
+        from incontext.tasks.episodes import get_episode_source
+
+        harness = get_episode_source("facts", people=args.people).episodes(args.episodes, seed=0, tokenizer=codec)
+        assert all(e.prompt.tolist() == codec.encode(text) for e, (text, *_) in zip(harness, data))
     rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
     for name, *settings in args.config:
         options = {} if name == TEACHER else {"progress": False, **parse_overrides(settings, flat=True)}
@@ -128,7 +139,8 @@ def main() -> None:
                "train_queries": None if name == TEACHER else args.train_queries,
                "covered": args.covered if args.train_queries and name != TEACHER else None,
                "covered_right": covered_right, "covered_questions": covered_asked, "options": options,
-               "episodes": args.episodes, "validation_seed": VALIDATION_SEED,
+               "episodes": args.episodes, "validation_seed": None if args.test else VALIDATION_SEED,
+               "test": args.test,
                "questions": asked, "right": right, "wrong_person": wrong_person,
                "absorb_seconds_mean": sum(seconds) / len(seconds), "threads": args.threads, "pools": pools,
                "transcript": transcript}
