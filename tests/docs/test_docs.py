@@ -120,10 +120,11 @@ def method_cells(path: str, method: str) -> tuple[float, ...]:
             seconds(path, method))
 
 
-def chat(config: str) -> dict:
-    """The first row of benchmarks/results/distill_lora_facts.json named `config` (chat answers on 21 questions)."""
+def chat(config: str, questions: int = 21) -> dict:
+    """The first row of benchmarks/results/distill_lora_facts.json named `config` with that many chat questions (21:
+    the three validation passages; 35: the five test passages)."""
     rows = json.loads((ROOT / "benchmarks" / "results" / "distill_lora_facts.json").read_text())
-    return next(r for r in rows if r["config"] == config and r["questions"] == 21)
+    return next(r for r in rows if r["config"] == config and r["questions"] == questions)
 
 
 def mean(values) -> float:
@@ -135,6 +136,9 @@ HEADLINES = [
     ("answer {} and {} of 21 chat questions on validation passages, against {} and {}\nfrom the passage alone and {} for",
      lambda: tuple(chat(c)["right"] for c in ("s26-lora-queries-ensemble", "s26-prefix-queries-ensemble", "s26-lora-bare",
                                               "s26-prefix-bare", "teacher"))),
+    ("test passages, {} and {} of 35 against\n{} and {} (the model reading it: {})",
+     lambda: tuple(chat(c, 35)["right"] for c in ("s26-test-lora-queries-ensemble", "s26-test-prefix-queries-ensemble",
+                                                  "s26-test-lora-bare", "s26-test-prefix-bare", "teacher"))),
     ("{:.1f}% exact match, SmolLM2 + `facts` (demo)", lambda: 100 * row("demo", "keep-prompt")["score"]["mean"]),
     ("{:.1f}% exact match (demo) |", lambda: 100 * row("demo", "drop-prompt")["score"]["mean"]),
     ("{:.1f}% exact match vs keep-prompt's 31.4% (demo)", lambda: 100 * row("demo", "distill-lora")["score"]["mean"]),
