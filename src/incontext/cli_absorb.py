@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -82,6 +82,13 @@ def read_train_queries(file: Path) -> list[list[str]]:
     if not groups:
         raise ValueError(f"--train-queries {file} holds no questions (one a line, a blank line between questions)")
     return groups
+
+
+class TrainQueries(NamedTuple):
+    """A --train-queries file read (read_train_queries) and tokenized (train_query_ids) for absorb(...)."""
+    lines: list[list[str]]  # the file's questions, each its block of wordings (read_train_queries)
+    ids: list[list[int]]  # each wording's token ids, in order
+    groups: list[int]  # each wording's question index
 
 
 def train_query_ids(groups: list[list[str]], codec, model, prompt_text: str, prompt_tokens: int
@@ -164,7 +171,7 @@ def _prepare(args, device: str):
     method = get_absorb_method(args.method, **options)  # names, types and ranges checked (config.parse_options)
     if getattr(args, "train_queries", None) is not None and not method.takes_codec:
         raise ValueError(f"{args.method} does not learn from training queries (--train-queries: distill-lora, kv-prefix)")
-    if getattr(method, "wording_ensemble", False) and getattr(args, "train_queries", None) is None:
+    if method.needs_train_groups and getattr(args, "train_queries", None) is None:
         raise ValueError(f"{args.method}: wording_ensemble=true groups training questions by question, and there are "
                          "none (give them with --train-queries FILE)")
     loaded = load_model(args.model, device, args.dtype)
@@ -183,7 +190,8 @@ def absorb(args) -> int:
     check_absorb_out(args.out)
     method, options, loaded, codec = _prepare(args, args.device)
     ids = _prompt_ids(codec, prompt_text, loaded.model, args.model, "the prompt")
-    train = None if groups is None else (groups, *train_query_ids(groups, codec, loaded.model, prompt_text, len(ids)))
+    train = None if groups is None else TrainQueries(groups, *train_query_ids(groups, codec, loaded.model, prompt_text,
+                                                                               len(ids)))
     record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out, train)
     print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
     rollbacks = (record.get("history") or {}).get("rollbacks", 0)
@@ -199,13 +207,13 @@ def absorb(args) -> int:
 
 
 def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int], out: Path,
-                 train: tuple | None = None) -> dict[str, Any]:
-    """Absorb one prompt and write its folder (adapted model or PEFT adapter, then absorb.json last). `train`: the
-    --train-queries questions, their token ids and question indices (train_query_ids), or None."""
+                 train: TrainQueries | None = None) -> dict[str, Any]:
+    """Absorb one prompt and write its folder (adapted model or PEFT adapter, then absorb.json last); `train`: the
+    --train-queries file's questions (train_query_ids), or None."""
     model = loaded.model
     device = device_of(model)
-    given = {} if train is None else {"train_queries": [torch.tensor(q, device=device) for q in train[1]],
-                                      "train_groups": train[2]}
+    given = {} if train is None else {"train_queries": [torch.tensor(q, device=device) for q in train.ids],
+                                      "train_groups": train.groups}
     start = time.perf_counter()
     # checked: finite, not exploded; the tokenizer lets a data stage write questions about the prompt (chat turns too)
     adapted = method.absorb(model, torch.tensor(ids, device=device), codec=loaded.tokenizer, **given)
@@ -233,8 +241,8 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
             "files": [EXPERIMENT_MARKER] + written + [ABSORB_RECORD],
         }
         if train is not None:  # what the absorb trained on besides the prompt (the file's text, not its path)
-            text = "\n\n".join("\n".join(wordings) for wordings in train[0])
-            record["train_queries"] = {"questions": len(train[0]), "wordings": len(train[1]),
+            text = "\n\n".join("\n".join(wordings) for wordings in train.lines)
+            record["train_queries"] = {"questions": len(train.lines), "wordings": len(train.ids),
                                        "sha256": hashlib.sha256(text.encode()).hexdigest()}
         if peft_note is not None:
             record["peft_adapter"] = peft_note

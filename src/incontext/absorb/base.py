@@ -249,6 +249,12 @@ class AbsorbMethod(ABC):
         for field in dataclasses.fields(checked):
             setattr(self, field.name, getattr(checked, field.name))
 
+    @property
+    def needs_train_groups(self) -> bool:
+        """Whether an absorb needs train_groups (the `wording_ensemble` option of a method that has it): callers
+        without them refuse the method in one line rather than let the option be ignored."""
+        return bool(getattr(self, "wording_ensemble", False))
+
     def runs_on(self, model: nn.Module) -> nn.Module:
         """The model the method works on: `model` itself, or for a method that needs our internals its conversion
         to our Transformer (ValueError naming why there is none)."""
@@ -293,7 +299,7 @@ class AbsorbMethod(ABC):
             if len(train_groups) != len(train_queries or []):
                 raise ValueError(f"{self.name}: train_groups has {len(train_groups)} ids for "
                                  f"{len(train_queries or [])} training queries")
-        if getattr(self, "wording_ensemble", False) and train_groups is None:  # it would be ignored: say so
+        if self.needs_train_groups and train_groups is None:  # it would be ignored: say so
             raise ValueError(f"{self.name}: wording_ensemble=true needs train_groups (one question id per training "
                              "query); none were given")
         extra = {"codec": codec, "train_groups": train_groups} if self.takes_codec else {}

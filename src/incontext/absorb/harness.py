@@ -243,7 +243,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
             records[label].status, records[label].reason = "n/a", reason
         else:
             instances[label] = method
-        if getattr(method, "wording_ensemble", False) and any(e.train_groups is None for e in episodes):
+        if method.needs_train_groups and any(e.train_groups is None for e in episodes):  # before any work
             raise ValueError(f"{label}: wording_ensemble=true groups the training queries by question, and task "
                              f"{source.name!r} gives no groups")
     from tqdm.auto import tqdm
