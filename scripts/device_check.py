@@ -478,17 +478,24 @@ def absorb_and_generate_commands(device: str, work: Path) -> dict:
     from incontext import cli
 
     folder = tiny_hf_folder(work / "llama-cli")
+    questions = work / "questions.txt"  # --train-queries: the queries' ids follow the model onto the device
+    questions.write_text("Ada Lovelace was born in\nWhere was Ada born?\n\nWhich town is Ada from?\n")
     out = {}
-    for method, options in (("distill-lora", ["steps=3", "progress=false"]), ("keep-prompt", []), ("dynamic-eval", [])):
-        target = work / f"absorb-{method}"
+    for name, method, options in (("distill-lora", "distill-lora", ["steps=3", "progress=false"]),
+                                  ("keep-prompt", "keep-prompt", []), ("dynamic-eval", "dynamic-eval", []),
+                                  ("kv-prefix-train-queries", "kv-prefix",
+                                   ["steps=3", "progress=false", "n_continuations=0", "wording_ensemble=true"])):
+        target = work / f"absorb-{name}"
         args = ["absorb", "--model", str(folder), "--method", method, "--prompt", "Ada Lovelace was born in London.",
                 "--out", str(target), "--device", device]
         for option in options:
             args += ["--set", option]
-        assert cli.main(args) == 0, method
+        if name.endswith("train-queries"):
+            args += ["--train-queries", str(questions)]
+        assert cli.main(args) == 0, name
         assert cli.main(["generate", "--model", str(folder), "--adapted", str(target), "--device", device,
                          "--max-new-tokens", "4", "--sample", "--seed", "1", "Q: Where was Ada born?\nA:"]) == 0
-        out[method] = sorted(p.name for p in target.iterdir())
+        out[name] = sorted(p.name for p in target.iterdir())
     return out
 
 

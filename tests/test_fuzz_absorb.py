@@ -340,6 +340,11 @@ HARNESS_CASES = [
     (compare_args("--methods", "kv-prefix", "--set", "kv-prefix.wording_ensemble=true", task="continuation"),
      "kv-prefix: wording_ensemble=true groups the training queries by question, and task 'continuation' gives no groups"),
     (absorb_args("iclca"), "iclca does not apply to model"),
+    (absorb_args("kv-prefix") + ["--train-queries", "FILE/missing.txt"], "--train-queries"),
+    (absorb_args("keep-prompt") + ["--train-queries", "LLAMA/config.json"], "keep-prompt does not learn from training"),
+    (absorb_args("kv-prefix", "wording_ensemble=true"), "give them with --train-queries FILE"),
+    (["absorb", "--model", "LLAMA", "--method", "kv-prefix", "--prompts", "PROMPTS", "--train-queries",
+      "LLAMA/config.json", "--out", "OUT"], "--train-queries goes with one prompt"),
     (["absorb", "--model", "CGT", "--method", "keep-prompt", "--prompt", "1+1", "--out", "OUT"], "has no tokenizer"),
     (["generate", "--model", "CGT", "hello"], "has no tokenizer"),
 ]
