@@ -8,7 +8,7 @@ stage (no cache), as a first absorb of a document does.
 
     python benchmarks/absorb_cost.py                             # 160 / 512 / 2000 tokens, 1 repeat, 2 threads
     python benchmarks/absorb_cost.py --people 2 --repeats 3 --set kv-prefix.steps=96
-    python benchmarks/absorb_cost.py --task-set paraphrases=3     # the task's questions in three wordings
+    python benchmarks/absorb_cost.py --task-set questions=paraphrases:3     # training questions: three wordings each
     python benchmarks/absorb_cost.py --device cuda                # on a GPU: CUDA events
     python benchmarks/absorb_cost.py --device cuda --random-weights --tokenizer DIR --warmup  # no SmolLM2 file there
 
@@ -116,13 +116,13 @@ def main() -> None:
                         "METHOD:cast-per-step lets autocast cast the frozen weights at every step; join variants with +")
     p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
     p.add_argument("--task-set", action="append", default=[], type=task_option, metavar="OPTION=VALUE",
-                   help="a `facts` task option (as compare's --set gives it), e.g. paraphrases=3; people comes from --people")
+                   help="a `facts` task option (as compare's --set gives it), e.g. questions=paraphrases:3; people comes from --people")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a saved tokenizer folder")
     p.add_argument("--warmup", action="store_true", help="one untimed absorb per method first (CUDA start-up, caches)")
     p.add_argument("--out", type=Path, default=RESULTS / "absorb_cost")
     args = p.parse_args()
-    try:  # a bad task value (paraphrases=4) is named before the model loads
+    try:  # a bad task value (questions=paraphrases:7) is named before the model loads
         get_episode_source("facts", **dict(args.task_set))
     except (ValueError, TypeError) as error:
         p.error(f"--task-set: {error}")
@@ -216,7 +216,7 @@ def write(rows: list[dict], description: str, args) -> None:
 
 
 def _task_text(task_set) -> str:
-    """The task options a run set, for the table's first line: " (paraphrases=3)" or nothing."""
+    """The task options a run set, for the table's first line: " (questions=paraphrases:3)" or nothing."""
     return f" ({', '.join(f'{k}={v}' for k, v in task_set)})" if task_set else ""
 
 

@@ -49,7 +49,7 @@ def facts_source(p: argparse.ArgumentParser, args: argparse.Namespace):
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
     try:  # a bad task value (paraphrases=4) is named before the model loads
-        source = get_episode_source("facts", people=args.people, paraphrases=args.paraphrases)
+        source = get_episode_source("facts", people=args.people, questions=f"paraphrases:{args.paraphrases}")
     except (ValueError, TypeError) as error:
         p.error(str(error))
     torch.set_num_threads(args.threads)

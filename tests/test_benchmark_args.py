@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["absorb_cost.py", "--task-set", "paraphrases=7"], "6 wordings"),
+    (["absorb_cost.py", "--task-set", "questions=paraphrases:7"], "6 wordings"),
     (["absorb_cost.py", "--task-set", "foo=1"], "'foo=1'"),
     (["absorb_cost.py", "--task-set", "paraphrases"], "OPTION=VALUE"),
     (["data_stage_decodes.py", "--paraphrases", "7"], "6 wordings"),

@@ -75,9 +75,10 @@ def run(capsys, *argv):
     return code, captured.out, captured.err
 
 
-def absorb(capsys, llama, out, method, *options):
+def absorb(capsys, llama, out, method, *options, placement="raw"):
+    """absorb PROMPT into the tiny Llama; placement raw unless asked (the text as it is, as these tests compare)."""
     code, printed, err = run(capsys, "absorb", "--model", llama, "--method", method, "--prompt", PROMPT,
-                             "--out", str(out), *[x for option in options for x in ("--set", option)])
+                             "--placement", placement, "--out", str(out), *[x for option in options for x in ("--set", option)])
     assert code == 0, err
     return json.loads((out / "absorb.json").read_text())
 
@@ -210,6 +211,28 @@ def test_chat_wraps_the_text_in_the_template_and_stops_at_end_of_turn(llama, loa
     assert printed == loaded.tokenizer.decode(greedy_chain(loaded.model, ids, 10, stop={end})) + "\n"
 
 
+def test_a_system_placed_document_then_generate_chat_is_the_conversation(llama, loaded, tmp_path, capsys):
+    """absorb --placement system (auto's choice for a tokenizer with a chat template) absorbs the document as the
+    template's system turn; generate --chat then continues that conversation: keep-prompt generates exactly what the
+    model generates from the whole conversation rendered at once (the document in its system turn)."""
+    out = tmp_path / "keep-system"
+    record = absorb(capsys, llama, out, "keep-prompt", placement="auto")
+    codec = loaded.tokenizer
+    assert record["placement"] == "system"
+    conversation = codec.chat([{"role": "system", "content": PROMPT}, {"role": "user", "content": "Where was Ada born?"}],
+                              add_generation_prompt=True)
+    head = codec.chat([{"role": "system", "content": PROMPT}, {"role": "user", "content": "X"}], add_generation_prompt=True)
+    assert record["prompt_tokens"] == len(codec.encode(head[: head.rindex("X")]))
+    printed = generate(capsys, llama, "--adapted", str(out), "--chat", "--max-new-tokens", "6", "Where was Ada born?")
+    stop = {codec.tokenizer.convert_tokens_to_ids("<|im_end|>"), codec.eos_token_id}
+    expected = greedy_chain(loaded.model, codec.encode(conversation), 6, stop)
+    assert printed == codec.decode(expected) + "\n"
+    raw = tmp_path / "keep-raw"
+    absorb(capsys, llama, raw, "keep-prompt")
+    with pytest.raises(AssertionError, match="differently"):  # two placements do not compose
+        generate(capsys, llama, "--adapted", str(out), "--adapted", str(raw), "--chat", "Hi?")
+
+
 def test_stream_tokens_stops_before_a_stop_token(loaded):
     ids = loaded.tokenizer.encode(QUESTION)
     chain = list(stream_tokens(loaded.model, ids, 12))
@@ -321,35 +344,43 @@ def test_bad_absorb_input_is_one_line_and_writes_nothing(argv, message, llama, t
 TRAIN_QUERIES = "Ada Lovelace was born in\nWhere was Ada born?\n\n\nWhat pet does Alan have?\n"
 
 
+@pytest.mark.parametrize("placement", ["raw", "system"])
 @pytest.mark.parametrize("method, options", [("distill-lora", DISTILL), ("kv-prefix", DISTILL + ["prefix_tokens=4"])])
-def test_train_queries_reach_the_method_as_from_python(method, options, llama, loaded, tmp_path, capsys):
-    """--train-queries FILE: each line asked as 'Q: LINE\nA:' after the prompt, the lines of a block one question
-    (train_groups); the folder holds what the method's own absorb gives from Python with those queries and groups."""
+def test_train_queries_reach_the_method_as_from_python(method, options, placement, llama, loaded, tmp_path, capsys):
+    """--train-queries FILE: each line asked as 'Q: LINE\nA:' after the prompt (placement raw; system: the document as
+    the chat template's system turn and each question the user's turn after it, as generate --chat asks), the lines
+    of a block one question (train_groups); the folder holds what the method's own absorb gives from Python with
+    those queries and groups."""
     from incontext.absorb import get_absorb_method
     from incontext.config import parse_overrides
+    from incontext.tasks.placement import chat_turn, placed_document
 
     file = tmp_path / "questions.txt"
     file.write_text(TRAIN_QUERIES)
     out = tmp_path / method
     options = options + ["wording_ensemble=true"]
     code, _, err = run(capsys, "absorb", "--model", llama, "--method", method, "--prompt", PROMPT, "--train-queries",
-                       str(file), "--out", str(out), *[x for option in options for x in ("--set", option)])
+                       str(file), "--placement", placement, "--out", str(out),
+                       *[x for option in options for x in ("--set", option)])
     assert code == 0, err
     record = json.loads((out / "absorb.json").read_text())
     text = "Ada Lovelace was born in\nWhere was Ada born?\n\nWhat pet does Alan have?"
     assert record["train_queries"] == {"questions": 2, "wordings": 3, "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    assert record["history"]["pool"]["train_queries"] == 3
+    assert record["history"]["pool"]["train_queries"] == 3 and record["placement"] == placement
     codec = loaded.tokenizer
-    queries = [torch.tensor(codec.encode(q)) for q in ("Ada Lovelace was born in", "Q: Where was Ada born?\nA:",
-                                                        "Q: What pet does Alan have?\nA:")]
+    asked = (lambda q: f"Q: {q}\nA:") if placement == "raw" else (lambda q: chat_turn(codec, q, "system"))
+    queries = [torch.tensor(codec.encode(q)) for q in ("Ada Lovelace was born in", asked("Where was Ada born?"),
+                                                        asked("What pet does Alan have?"))]
+    document = torch.tensor(codec.encode(placed_document(codec, PROMPT, placement)))
+    assert record["prompt_tokens"] == len(document)
     mine = get_absorb_method(method, **parse_overrides(options, flat=True)).absorb(
-        loaded.model, torch.tensor(codec.encode(PROMPT)), codec=codec, train_queries=queries, train_groups=[0, 0, 1])
+        loaded.model, document, codec=codec, train_queries=queries, train_groups=[0, 0, 1])
     theirs = PeftReference(llama, out) if method == "distill-lora" else AdaptedModel.load(out, base=loaded.model)
-    ids = torch.tensor([codec.encode(QUESTION)])
+    ids = torch.tensor([codec.encode(QUESTION if placement == "raw" else asked("Where was Ada born?"))])
     with torch.no_grad():
         assert torch.allclose(theirs(ids), mine(ids), atol=1e-5, rtol=1e-5)
         assert not torch.allclose(mine(ids), get_absorb_method(method, **parse_overrides(options[:-1], flat=True)).absorb(
-            loaded.model, torch.tensor(codec.encode(PROMPT)), codec=codec)(ids), atol=1e-3)  # the queries mattered
+            loaded.model, document, codec=codec)(ids), atol=1e-3)  # the queries mattered
 
 
 @pytest.mark.parametrize("argv, message", [

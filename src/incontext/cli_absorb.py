@@ -28,6 +28,7 @@ from .fileio import sha256_file, strict_json
 from .interop.models import load_model
 from .outputs import EXPERIMENT_MARKER, claim_output_folder
 from .runtime import device_of, generator_for
+from .tasks.placement import chat_turn, placed_document, resolve_placement
 
 ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
 PEFT_FOLDER = "peft_adapter"
@@ -91,16 +92,18 @@ class TrainQueries(NamedTuple):
     groups: list[int]  # each wording's question index
 
 
-def train_query_ids(groups: list[list[str]], codec, model, prompt_text: str, prompt_tokens: int
-                    ) -> tuple[list[list[int]], list[int]]:
-    """Each wording's token ids (train_query_text, on a new line when the prompt does not end in one) and its
-    question's index (absorb's train_groups)."""
+def train_query_ids(groups: list[list[str]], codec, model, prompt_text: str, prompt_tokens: int,
+                    placement: str = "raw") -> tuple[list[list[int]], list[int]]:
+    """Each wording's token ids (train_query_text, on a new line when the prompt does not end in one; after a
+    system-placed document a question is the user's turn, as generate --chat asks it) and its question's index
+    (absorb's train_groups)."""
     limit = max_context(model)
-    start = "" if prompt_text.endswith("\n") else "\n"
+    start = "" if prompt_text.endswith("\n") or placement == "system" else "\n"
     ids, questions = [], []
     for question, wordings in enumerate(groups):
         for text in wordings:
-            query = codec.encode(start + train_query_text(text))
+            asked = placement == "system" and text.endswith(("?", ".", "!"))
+            query = codec.encode(chat_turn(codec, text, placement) if asked else start + train_query_text(text))
             if limit is not None and prompt_tokens + len(query) >= limit:
                 raise ValueError(f"--train-queries: {text[:40]!r} has {len(query)} tokens; after the {prompt_tokens}-token "
                                  f"prompt the model reads at most {limit} (and the answer needs room)")
@@ -189,10 +192,12 @@ def absorb(args) -> int:
     groups = None if args.train_queries is None else read_train_queries(args.train_queries)
     check_absorb_out(args.out)
     method, options, loaded, codec = _prepare(args, args.device)
-    ids = _prompt_ids(codec, prompt_text, loaded.model, args.model, "the prompt")
-    train = None if groups is None else TrainQueries(groups, *train_query_ids(groups, codec, loaded.model, prompt_text,
-                                                                               len(ids)))
-    record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out, train)
+    placement = resolve_placement(getattr(args, "placement", "raw"), codec)
+    placed = placed_document(codec, prompt_text, placement)
+    ids = _prompt_ids(codec, placed, loaded.model, args.model, "the prompt")
+    train = None if groups is None else TrainQueries(groups, *train_query_ids(groups, codec, loaded.model, placed,
+                                                                               len(ids), placement))
+    record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out, train, placement)
     print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
     rollbacks = (record.get("history") or {}).get("rollbacks", 0)
     if rollbacks:  # the divergence guard acted (absorb/distill_lora.py, Rollback)
@@ -207,9 +212,9 @@ def absorb(args) -> int:
 
 
 def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int], out: Path,
-                 train: TrainQueries | None = None) -> dict[str, Any]:
-    """Absorb one prompt and write its folder (adapted model or PEFT adapter, then absorb.json last); `train`: the
-    --train-queries file's questions (train_query_ids), or None."""
+                 train: TrainQueries | None = None, placement: str = "raw") -> dict[str, Any]:
+    """Absorb one prompt (`ids`: the document as `placement` placed it) and write its folder (adapted model or PEFT
+    adapter, then absorb.json last); `train`: the --train-queries file's questions (train_query_ids), or None."""
     model = loaded.model
     device = device_of(model)
     given = {} if train is None else {"train_queries": [torch.tensor(q, device=device) for q in train.ids],
@@ -237,7 +242,8 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
             "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
             "model_fingerprint": model_fingerprint(model), "model_fingerprint_bf16": model_fingerprint(model, rounded=True),
             "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
-            "prompt_tokens": len(ids), "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
+            "prompt_tokens": len(ids), "placement": placement,
+            "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
             "files": [EXPERIMENT_MARKER] + written + [ABSORB_RECORD],
         }
         if train is not None:  # what the absorb trained on besides the prompt (the file's text, not its path)
@@ -344,7 +350,9 @@ def absorb_many(args) -> int:
     info = init_distributed(torch.device(device))
     try:
         method, options, loaded, codec = _prepare(args, device)
-        ids = {stem: _prompt_ids(codec, text, loaded.model, args.model, f"prompt file {stem}.txt")
+        placement = resolve_placement(getattr(args, "placement", "raw"), codec)
+        ids = {stem: _prompt_ids(codec, placed_document(codec, text, placement), loaded.model, args.model,
+                                 f"prompt file {stem}.txt")
                for stem, text in texts.items()}  # every rank checks every file: all refuse alike, before writing
         if info.is_main:  # one process claims (folder, marker); the others would race it between check and write
             claim_output_folder(args.out, "absorb-many")
@@ -352,7 +360,7 @@ def absorb_many(args) -> int:
         mine = [p.stem for p in files][info.rank::info.world_size]
         for stem in tqdm(mine, desc=f"absorb ({args.method})", disable=not info.is_main):
             check_absorb_out(args.out / stem)
-            _absorb_into(method, options, loaded, args, texts[stem], ids[stem], args.out / stem)
+            _absorb_into(method, options, loaded, args, texts[stem], ids[stem], args.out / stem, placement=placement)
         info.barrier()
         if info.is_main:
             records = {stem: json.loads((args.out / stem / ABSORB_RECORD).read_text()) for stem in texts}
@@ -461,6 +469,25 @@ def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
         raise ValueError(f"--adapted {error}") from None
 
 
+def adapted_placement(folders: list[Path]) -> str:
+    """Where the absorbed documents of `folders` were placed (absorb.json's placement; raw for folders written
+    before it was recorded, and for none): one placement for all, or a one-line error."""
+    found = set()
+    for folder in folders:
+        try:
+            record = json.loads((folder / ABSORB_RECORD).read_text()) if (folder / ABSORB_RECORD).is_file() else {}
+        except (ValueError, UnicodeDecodeError):
+            raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
+        found.add(record.get("placement", "raw") if isinstance(record, dict) else "raw")
+    if len(found) > 1:
+        raise ValueError("--adapted: the folders placed their documents differently (absorb --placement "
+                         f"{' and '.join(sorted(found))}); compose folders of one placement")
+    placement = found.pop() if found else "raw"
+    if placement not in ("raw", "system"):
+        raise ValueError(f"--adapted: {ABSORB_RECORD} records an unknown placement {placement!r}")
+    return placement
+
+
 def composed_folders(folders: list[Path], model, spec: str) -> AdaptedModel:
     """One absorb folder's adapted model, or several folders' composed by their method (kv-prefix: the prefixes
     concatenated in the order given; distill-lora: the adapters added): documents absorbed one by one, answered
@@ -496,6 +523,7 @@ def generate(args) -> int:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.text:
         raise ValueError("TEXT is empty: give the text to continue")
+    placement = adapted_placement(args.adapted or []) if args.chat else "raw"  # before the model loads
     loaded = load_model(args.model, args.device, args.dtype)
     codec = _codec(loaded, args.model)
     runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
@@ -506,7 +534,7 @@ def generate(args) -> int:
     if args.chat:
         if not hasattr(codec, "chat"):
             raise ValueError(f"--chat: model {args.model!r} has no chat template")
-        text = codec.chat([{"role": "user", "content": args.text}], add_generation_prompt=True)
+        text = chat_turn(codec, args.text, placement)
         vocab = codec.tokenizer.get_vocab()
         stop |= {vocab[token] for token in END_OF_TURN if token in vocab}
     ids = codec.encode(text)

@@ -19,10 +19,21 @@ from .absorb import absorb_methods, get_absorb_method
 from .absorb.harness import compare, method_name
 from .outputs import Result, claim_output_folder, pyplot, save_result
 from .runtime import machine
-from .tasks.episodes import get_episode_source
+from .tasks.episodes import get_episode_source, questions_label
 from .tasks.metrics import get_metric
 
-VALIDATION_SEED_OFFSET = 10_000  # validation episodes: seed + this (test episodes use the seed itself)
+# The episode splits: an episode's seed is its split's base plus --seed. dev: the seeds compare used for its test
+# episodes before splits were named (run about ten times for kv-prefix alone, and its diagnoses fed choices: no longer
+# a test set); validation: where settings are chosen (--tune, sweeps); test: a fresh range, run once per change.
+SPLITS = {"dev": 0, "validation": 10_000, "test": 1_000_000}
+VALIDATION_SEED_OFFSET = SPLITS["validation"]  # --tune's episodes: the validation split at the same --seed
+
+
+def episode_seed(split: str, seed: int) -> int:
+    """The seed an episode source draws `split`'s episodes from (one-line error for an unknown split)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+    return SPLITS[split] + seed
 
 
 @dataclass
@@ -32,6 +43,7 @@ class CompareSpec:
     methods: list[str] = field(default_factory=list)  # empty: every registered method (n/a where it does not apply)
     episodes: int = 20
     seed: int = 0
+    split: str = "test"  # the episodes compared (SPLITS); --tune always chooses on the validation split
     task_options: dict[str, Any] = field(default_factory=dict)
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     tune: dict[str, list[Any]] = field(default_factory=dict)  # "method.option" -> candidate values
@@ -80,6 +92,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     from .interop.models import load_model
 
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
+    seed = episode_seed(spec.split, spec.seed)
     methods = spec.methods or absorb_methods()
     for name in methods:
         if method_name(name) not in absorb_methods():
@@ -103,7 +116,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     load_s = time.perf_counter() - start
     tuning = {}
     metric = get_metric(source.metric)
-    validation = source.episodes(spec.validation_episodes, spec.seed + VALIDATION_SEED_OFFSET,
+    validation = source.episodes(spec.validation_episodes, episode_seed("validation", spec.seed),
                                  tokenizer=loaded.tokenizer, task=loaded.task) if spec.tune else []
     for key, values in spec.tune.items():
         name, option = key.split(".", 1)
@@ -117,13 +130,14 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
             best = (max if metric.tune_higher_is_better else min)(valid, key=lambda sv: sv[0])[1]
             method_options[name][option] = best
         tuning[key] = {"criterion": metric.tune_by, "validation_scores": scores, "chosen": method_options[name].get(option),
-                       "validation_episodes": spec.validation_episodes, "validation_seed": spec.seed + VALIDATION_SEED_OFFSET}
-    episodes = source.episodes(spec.episodes, spec.seed, tokenizer=loaded.tokenizer, task=loaded.task)
+                       "validation_episodes": spec.validation_episodes, "validation_seed": episode_seed("validation", spec.seed)}
+    episodes = source.episodes(spec.episodes, seed, tokenizer=loaded.tokenizer, task=loaded.task)
     rows = compare(loaded.model, source, episodes, method_options, progress=progress, codec=loaded.tokenizer)
     results = {
         "model": spec.model, "model_description": loaded.description, "task": spec.task, "metric": source.metric,
         "higher_is_better": source.higher_is_better, "task_options": vars(source.config), "episodes": len(episodes),
-        "queries": sum(len(e.queries) for e in episodes), "seed": spec.seed,
+        "queries": sum(len(e.queries) for e in episodes), "seed": spec.seed, "split": spec.split,
+        "episode_seed": seed, "training_questions": questions_label(vars(source.config)),
         "mean_prompt_tokens": sum(e.prompt.shape[0] for e in episodes) / len(episodes),
         "tuning": tuning, "rows": rows, "model_load_s": load_s, "torch_threads": _threads(),
         "device": spec.device, "dtype": spec.dtype, "machine": machine(spec.device),
@@ -142,7 +156,8 @@ def _threads() -> int:
 
 
 def command_line(spec: CompareSpec) -> str:
-    parts = [f"incontext compare --model {spec.model} --task {spec.task} --episodes {spec.episodes} --seed {spec.seed}"]
+    parts = [f"incontext compare --model {spec.model} --task {spec.task} --episodes {spec.episodes} --seed {spec.seed}"
+             + ("" if spec.split == "test" else f" --split {spec.split}")]
     if spec.methods:
         parts.append("--methods " + ",".join(spec.methods))
     parts += [f"--set {k}={v}" for k, v in spec.task_options.items()]
@@ -181,7 +196,8 @@ def table(results: dict[str, Any]) -> str:
            ["top-1 agree %", "KL (nats)", "rel. logits err", "absorb ms", "ms / query", "kept KiB", "peak MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in results["rows"]:
-        label = row["method"] + (f" ({_options(row)})" if row["options"] else "")
+        label = row["method"] + (f" ({_options(row)})" if row["options"] else "") + \
+            (" [trained on the training questions]" if row.get("trained_on_questions") else "")
         if row["status"] != "ok":
             lines.append(f"| {label} | {row['status']}: {row['reason']} |" + " |" * (len(head) - 2))
             continue
@@ -199,8 +215,9 @@ def table(results: dict[str, Any]) -> str:
         if row.get("failed_episodes"):
             cells[0] += f" ({row['failed_episodes']} episodes failed)"
         lines.append("| " + " | ".join(cells) + " |")
-    intro = (f"{results['model_description']}, task `{results['task']}` ({results['episodes']} episodes, "
-             f"{results['queries']} queries, prompts of {results['mean_prompt_tokens']:.0f} tokens on average). "
+    intro = (f"{results['model_description']}, task `{results['task']}` ({results['episodes']} episodes of the "
+             f"{split_label(results)}, {results['queries']} queries, prompts of {results['mean_prompt_tokens']:.0f} tokens "
+             f"on average). {setting_label(results)} "
              f"Costs: medians, CPU time per thread ({results['torch_threads']} threads) or CUDA events.")
     tuned = [f"{k}: {v['chosen']} (validation scores {v['validation_scores']})" for k, v in results["tuning"].items()]
     composed = [_composition(row, percent) for row in results["rows"] if row.get("composition")]
@@ -208,6 +225,26 @@ def table(results: dict[str, Any]) -> str:
             + ("\nComposed rows: each document absorbed alone, then combined, answering every query. " + " ".join(composed) + "\n"
                if composed else "")
             + ("\nChosen on validation episodes: " + "; ".join(tuned) + "\n" if tuned else ""))
+
+
+def split_label(results: dict) -> str:
+    """'test split (episode seeds from 1000000)'; runs from before splits were named: their seed-0 episodes are
+    the dev split."""
+    split = results.get("split", "dev")
+    first = results.get("episode_seed", results.get("seed", 0))
+    return f"{split} split (episode seeds from {first})"
+
+
+def setting_label(results: dict) -> str:
+    """What the methods saw besides the document: nothing, or the task's training questions (and who got them)."""
+    questions = results.get("training_questions")
+    if "training_questions" not in results and results.get("task") == "facts":  # runs before the option: paraphrases
+        questions = "training questions (the task's default before it was labelled)"
+    if not questions:
+        return "The document alone: no method saw a training question."
+    return (f"With {questions} (written for the facts that are asked): rows marked [trained on the training "
+            f"questions] learned from them, and `keep-prompt (wording consensus)` answers each question with the same "
+            f"wordings' consensus.")
 
 
 def _composition(row: dict, percent: bool) -> str:
@@ -254,7 +291,8 @@ def plot(results: dict[str, Any]):
         left.set_xscale("log")
     left.set_xlabel("query cost (ms per query)")
     left.set_ylabel(metric.label)
-    left.set_title(f"{results['task']}: score vs query cost")
+    left.set_title(f"{results['task']}: score vs query cost ("
+                   + ("with training questions" if results.get("training_questions") else "document alone") + ")")
     middle.set_xscale("log")
     middle.set_xlabel("kept KiB per prompt (log; drawn at >= 0.01)")
     middle.set_ylabel(left.get_ylabel())

@@ -49,7 +49,7 @@ def test_facts_documents_are_checked():
         get_episode_source("facts", people=2, documents=3)
     with pytest.raises(ValueError, match="format=plain"):
         get_episode_source("facts", people=2, documents=2, format="chat")
-    split = get_episode_source("facts", people=3, documents=2, paraphrases=2).episodes(1, tokenizer=ByteCodec())[0]
+    split = get_episode_source("facts", people=3, documents=2, questions="paraphrases:2").episodes(1, tokenizer=ByteCodec())[0]
     # the parts' questions keep distinct ids in the whole episode (wording_ensemble groups within a question)
     first, second = (part.train_groups for part in split.parts)
     assert first and second and not set(first) & set(second) and split.train_groups == first + second

@@ -84,8 +84,9 @@ def test_iclca_on_a_linear_model_agrees_with_the_prompted_model():
             positions += int(q.mask.sum())
     assert iclca["score_pooled"] == pytest.approx(correct / positions, abs=1e-12)
     for row in rows.values():
-        if row["status"] == "ok":
-            assert row["absorb_ms"] >= 0 and row["query_ms"] > 0 and row["kept_bytes"] >= 0
+        if row["status"] == "ok":  # every kept state is measured: the prompt's own for all but drop-prompt
+            assert row["query_ms"] > 0 and (row["kept_bytes"] > 0) == (row["method"] != "drop-prompt")
+    assert iclca["absorb_ms"] > 0 and iclca["kept_bytes"] < rows["keep-prompt"]["kept_bytes"]  # a state, not a cache
 
 
 def test_inapplicable_and_failing_methods_are_reported_not_raised():
@@ -224,7 +225,7 @@ def test_episode_of_text_tasks_need_a_tokenizer():
         get_episode_source("facts").episodes(1)
     with pytest.raises(KeyError, match="facts"):
         get_episode_source("no-such-task")
-    with pytest.raises(ValueError, match=r"task 'facts': FactsConfig: unknown key\(s\) \['colour'\]; allowed keys: \['people', 'format', 'documents', 'paraphrases'\]"):
+    with pytest.raises(ValueError, match=r"task 'facts': FactsConfig: unknown key\(s\) \['colour'\]; allowed keys: \['people', 'format', 'documents', 'questions', 'placement'\]"):
         get_episode_source("facts", colour=1)
     assert isinstance(facts_episodes(1)[0], Episode)
 
@@ -255,3 +256,83 @@ def test_a_cgt_is_its_own_prompted_reference():
     assert isinstance(adapted, PromptPrepended)
     assert torch.equal(adapted(query), model(torch.cat([prompt, query], 1))[:, 5:])
     assert get_absorb_method("drop-prompt").unsupported(model) is None
+
+
+def test_no_training_query_reaches_a_method_by_default_for_any_task():
+    """Every text task gives the methods the document alone unless its options ask for training questions: each
+    absorb of a compare run receives no train_queries (recorded by a method that learns from them)."""
+    from incontext.absorb.base import AbsorbMethod
+
+    seen = []
+
+    class Spy(AbsorbMethod):
+        name = "spy-train-queries"
+        takes_codec = True
+
+        def _absorb(self, model, prompt, loss_mask, train_queries, codec=None, train_groups=None):
+            seen.append((list(train_queries or []), train_groups))
+            return get_absorb("keep-prompt")._absorb(model, prompt, loss_mask, None)
+
+    try:
+        model = tiny()
+        for task, options in (("facts", {}), ("facts", {"documents": 2, "people": 2}), ("continuation", {"prompt_tokens": 32, "query_tokens": 8})):
+            source = get_episode_source(task, **options)
+            episodes = source.episodes(2, seed=0, tokenizer=ByteCodec())
+            rows = rows_by_method(compare(model, source, episodes, {"spy-train-queries": {}}, progress=False))
+            assert rows["spy-train-queries"]["status"] == "ok" and "trained_on_questions" not in rows["spy-train-queries"]
+            assert "keep-prompt (wording consensus)" not in rows
+        assert seen and all(queries == [] and groups is None for queries, groups in seen)
+    finally:
+        from incontext.absorb import base
+        base._METHODS.pop("spy-train-queries", None)
+
+
+def test_the_wording_consensus_reference_by_hand():
+    """With training questions the harness adds keep-prompt answering each question with its wordings' consensus:
+    at each answer position the prompted model's log-probabilities after the question's own wording and after each
+    of its training wordings (read with the answer, teacher-forced), averaged and renormalised."""
+    import torch.nn.functional as F
+
+    model = tiny()
+    source = get_episode_source("facts", people=1, questions="paraphrases:2")
+    episodes = source.episodes(2, seed=0, tokenizer=ByteCodec())
+    rows = compare(model, source, episodes, {"distill-lora": {"steps": 1, "passes": 0, "progress": False}}, progress=False,
+                   codec=ByteCodec())
+    assert [r["method"] for r in rows][:3] == ["keep-prompt", "keep-prompt (wording consensus)", "drop-prompt"]
+    by = rows_by_method(rows)
+    assert by["distill-lora"]["trained_on_questions"] is True
+    assert "trained_on_questions" not in by["keep-prompt"] and "trained_on_questions" not in by["keep-prompt (wording consensus)"]
+    metric = get_metric("exact")
+    scores, kl = [], []
+    for episode in episodes:
+        kept = get_absorb("keep-prompt").absorb(model, episode.prompt)
+        per = []
+        for query, group in zip(episode.queries, episode.query_groups):
+            n = int(query.mask.sum())
+            answer = query.targets[-n:]
+            wordings = [query.inputs] + [torch.cat([w, answer[:-1]]) for w, g in zip(episode.train_queries, episode.train_groups)
+                                         if g == group]
+            assert len(wordings) == 1 + 1 + 2  # its own, the statement start and two paraphrases
+            logp = torch.stack([F.log_softmax(kept(w[None])[0, -n:].double(), -1) for w in wordings])
+            out = kept(query.inputs[None])[0].double().clone()
+            out[-n:] = F.log_softmax(logp.mean(0), -1)
+            per.append(metric.score_query(out, query))
+            p = F.log_softmax(kept(query.inputs[None])[0][query.mask].double(), -1)
+            kl.append(float((p.exp() * (p - F.log_softmax(out[query.mask], -1))).sum() / n))
+        scores.append(metric.episode_score(per)["score"])
+    row = by["keep-prompt (wording consensus)"]
+    assert row["score"]["mean"] == pytest.approx(statistics.fmean(scores), abs=1e-12)
+    assert row["agreement"]["kl"] > 0  # it is not the prompted model's own answer
+    assert row["kept_bytes"] == by["keep-prompt"]["kept_bytes"]
+
+
+def test_every_row_has_its_costs():
+    """Costs are measured, not defaulted: positive absorb time for a method that trains, query time for every row,
+    kept bytes that are the prompt's K/V cache for keep-prompt and nothing for drop-prompt."""
+    model = tiny()
+    rows = rows_by_method(compare(model, get_episode_source("facts"), facts_episodes(2),
+                                  {"dynamic-eval": {"learning_rate": 1e-4}}, progress=False))
+    assert rows["dynamic-eval"]["absorb_ms"] > 0 and all(r["query_ms"] > 0 for r in rows.values())
+    assert rows["drop-prompt"]["kept_bytes"] == 0
+    per_token = 2 * model.config.n_layer * model.config.d_model * 4  # K and V, float32
+    assert rows["keep-prompt"]["kept_bytes"] >= per_token * min(e.prompt.shape[0] for e in facts_episodes(2))

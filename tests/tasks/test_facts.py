@@ -83,7 +83,7 @@ def test_seeds_reproduce_and_differ():
 @pytest.mark.parametrize("paraphrases", [1, 2, 3, 6])
 def test_training_queries_are_not_the_evaluation_questions(paraphrases):
     codec = ByteCodec()
-    episode = get_episode_source("facts", paraphrases=paraphrases).episodes(1, seed=0, tokenizer=codec)[0]
+    episode = get_episode_source("facts", questions=f"paraphrases:{paraphrases}").episodes(1, seed=0, tokenizer=codec)[0]
     questions = {codec.decode(q.inputs[: int(q.mask.nonzero().min()) + 1]) for q in episode.queries}
     assert all(q.endswith("\nA:") for q in questions)
     answers = {codec.decode(q.targets[q.mask]).strip() for q in episode.queries}
@@ -93,14 +93,15 @@ def test_training_queries_are_not_the_evaluation_questions(paraphrases):
     assert len(set(texts)) == len(texts)
     # the wordings of one question (its statement cut before the answer, then its paraphrases) share its id
     assert episode.train_groups == [i // (1 + paraphrases) for i in range(len(texts))]
+    assert episode.query_groups == list(range(len(episode.queries)))  # query i asks question i
     for text in texts:
         assert text not in questions
         assert not any(answer in text for answer in answers)  # no answer inside
     if paraphrases > 1:  # the first wording is the one the task gave before the option existed
-        one = get_episode_source("facts").episodes(1, seed=0, tokenizer=codec)[0]
+        one = get_episode_source("facts", questions="paraphrases:1").episodes(1, seed=0, tokenizer=codec)[0]
         assert [codec.decode(t) for t in one.train_queries[:2]] == texts[:2]
     if paraphrases > 3:  # the wordings added later come after the first three: paraphrases=3 gives what it gave
-        three = get_episode_source("facts", paraphrases=3).episodes(1, seed=0, tokenizer=codec)[0]
+        three = get_episode_source("facts", questions="paraphrases:3").episodes(1, seed=0, tokenizer=codec)[0]
         assert [codec.decode(t) for t in three.train_queries] == [
             text for i, text in enumerate(texts) if i % (1 + paraphrases) <= 3]
 
@@ -108,10 +109,14 @@ def test_training_queries_are_not_the_evaluation_questions(paraphrases):
 def test_bad_facts_settings():
     with pytest.raises(ValueError, match="people"):
         get_episode_source("facts", people=0)
-    with pytest.raises(ValueError, match="paraphrases=7: the task has 6 wordings"):
-        get_episode_source("facts", paraphrases=7)
-    with pytest.raises(ValueError, match="paraphrases must be a positive integer"):
-        get_episode_source("facts", paraphrases=0)
+    with pytest.raises(ValueError, match="questions=paraphrases:7: the task has 6 wordings"):
+        get_episode_source("facts", questions="paraphrases:7")
+    with pytest.raises(ValueError, match="questions=paraphrases:0: the task has 6 wordings"):
+        get_episode_source("facts", questions="paraphrases:0")
+    with pytest.raises(ValueError, match=r"give one of none \| cloze \| paraphrases:N"):
+        get_episode_source("facts", questions="all")
+    with pytest.raises(ValueError, match="unknown key"):  # the option before it was named: refused, not ignored
+        get_episode_source("facts", paraphrases=3)
     with pytest.raises(ValueError, match="format"):
         get_episode_source("facts", format="html")
     with pytest.raises(ValueError, match="unknown fact attribute"):
@@ -134,3 +139,18 @@ def test_chat_format_splits_at_a_turn():
     q = episode.queries[0]
     question = codec.decode(q.inputs[: int(q.mask.nonzero().min()) + 1])
     assert question.startswith("<user>") and question.endswith("<assistant>")
+
+
+def test_the_document_alone_is_the_default():
+    """No training query reaches a method unless the task is asked for them (questions=...); cloze gives the
+    statement starts alone."""
+    codec = ByteCodec()
+    alone = get_episode_source("facts", people=3).episodes(2, seed=0, tokenizer=codec)
+    assert all(e.train_queries == [] and e.train_groups is None and e.query_groups is None for e in alone)
+    split = get_episode_source("facts", people=3, documents=2).episodes(1, seed=0, tokenizer=codec)[0]
+    assert split.train_queries == [] and split.train_groups is None and all(not p.train_queries for p in split.parts)
+    cloze = get_episode_source("facts", people=3, questions="cloze").episodes(1, seed=0, tokenizer=codec)[0]
+    assert len(cloze.train_queries) == len(cloze.queries)
+    assert all(not codec.decode(t).startswith("Q:") for t in cloze.train_queries)
+    with_questions = get_episode_source("facts", people=3, questions="paraphrases:2").episodes(2, seed=0, tokenizer=codec)
+    assert [e.prompt.tolist() for e in with_questions] == [e.prompt.tolist() for e in alone]  # same documents

@@ -35,7 +35,7 @@ def test_unknown_task_key_is_refused_once_naming_the_key_and_the_allowed_keys():
 def test_unknown_episode_source_key_is_refused_naming_the_key_and_the_allowed_keys():
     with pytest.raises(ConfigError) as error:
         get_episode_source("facts", colour="red")
-    assert one_line(error) == "task 'facts': FactsConfig: unknown key(s) ['colour']; allowed keys: ['people', 'format', 'documents', 'paraphrases']"
+    assert one_line(error) == "task 'facts': FactsConfig: unknown key(s) ['colour']; allowed keys: ['people', 'format', 'documents', 'questions', 'placement']"
 
 
 CHOICES = [

@@ -43,6 +43,9 @@ from ..tasks.metrics import choice_scores, get_metric
 from .base import get_absorb_method
 
 REFERENCE = "keep-prompt"
+# the reference that gets the training questions' help: the prompted model answering each query with the consensus
+# of its wordings (the query's own and its training wordings'), as the wording ensemble teaches the students
+CONSENSUS = "keep-prompt (wording consensus)"
 
 
 # ------------------------------------------------------------------------------------------- measuring
@@ -147,6 +150,7 @@ class MethodRecord:
     kept_bytes: list[int] = field(default_factory=list)
     peak_bytes: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    trained_on_questions: bool = False  # the method learned from the episodes' training questions
     part_scores: list[list[float]] = field(default_factory=list)  # composed rows: per episode, the score per part
     alone_scores: list[list[float]] = field(default_factory=list)  # ... and each part's score absorbed alone
 
@@ -158,6 +162,8 @@ class MethodRecord:
 
     def summary(self, metric: str, per_episode: bool = False) -> dict[str, Any]:
         row: dict[str, Any] = {"method": self.name, "options": self.options, "status": self.status, "reason": self.reason}
+        if self.trained_on_questions:
+            row["trained_on_questions"] = True
         if self.status != "ok":
             return row
         if per_episode:  # for paired statistics across methods (episodes that failed are left out)
@@ -249,6 +255,14 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     from tqdm.auto import tqdm
 
     names = list(instances)
+    with_questions = any(e.train_queries for e in episodes)
+    for name in names:
+        records[name].trained_on_questions = with_questions and instances[name].takes_codec
+    consensus = None  # the fair reference with training questions: after keep-prompt, before drop-prompt
+    if references and REFERENCE in instances and tokens and any(e.query_groups for e in episodes):
+        consensus = MethodRecord(CONSENSUS, {})
+        records = {k: v for k, v in records.items() if k == REFERENCE} | {CONSENSUS: consensus} | \
+            {k: v for k, v in records.items() if k != REFERENCE}
     # methods that compose (kv-prefix, distill-lora) on episodes made of parts: a "composed" row each
     composed = {name: f"{name} (composed)" for name in names
                 if callable(getattr(instances[name], "compose", None)) and any(e.parts for e in episodes)}
@@ -289,6 +303,13 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 record.episode_scores.append(metric.episode_score(scores))
                 record.episode_positions.append(sum(s.total for s in scores))
                 outputs[name] = outs
+                if name == REFERENCE and consensus is not None and episode.query_groups is not None:
+                    try:
+                        with torch.no_grad():
+                            _consensus_episode(consensus, adapted, episode, queries, train, outs, metric, timer,
+                                               absorb_ms, record.kept_bytes[-1], outputs)
+                    except (ValueError, RuntimeError, FloatingPointError) as error:
+                        consensus.failed(index, error, max_failures)
             except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
                 record.failed(index, error, max_failures)
             adapted = None  # free the adapted weights before the next method
@@ -306,7 +327,50 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
         for name, outs in outputs.items():
             records[name].agreements += [agreement(o, r, q, tokens) for o, r, q in zip(outs, reference, queries)]
     labels = [label for name in methods for label in (name, composed.get(name)) if label is not None]
+    if consensus is not None:
+        labels.insert(labels.index(REFERENCE) + 1, CONSENSUS)
     return [records[label].summary(source.metric, per_episode) for label in labels]
+
+
+def consensus_outputs(adapted, query: Query, out: torch.Tensor, wordings: list[torch.Tensor]) -> torch.Tensor:
+    """`out` (the query's outputs from the prompted model `adapted`) with each scored position replaced by the
+    wordings' consensus: the log-probabilities of the query's own wording and of each training wording (read with
+    the query's answer, teacher-forced), averaged and renormalised (the product of experts the wording ensemble
+    teaches, self_study.wording_ensemble). The scored positions must be the query's last ones (its answer)."""
+    mask = query.mask
+    n = int(mask.sum())
+    if not bool(mask[-n:].all()):
+        raise ValueError("the wording consensus needs the scored positions at the end of the query (its answer)")
+    answer = query.targets[-n:]
+    taught = [F.log_softmax(out[-n:].double(), -1)]
+    for wording in wordings:
+        logits = adapted(torch.cat([wording.to(answer.device), answer[:-1]])[None])[0]
+        taught.append(F.log_softmax(logits[-n:].double(), -1))
+    consensus = out.clone()
+    consensus[-n:] = F.log_softmax(torch.stack(taught).mean(0), -1).to(out.dtype)
+    return consensus
+
+
+def _consensus_episode(record: MethodRecord, adapted, episode: Episode, queries: list[Query], train: list[torch.Tensor],
+                       outs: list[torch.Tensor], metric, timer: CostTimer, absorb_ms: float, kept: int,
+                       outputs: dict) -> None:
+    """The consensus reference's row on one episode: keep-prompt's adapted model answers each query with its
+    wordings' consensus (consensus_outputs; each query's cost is all its wordings' runs)."""
+    members: dict[int, list[torch.Tensor]] = {}
+    for wording, group in zip(train, episode.train_groups or []):
+        members.setdefault(group, []).append(wording)
+    consensus = []
+    for query, out, group in zip(queries, outs, episode.query_groups):
+        result, ms = timer(lambda: consensus_outputs(adapted, query, out, members.get(group, [])))
+        consensus.append(result)
+        record.query_ms.append(ms)
+    record.absorb_ms.append(absorb_ms)
+    record.kept_bytes.append(kept)
+    record.peak_bytes.append(None)
+    scores = [metric.score_query(o, q) for o, q in zip(consensus, queries)]
+    record.episode_scores.append(metric.episode_score(scores))
+    record.episode_positions.append(sum(s.total for s in scores))
+    outputs[record.name] = consensus
 
 
 def _answer(adapted, queries: list[Query], timer: CostTimer, record: MethodRecord) -> list[torch.Tensor]:

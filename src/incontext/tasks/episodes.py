@@ -60,6 +60,9 @@ class Episode:
     prompt_loss_mask: torch.Tensor | None = None  # (M,) bool: prompt tokens a training method learns (None: all)
     train_queries: list[torch.Tensor] = field(default_factory=list)  # a method may train on these; never scored
     train_groups: list[int] | None = None  # one id per training query: the wordings of one question share it
+    # one id per query: the training queries' question it asks (train_groups' ids), for the harness's reference that
+    # answers each query with its training wordings' consensus (None: no query has training wordings)
+    query_groups: list[int] | None = None
     calibration: Query | None = None  # content-free query for calibrated "choice" scoring
     # documents that make up the prompt (each a whole episode: its own prompt, queries and training queries); the
     # prompt is their concatenation and the queries theirs in order. Methods that compose (kv-prefix, distill-lora)
@@ -70,6 +73,9 @@ class Episode:
         if self.train_groups is not None and len(self.train_groups) != len(self.train_queries):
             raise ValueError(f"an episode's train_groups ({len(self.train_groups)}) must name one question per training "
                              f"query ({len(self.train_queries)})")
+        if self.query_groups is not None and len(self.query_groups) != len(self.queries):
+            raise ValueError(f"an episode's query_groups ({len(self.query_groups)}) must name one question per query "
+                             f"({len(self.queries)})")
         if self.parts:
             if not torch.equal(self.prompt, torch.cat([part.prompt for part in self.parts])):
                 raise ValueError("an episode's prompt must be the concatenation of its parts' prompts")
@@ -164,21 +170,56 @@ class FactsConfig:
     # documents > 1: the people are split over that many documents (each with its own worked example), concatenated
     # into the prompt; composing methods also absorb each document alone (plain format only)
     documents: int = 1
-    # training queries (for methods that learn from queries): each asked fact's statement cut before its answer and
-    # the question in this many other wordings (1 to 6); never the evaluation question
-    paraphrases: int = 1
+    # training questions for the methods that learn from queries (distill-lora, kv-prefix), written for the facts that
+    # will be asked (a labelled setting, never the default): none (the document alone), cloze (each asked fact's
+    # statement cut before its answer) or paraphrases:N (the cloze and the question in N other wordings, 1 to 6;
+    # never the evaluation question's wording)
+    questions: str = "none"
+    # chat format only: where the document goes. system: as the chat template places a document (a system turn, or
+    # the first user turn where the template has no system role); user: a user turn "Remember these facts:" with the
+    # assistant's acknowledgement (the placement before the option existed)
+    placement: Literal["system", "user"] = "system"
 
     def __post_init__(self):
-        _positive(self, "people", "documents", "paraphrases")
+        _positive(self, "people", "documents")
         if self.people > MAX_PEOPLE:  # refused with the options, before a model loads (make_people refuses too)
             raise ValueError(f"FactsConfig.people={self.people}: a facts prompt holds at most {MAX_PEOPLE} people")
-        if self.paraphrases > PARAPHRASES:
-            raise ValueError(f"FactsConfig.paraphrases={self.paraphrases}: the task has {PARAPHRASES} wordings of each question")
+        question_setting(self.questions)
         check_choices(self)
         if self.documents > self.people:
             raise ValueError(f"FactsConfig.documents={self.documents} exceeds people={self.people}: every document needs a person")
         if self.documents > 1 and self.format != "plain":
             raise ValueError("FactsConfig.documents > 1 needs format=plain")
+
+
+QUESTION_SETTINGS = "none | cloze | paraphrases:N"
+
+
+def question_setting(value) -> tuple[bool, int] | None:
+    """A facts `questions` value read: None (none: the document alone), or (cloze, wordings): (True, 0) for cloze,
+    (True, N) for paraphrases:N. One-line ValueError otherwise."""
+    text = str(value).strip()
+    if text == "none":
+        return None
+    if text == "cloze":
+        return True, 0
+    kind, sep, count = text.partition(":")
+    if kind == "paraphrases" and sep and count.isdigit() and 1 <= int(count) <= PARAPHRASES:
+        return True, int(count)
+    if kind == "paraphrases" and sep and count.isdigit():
+        raise ValueError(f"FactsConfig.questions={text}: the task has {PARAPHRASES} wordings of each question (1 to {PARAPHRASES})")
+    raise ValueError(f"FactsConfig.questions={value!r}: give one of {QUESTION_SETTINGS} (e.g. paraphrases:3)")
+
+
+def questions_label(task_options: dict) -> str | None:
+    """What training questions a run's task gave the methods that learn from queries (None: the document alone)."""
+    value = task_options.get("questions", "none")
+    if value in (None, "none"):
+        return None
+    if value == "cloze":
+        return "training questions: each asked fact's statement cut before its answer"
+    return (f"training questions: each asked fact's statement cut before its answer and its question in "
+            f"{str(value).partition(':')[2]} other wordings")
 
 
 class Facts(EpisodeSource):
@@ -204,20 +245,29 @@ class Facts(EpisodeSource):
                 prompt_text = text
                 queries = [text_query(codec, *person.question(a)) for person, a in pairs]
             else:
-                prompt_text, queries = self._chat(codec, text, pairs, example)
+                prompt_text, queries = self._chat(codec, text, pairs, example, self.config.placement)
+            groups = self._train_groups(pairs)
             out.append(Episode(prompt=torch.tensor(codec.encode(prompt_text)), queries=queries,
-                               train_queries=self._train_queries(codec, pairs), train_groups=self._train_groups(pairs)))
+                               train_queries=self._train_queries(codec, pairs), train_groups=groups,
+                               query_groups=None if groups is None else list(range(len(pairs)))))
         return out
 
     def _train_queries(self, codec, pairs) -> list[torch.Tensor]:
-        """For methods that learn from queries (distillation): the statements cut before their answer and the
-        questions in `paraphrases` other wordings; never the evaluation questions."""
+        """For methods that learn from queries (distillation), only with `questions` set: the statements cut before
+        their answer and the questions in N other wordings; never the evaluation questions. None: no queries."""
+        setting = question_setting(self.config.questions)
+        if setting is None:
+            return []
         return [torch.tensor(codec.encode(text)) for person, a in pairs
-                for text in (person.cloze(a), *(person.paraphrase(a, form) for form in range(self.config.paraphrases)))]
+                for text in (person.cloze(a), *(person.paraphrase(a, form) for form in range(setting[1])))]
 
-    def _train_groups(self, pairs, first: int = 0) -> list[int]:
-        """_train_queries' question ids: the statement and its paraphrases ask one question (ids from `first`)."""
-        return [first + i for i in range(len(pairs)) for _ in range(1 + self.config.paraphrases)]
+    def _train_groups(self, pairs, first: int = 0) -> list[int] | None:
+        """_train_queries' question ids: the statement and its paraphrases ask one question (ids from `first`);
+        None without training questions."""
+        setting = question_setting(self.config.questions)
+        if setting is None:
+            return None
+        return [first + i for i in range(len(pairs)) for _ in range(1 + setting[1])]
 
     def _split(self, codec, people, rng) -> Episode:
         """The people dealt over `documents` documents in order (sizes differ by at most one), each a facts prompt
@@ -227,23 +277,31 @@ class Facts(EpisodeSource):
         parts, asked = [], 0
         for group in groups:
             text, pairs, _ = facts_prompt(group, rng)
+            groups = self._train_groups(pairs, asked)
             parts.append(Episode(prompt=torch.tensor(codec.encode(text)),
                                  queries=[text_query(codec, *person.question(a)) for person, a in pairs],
-                                 train_queries=self._train_queries(codec, pairs),
-                                 train_groups=self._train_groups(pairs, asked)))
+                                 train_queries=self._train_queries(codec, pairs), train_groups=groups,
+                                 query_groups=None if groups is None else list(range(asked, asked + len(pairs)))))
             asked += len(pairs)
+        groups = None if parts[0].train_groups is None else [g for part in parts for g in part.train_groups]
         return Episode(prompt=torch.cat([part.prompt for part in parts]), queries=[q for part in parts for q in part.queries],
-                       train_queries=[t for part in parts for t in part.train_queries],
-                       train_groups=[g for part in parts for g in part.train_groups], parts=parts)
+                       train_queries=[t for part in parts for t in part.train_queries], train_groups=groups,
+                       query_groups=None if groups is None else [g for part in parts for g in part.query_groups],
+                       parts=parts)
 
     @staticmethod
-    def _chat(codec, text: str, pairs, example) -> tuple[str, list[Query]]:
+    def _chat(codec, text: str, pairs, example, placement: str = "system") -> tuple[str, list[Query]]:
+        """The facts as a chat: the document placed as the template places one (system: a system turn, which the
+        template folds into the first user turn where it has no system role; user: a "Remember these facts" turn
+        and its acknowledgement), then the worked example as a user/assistant exchange; each query is the next user
+        question and the assistant's turn."""
         facts = text[: text.index("\n\nQ:")]
         question, answer = example[0].question(example[1])
-        turns = [{"role": "user", "content": f"Remember these facts:\n{facts}"},
-                 {"role": "assistant", "content": "I will remember them."},
-                 {"role": "user", "content": question.removeprefix("Q: ").removesuffix("\nA:")},
-                 {"role": "assistant", "content": answer.strip()}]
+        document = ([{"role": "system", "content": facts}] if placement == "system" else
+                    [{"role": "user", "content": f"Remember these facts:\n{facts}"},
+                     {"role": "assistant", "content": "I will remember them."}])
+        turns = document + [{"role": "user", "content": question.removeprefix("Q: ").removesuffix("\nA:")},
+                            {"role": "assistant", "content": answer.strip()}]
         prompt = codec.chat(turns, add_generation_prompt=False)
         queries = []
         for person, attribute in pairs:
