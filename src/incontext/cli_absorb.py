@@ -175,6 +175,7 @@ def _prepare(args, device: str):
         raise ValueError(f"{args.method}: wording_ensemble=true groups training questions by question, and there are "
                          "none (give them with --train-queries FILE)")
     loaded = load_model(args.model, device, args.dtype)
+    method.check_options_fit(loaded.model)  # a float option the model's dtype cannot hold (absorb checks it again)
     reason = method.unsupported(loaded.model)
     if reason is not None:
         raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
