@@ -174,6 +174,9 @@ def _prepare(args, device: str):
     if method.needs_train_groups and getattr(args, "train_queries", None) is None:
         raise ValueError(f"{args.method}: wording_ensemble=true groups training questions by question, and there are "
                          "none (give them with --train-queries FILE)")
+    nothing = method.learns_nothing()
+    if nothing is not None:  # a no-op that would look like a result
+        raise ValueError(f"{args.method}: {nothing}; nothing was written")
     loaded = load_model(args.model, device, args.dtype)
     method.check_options_fit(loaded.model)  # a float option the model's dtype cannot hold (absorb checks it again)
     reason = method.unsupported(loaded.model)
@@ -195,6 +198,8 @@ def absorb(args) -> int:
                                                                                len(ids)))
     record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out, train)
     print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
+    if (record.get("history") or {}).get("steps") == 0:  # e.g. kv-prefix with steps=0: its initial prefix
+        print(f"nothing was trained (0 steps): the adapted model is {args.method}'s starting point")
     rollbacks = (record.get("history") or {}).get("rollbacks", 0)
     if rollbacks:  # the divergence guard acted (absorb/distill_lora.py, Rollback)
         print(f"training diverged {rollbacks} time(s); each time it went back to its best snapshot at half the "

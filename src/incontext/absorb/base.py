@@ -276,6 +276,13 @@ class AbsorbMethod(ABC):
             check_float_limit(self.Options, getattr(self, "given_options", {}), torch.finfo(dtype).max, self.name,
                               f"the largest finite {dtype_name(dtype)}: the model's dtype")
 
+    def learns_nothing(self) -> str | None:
+        """Why an absorb with these options would hold nothing of the prompt (a count of zero that leaves the result
+        the base model, e.g. distill-lora's steps=0: B factors still zero), else None. `incontext absorb` refuses
+        such an absorb rather than write a no-op that looks like a result; from Python (and in `compare`) the
+        untrained result stays a reference point."""
+        return None
+
     @property
     def needs_train_groups(self) -> bool:
         """Whether an absorb needs train_groups (the `wording_ensemble` option of a method that has it): callers
