@@ -413,8 +413,14 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     if not folder.is_dir():
         raise FileNotFoundError(f"--adapted {folder}: no such folder")
     record_file = folder / ABSORB_RECORD
+    if not record_file.is_file():  # absorb writes it last; without it nothing ties the folder to the model it came from
+        if not (folder / "adapted.json").is_file() and not (folder / PEFT_FOLDER).exists():
+            raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and there is "
+                                    f"no {ABSORB_RECORD} of an absorb)")
+        raise ValueError(f"--adapted {folder} is damaged or unfinished: {ABSORB_RECORD} is missing (absorb writes it "
+                         "last), so nothing says which model it was absorbed into; absorb again")
     try:
-        record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+        record = json.loads(record_file.read_text())
         peft_note = record.get("peft_adapter") or {}
     except (ValueError, AttributeError, UnicodeDecodeError):
         raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
@@ -423,7 +429,7 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
             raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt "
                              f"({'peft_adapter' if not isinstance(peft_note, dict) else key} has the wrong type)")
     absorbed_into = record.get("model", "another model")
-    fingerprint = model_fingerprint(model)  # a folder saved without absorb.json is checked by its config alone
+    fingerprint = model_fingerprint(model)  # a record without a fingerprint: checked by the saved config alone
     if record.get("model_fingerprint", fingerprint) != fingerprint:
         same_in_another_dtype = ("model_fingerprint_bf16" in record
                                  and record["model_fingerprint_bf16"] == model_fingerprint(model, rounded=True))
