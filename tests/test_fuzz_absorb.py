@@ -38,11 +38,13 @@ QUICK = ["progress=false", "n_questions=0", "n_continuations=0"]  # distill-lora
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    """LLAMA (a Hugging Face folder), CGT (a CGT run on arithmetic), KEEP and LORA (absorb folders of LLAMA)."""
+    """LLAMA (a Hugging Face folder), OTHER (the same config, other weights), CGT (a CGT run on arithmetic), KEEP and
+    LORA (absorb folders of LLAMA)."""
     from incontext.cli import main
 
     root = tmp_path_factory.mktemp("world")
     tiny_llama(root / "LLAMA", seed=0)
+    tiny_llama(root / "OTHER", seed=1)
     train(load_config(None, CGT_TINY + [f"run.out_dir={root / 'CGT'}"]), progress=False)
     for name, method, options in (("KEEP", "keep-prompt", []), ("LORA", "distill-lora", ["steps=1", *QUICK])):
         argv = ["absorb", "--model", str(root / "LLAMA"), "--method", method, "--prompt", PROMPT, "--out", str(root / name)]
@@ -51,12 +53,12 @@ def world(tmp_path_factory) -> Path:
 
 
 def resolve(args: list, world: Path, tmp: Path) -> list[str]:
-    """LLAMA, CGT: the shared models; KEEP, LORA: copies of the absorb folders in tmp; OUT: tmp/out; X: tmp/X."""
+    """LLAMA, OTHER, CGT: the shared models; KEEP, LORA: copies of the absorb folders in tmp; OUT: tmp/out; X: tmp/X."""
     out = []
     for arg in args:
         arg = str(arg)
         head, _, rest = arg.partition("/")
-        if head in ("LLAMA", "CGT"):
+        if head in ("LLAMA", "OTHER", "CGT"):
             arg = str(world / arg)
         elif head in ("KEEP", "LORA"):
             if not (tmp / head).exists():
@@ -142,6 +144,14 @@ OPTION_CASES = [
     ("tint", ["shards=0"], "shards must be an integer >= 1, got 0"),
     ("tint", ["n_simulation_layers=1.5"], "n_simulation_layers must be an integer >= 1 (or null), got 1.5"),
     ("tint", ["ln_eps=-1"], "ln_eps must be a finite number > 0, got -1"),
+    ("tint", ["n_steps=0"], "tint: n_steps must be an integer >= 1, got 0"),
+    ("dynamic-eval", ["learning_rate=1e300"],
+     "dynamic-eval: learning_rate must be a finite number > 0 and <= 3.40282e+38 (the largest finite float32"),
+    ("dynamic-eval", ["learning_rate=1" + "0" * 400], "learning_rate must be a finite number > 0, got 1000"),
+    ("distill-lora", ["alpha=1e39", *QUICK], "distill-lora: alpha must be a finite number > 0 and <= 3.40282e+38"),
+    ("kv-prefix", ["temperature=-1e39"], "kv-prefix: temperature must be a finite number > 0, got -1e+39"),
+    ("kv-prefix", ["argmax_weight=3.5e38"], "kv-prefix: argmax_weight must be a finite number >= 0 and <= 3.40282e+38"),
+    ("tint", ["learning_rate=1e39"], "tint: learning_rate must be a finite number > 0 and <= 3.40282e+38"),
     ("cgt-fold", ["adapter=3"], "adapter must be a string, got 3"),
 ]
 
@@ -205,6 +215,48 @@ def test_no_option_takes_nan_or_a_mapping(name):
             with pytest.raises(ValueError, match=f"{name}: {option} must be") as error:
                 get_absorb_method(name, **{option: value})
             assert "\n" not in str(error.value)
+
+
+def float_options() -> list[tuple[str, str]]:
+    """(method, option) for every float option of every method whose range reaches past float32's largest number."""
+    import dataclasses
+    import typing
+
+    from incontext.absorb.base import _METHODS
+
+    cases = []
+    for name in absorb_methods():
+        hints = typing.get_type_hints(_METHODS[name].Options)
+        for field in dataclasses.fields(_METHODS[name].Options):
+            if float in (hints[field.name], *typing.get_args(hints[field.name])) and not (
+                    {"max", "lt"} & set(field.metadata)):
+                cases.append((name, field.name))
+    return cases
+
+
+@pytest.mark.parametrize("name, option", float_options(), ids=[f"{m}-{o}" for m, o in float_options()])
+def test_every_float_option_is_checked_against_the_models_dtype(name, option):
+    """A float option is taken up to the largest finite number of the model's dtype and refused in one line past it,
+    before any work (absorb's first check; `incontext absorb` runs the same check when the model has loaded)."""
+    from incontext import Transformer, TransformerConfig
+
+    model = Transformer(TransformerConfig(n_layer=1, d_model=8, n_head=2, vocab_size=11, max_seq_len=8)).eval()
+    for dtype, name_of_dtype, largest in ((torch.float32, "float32", torch.finfo(torch.float32).max),
+                                          (torch.bfloat16, "bfloat16", torch.finfo(torch.bfloat16).max),
+                                          (torch.float16, "float16", 65504.0)):
+        model = model.to(dtype)
+        get_absorb_method(name, **{option: largest}).check_options_fit(model)  # at the limit: taken
+        for beyond in (largest * 1.0001, -largest * 1.0001):
+            try:
+                method = get_absorb_method(name, **{option: beyond})
+            except ValueError as error:  # a range that refuses it already (> 0, >= 0)
+                assert beyond < 0 and "\n" not in str(error), error
+                continue
+            with pytest.raises(ValueError, match=f"^{name}: {option} must be a finite number ") as error:
+                method.absorb(model, torch.tensor([1, 2, 3]))
+            assert f"<= {largest:g} (the largest finite {name_of_dtype}: the model's dtype), got {beyond!r}" in str(error.value)
+            assert "\n" not in str(error.value)
+    get_absorb_method(name, **{option: 1e39}).check_options_fit(model.double())  # float64 holds it
 
 
 def test_typed_options_keep_their_types():
@@ -346,13 +398,52 @@ HARNESS_CASES = [
     (["absorb", "--model", "LLAMA", "--method", "kv-prefix", "--prompts", "PROMPTS", "--train-queries",
       "LLAMA/config.json", "--out", "OUT"], "--train-queries goes with one prompt"),
     (["absorb", "--model", "CGT", "--method", "keep-prompt", "--prompt", "1+1", "--out", "OUT"], "has no tokenizer"),
+    (absorb_args("distill-lora", "steps=0", *QUICK), "distill-lora: steps=0 trains nothing: the adapter's B factors "
+                                                     "stay zero"),
+    (["absorb", "--model", "LLAMA", "--method", "distill-lora", "--set", "steps=0", "--prompts", "PROMPTS", "--out",
+      "OUT"], "distill-lora: steps=0 trains nothing"),
+    (absorb_args("kv-prefix", "steps=0", "init=random-tokens", "prefix_tokens=2", *QUICK),
+     "kv-prefix: steps=0 trains nothing: with init=random-tokens the prefix stays random"),
     (["generate", "--model", "CGT", "hello"], "has no tokenizer"),
 ]
 
 
 @pytest.mark.parametrize("args, fragment", HARNESS_CASES)
 def test_the_harness_refuses_what_does_not_fit_in_one_line(capsys, world, tmp_path, args, fragment):
+    if "PROMPTS" in args:
+        (tmp_path / "PROMPTS").mkdir()
+        (tmp_path / "PROMPTS" / "a.txt").write_text(PROMPT)
     refused(capsys, world, tmp_path, args, fragment)
+
+
+def test_an_untrained_kv_prefix_is_written_and_says_so(capsys, world, tmp_path):
+    """steps=0 keeps kv-prefix's initial prefix, the document's own K/V (a result: keep-prompt's at full length);
+    the command says in one line that nothing was trained. distill-lora's steps=0 is refused (HARNESS_CASES)."""
+    from incontext.cli import main
+
+    code = main(resolve(absorb_args("kv-prefix", "steps=0", *QUICK), world, tmp_path))
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "nothing was trained (0 steps): the adapted model is kv-prefix's starting point" in printed.out.splitlines()
+    assert json.loads((tmp_path / "OUT" / "absorb.json").read_text())["history"]["steps"] == 0
+
+
+@pytest.mark.parametrize("command", ["generate", "absorb", "compare"])
+def test_a_tokenizer_past_the_models_vocabulary(capsys, world, tmp_path, command):
+    """A Hugging Face folder whose tokenizer holds more tokens than the model's embedding has rows: refused when
+    the model loads, naming both sizes, before an id past the vocabulary ends in an IndexError."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = Path(shutil.copytree(world / "LLAMA", tmp_path / "DIR"))
+    config = LlamaConfig.from_pretrained(model)
+    tokens = config.vocab_size
+    config.vocab_size = tokens - 40
+    LlamaForCausalLM(config).save_pretrained(model)
+    capsys.readouterr()  # save_pretrained's progress bar
+    args = {"generate": ["generate", "--model", "DIR", "hi"], "compare": compare_args(model="DIR"),
+            "absorb": ["absorb", "--model", "DIR", "--method", "keep-prompt", "--prompt", "x", "--out", "OUT"]}[command]
+    refused(capsys, world, tmp_path, args, f"its tokenizer has {tokens} tokens but the model's vocabulary holds "
+                                           f"{tokens - 40}")
 
 
 def test_compare_on_a_cgt_run_prints_cgt_fold_and_keep_prompt_rows(capsys, world, tmp_path):
@@ -400,6 +491,8 @@ def damage(tmp: Path, how: str) -> None:
         "adapted weights missing": lambda: (keep / "adapted.safetensors").unlink(),
         "adapted.json a list": lambda: (keep / "adapted.json").write_text("[]"),
         "adapted.json binary": lambda: (keep / "adapted.json").write_bytes(b"\xff\xfe\x00"),
+        "absorb.json missing": lambda: (keep / "absorb.json").unlink(),
+        "peft absorb.json missing": lambda: (tmp / "LORA" / "absorb.json").unlink(),
         "absorb.json a list": lambda: (keep / "absorb.json").write_text("[1]"),
         "absorb.json binary": lambda: (keep / "absorb.json").write_bytes(b"\xff\xfe"),
         "absorb.json fingerprint a number": lambda: edit_json(keep / "absorb.json", lambda d: d.update(model_fingerprint=3)),
@@ -433,6 +526,8 @@ DAMAGED = [
     ("adapted weights missing", "KEEP", "adapted.safetensors is missing"),
     ("adapted.json a list", "KEEP", "adapted.json is corrupt"),
     ("adapted.json binary", "KEEP", "adapted.json is corrupt"),
+    ("absorb.json missing", "KEEP", "is damaged or unfinished: absorb.json is missing"),
+    ("peft absorb.json missing", "LORA", "is damaged or unfinished: absorb.json is missing"),
     ("absorb.json a list", "KEEP", "absorb.json is corrupt"),
     ("absorb.json binary", "KEEP", "absorb.json is corrupt"),
     ("absorb.json fingerprint a number", "KEEP", "absorb.json is corrupt (model_fingerprint has the wrong type)"),
@@ -452,6 +547,17 @@ def test_generate_from_a_damaged_absorb_folder(capsys, world, tmp_path, how, fol
     damage(tmp_path, how)
     refused(capsys, world, tmp_path, ["generate", "--model", "LLAMA", "--adapted", folder, "--max-new-tokens", "2", "hi"],
             fragment)
+
+
+@pytest.mark.parametrize("folder", ["KEEP", "LORA"])
+def test_an_absorb_folder_without_its_record_is_not_trusted_by_config(capsys, world, tmp_path, folder):
+    """Absorbed into LLAMA, absorb.json lost, asked for with OTHER (the same config, other weights): without the
+    record's fingerprint nothing tells the two apart, so the folder is refused as damaged, not run on LLAMA's weights
+    under OTHER's name."""
+    resolve([folder], world, tmp_path)
+    (tmp_path / folder / "absorb.json").unlink()
+    refused(capsys, world, tmp_path, ["generate", "--model", "OTHER", "--adapted", folder, "--max-new-tokens", "2", "hi"],
+            f"--adapted {tmp_path / folder} is damaged or unfinished: absorb.json is missing")
 
 
 @pytest.mark.parametrize("how, fragment", [

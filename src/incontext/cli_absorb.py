@@ -177,7 +177,11 @@ def _prepare(args, device: str):
     if method.needs_train_groups and getattr(args, "train_queries", None) is None:
         raise ValueError(f"{args.method}: wording_ensemble=true groups training questions by question, and there are "
                          "none (give them with --train-queries FILE)")
+    nothing = method.learns_nothing()
+    if nothing is not None:  # a no-op that would look like a result
+        raise ValueError(f"{args.method}: {nothing}; nothing was written")
     loaded = load_model(args.model, device, args.dtype)
+    method.check_options_fit(loaded.model)  # a float option the model's dtype cannot hold (absorb checks it again)
     reason = method.unsupported(loaded.model)
     if reason is not None:
         raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
@@ -199,6 +203,8 @@ def absorb(args) -> int:
                                                                                len(ids), placement))
     record = _absorb_into(method, options, loaded, args, prompt_text, ids, args.out, train, placement)
     print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
+    if (record.get("history") or {}).get("steps") == 0:  # e.g. kv-prefix with steps=0: its initial prefix
+        print(f"nothing was trained (0 steps): the adapted model is {args.method}'s starting point")
     rollbacks = (record.get("history") or {}).get("rollbacks", 0)
     if rollbacks:  # the divergence guard acted (absorb/distill_lora.py, Rollback)
         print(f"training diverged {rollbacks} time(s); each time it went back to its best snapshot at half the "
@@ -415,8 +421,14 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     if not folder.is_dir():
         raise FileNotFoundError(f"--adapted {folder}: no such folder")
     record_file = folder / ABSORB_RECORD
+    if not record_file.is_file():  # absorb writes it last; without it nothing ties the folder to the model it came from
+        if not (folder / "adapted.json").is_file() and not (folder / PEFT_FOLDER).exists():
+            raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and there is "
+                                    f"no {ABSORB_RECORD} of an absorb)")
+        raise ValueError(f"--adapted {folder} is damaged or unfinished: {ABSORB_RECORD} is missing (absorb writes it "
+                         "last), so nothing says which model it was absorbed into; absorb again")
     try:
-        record = json.loads(record_file.read_text()) if record_file.is_file() else {}
+        record = json.loads(record_file.read_text())
         peft_note = record.get("peft_adapter") or {}
     except (ValueError, AttributeError, UnicodeDecodeError):
         raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
@@ -425,7 +437,7 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
             raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt "
                              f"({'peft_adapter' if not isinstance(peft_note, dict) else key} has the wrong type)")
     absorbed_into = record.get("model", "another model")
-    fingerprint = model_fingerprint(model)  # a folder saved without absorb.json is checked by its config alone
+    fingerprint = model_fingerprint(model)  # a record without a fingerprint: checked by the saved config alone
     if record.get("model_fingerprint", fingerprint) != fingerprint:
         same_in_another_dtype = ("model_fingerprint_bf16" in record
                                  and record["model_fingerprint_bf16"] == model_fingerprint(model, rounded=True))

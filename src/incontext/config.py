@@ -52,7 +52,10 @@ def _coerce(where: str, annotation: Any, value: Any) -> Any:
         elif option is float:
             number = None
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                number = float(value)
+                try:
+                    number = float(value)
+                except OverflowError:  # an integer past every float (10**400): not a finite number
+                    number = math.inf
             elif isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
                 try:
                     number = float(value)
@@ -183,6 +186,21 @@ def parse_options(cls: type, values: dict[str, Any], where: str) -> dict[str, An
     except (ValueError, TypeError) as error:
         raise ConfigError(f"{where}: {' '.join(str(error).split())}") from None
     return coerced
+
+
+def check_float_limit(cls: type, values: dict[str, Any], largest: float, where: str, what: str) -> None:
+    """ConfigError naming the first float field of dataclass `cls` whose value in `values` exceeds `largest` in
+    magnitude (what a dtype holds, `what` naming it: parse_options knows no dtype, the caller that knows one checks
+    here), in parse_options' wording with the range."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        hint, value = hints[field.name], values.get(field.name)
+        options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        if float not in options or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if abs(value) > largest:
+            raise ConfigError(f"{where}: {field.name} must be {_wording(float, {**dict(field.metadata), 'max': largest})} "
+                              f"({what}), got {value!r}")
 
 
 def choices(cls: type) -> dict[str, tuple]:

@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from ..config import from_dict, parse_options, to_dict
+from ..config import check_float_limit, from_dict, parse_options, to_dict
 from ..fileio import sha256_file
 from ..models import Cache, Transformer, TransformerConfig
 from ..models.lm import copy_cache, internals_reason, is_causal_lm
@@ -232,6 +232,22 @@ class AbsorbMethod(ABC):
     long_prompts: ClassVar[bool] = False  # absorbs a prompt longer than the model's context (in chunks)
     takes_codec: ClassVar[bool] = False  # _absorb takes codec= (the model's tokenizer; its data stage writes text)
 
+    def __new__(cls, *args, **kwargs):
+        """Keeps the options the method is built with (`given_options`, by name) for the checks that need the model
+        (`check_options_fit`): each constructor stores them its own way (attributes, a config, a dict)."""
+        method = super().__new__(cls)
+        signature = inspect.signature(cls.__init__)
+        try:
+            given = signature.bind_partial(method, *args, **kwargs).arguments
+        except TypeError:  # the constructor refuses these arguments itself
+            given = dict(kwargs)
+        for name, parameter in signature.parameters.items():
+            if parameter.kind == parameter.VAR_KEYWORD and isinstance(given.get(name), dict):
+                given.update(given.pop(name))  # **options
+        given.pop(next(iter(signature.parameters)), None)  # self
+        method.given_options = given
+        return method
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if cls.takes_codec and not {"codec", "train_groups"} <= set(inspect.signature(cls._absorb).parameters):
@@ -245,9 +261,27 @@ class AbsorbMethod(ABC):
         """`options` checked through `Options` (config.parse_options, the one check of every method's options, from
         Python as from `--set`: one-line errors naming the option), the defaults filled in and each set as an
         attribute of the method."""
-        checked = self.Options(**parse_options(self.Options, options, where=self.name))
+        given = parse_options(self.Options, options, where=self.name)
+        self.given_options = given  # converted to their types (check_options_fit)
+        checked = self.Options(**given)
         for field in dataclasses.fields(checked):
             setattr(self, field.name, getattr(checked, field.name))
+
+    def check_options_fit(self, model: nn.Module) -> None:
+        """One-line ValueError naming the first float option given a value that the dtype of `model`'s weights cannot
+        hold (|value| above its largest finite number: a float32 model takes no learning_rate=1e300); the range
+        checks of parse_options know no model, this one runs where the model is known (absorb, `incontext absorb`)."""
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        if dtype is not None:
+            check_float_limit(self.Options, getattr(self, "given_options", {}), torch.finfo(dtype).max, self.name,
+                              f"the largest finite {dtype_name(dtype)}: the model's dtype")
+
+    def learns_nothing(self) -> str | None:
+        """Why an absorb with these options would hold nothing of the prompt (a count of zero that leaves the result
+        the base model, e.g. distill-lora's steps=0: B factors still zero), else None. `incontext absorb` refuses
+        such an absorb rather than write a no-op that looks like a result; from Python (and in `compare`) the
+        untrained result stays a reference point."""
+        return None
 
     @property
     def needs_train_groups(self) -> bool:
@@ -288,6 +322,7 @@ class AbsorbMethod(ABC):
         ignore it. `incontext absorb` and the harness both give it, so both run the same algorithm. `train_groups`
         (one int per training query; the wordings of one question share it) tells such a method which training
         queries ask the same question (None: each query its own; its `wording_ensemble` option needs them)."""
+        self.check_options_fit(model)
         reason = self.unsupported(model)
         if reason is not None:
             raise ValueError(f"{self.name} does not apply to this model: {reason}")

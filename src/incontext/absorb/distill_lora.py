@@ -354,6 +354,12 @@ class DistillLoRA(AbsorbMethod):
         out.history = {"compose": history}
         return out
 
+    def learns_nothing(self) -> str | None:
+        if self.steps == 0:
+            return ("steps=0 trains nothing: the adapter's B factors stay zero, so the adapted model is the base model "
+                    "without the prompt (give steps >= 1)")
+        return None
+
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model):
             return f"needs a token-input causal LM, got {type(model).__name__}"

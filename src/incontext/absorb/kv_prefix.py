@@ -195,6 +195,14 @@ class KVPrefix(AbsorbMethod):
         out.history = {"compose": history}
         return out.eval()
 
+    def learns_nothing(self) -> str | None:
+        """steps=0 keeps the initial prefix: the document's own K/V (or chosen positions of it) is a result, random
+        K/V (init=random-*) holds nothing of the document."""
+        if self.steps == 0 and self.init.startswith("random"):
+            return (f"steps=0 trains nothing: with init={self.init} the prefix stays random and holds nothing of the "
+                    "prompt (give steps >= 1, or an init from the document)")
+        return None
+
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
             return "needs a token-input causal LM"

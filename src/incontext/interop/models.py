@@ -71,8 +71,22 @@ def load_model(spec: str | Path, device: str | torch.device = "cpu", dtype: str 
 
     runtime = resolve_runtime(device, dtype)
     loaded = _load(spec, runtime.dtype)
+    check_vocabulary(loaded, spec)
     loaded.model = loaded.model.to(runtime.device)
     return loaded
+
+
+def check_vocabulary(loaded: LoadedModel, spec: str | Path) -> None:
+    """One-line ValueError when the tokenizer gives ids the model has no embedding for (a tokenizer of more tokens
+    than the model's vocabulary: the first such id would end in an IndexError inside the embedding)."""
+    tokenizer = getattr(loaded.tokenizer, "tokenizer", None)  # HFCodec's; a task's own codec matches its model
+    vocab = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
+    if tokenizer is None or not isinstance(vocab, int):
+        return
+    tokens = len(tokenizer)
+    if tokens > vocab:
+        raise ValueError(f"model {str(spec)!r}: its tokenizer has {tokens} tokens but the model's vocabulary holds "
+                         f"{vocab} (ids {vocab} and up have no embedding): the tokenizer does not belong to these weights")
 
 
 def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
