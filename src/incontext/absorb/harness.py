@@ -7,7 +7,8 @@ source's metric and compare its logits with the prompted model's (keep-prompt, a
 reference). Per method the result holds:
 
 - `score`: the task score (the source's metric, `tasks/metrics.py`) as a mean over episodes with a 95% t-interval (`score_calibrated` too for "choice";
-  `answer_logprob` for "exact"); for the per-position metrics (accuracy, ce, mse) also `score_pooled`, the
+  `answer_logprob` for "exact"; `f1` and `answer_logprob` for "generated", the one metric that also generates each
+  query's greedy answer from the adapted model, untimed); for the per-position metrics (accuracy, ce, mse) also `score_pooled`, the
   score over all scored positions of all episodes (episodes weighted by their positions, as token accuracy
   and perplexity are usually reported);
 - `agreement` with the prompted model on the scored query positions: top-1 agreement, mean
@@ -26,6 +27,7 @@ error instead of stopping the comparison.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import threading
@@ -41,6 +43,7 @@ from ..stats import t_interval95
 from ..tasks.episodes import Episode, EpisodeSource, Query
 from ..tasks.metrics import choice_scores, get_metric
 from .base import get_absorb_method
+from .generation import greedy_answers
 
 REFERENCE = "keep-prompt"
 
@@ -209,7 +212,8 @@ def _on_model(query: Query, model: nn.Module) -> Query:
     """The query on the model's device, its inputs in the model's dtype."""
     device = _model_device(model)
     choices = None if query.choices is None else query.choices.to(device)
-    return Query(_as_model_input(query.inputs, model), query.targets.to(device), query.mask.to(device), choices)
+    return dataclasses.replace(query, inputs=_as_model_input(query.inputs, model), targets=query.targets.to(device),
+                               mask=query.mask.to(device), choices=choices)
 
 
 def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], methods: dict[str, dict[str, Any]], *,
@@ -280,12 +284,14 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                     if index == 0:
                         adapted(queries[0].inputs[None])  # warm-up, untimed (first calls allocate and dispatch)
                     outs = _answer(adapted, queries, timer, record)
+                    answers = greedy_answers(adapted, queries, codec) if metric.generates else None  # untimed
                     calibration = None if calibration_query is None else \
                         choice_scores(adapted(calibration_query.inputs[None])[0], calibration_query)
                 record.absorb_ms.append(absorb_ms)
                 record.kept_bytes.append(adapted.kept_bytes(instances[name].runs_on(model)))
                 record.peak_bytes.append(peak.peak)
-                scores = [metric.score_query(out, q, calibration) for out, q in zip(outs, queries)]
+                scores = [metric.score_query(out, q, calibration) for out, q in zip(outs, queries)] if answers is None \
+                    else [metric.score_answer(out, q, a) for out, q, a in zip(outs, queries, answers)]
                 record.episode_scores.append(metric.episode_score(scores))
                 record.episode_positions.append(sum(s.total for s in scores))
                 outputs[name] = outs
