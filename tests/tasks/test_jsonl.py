@@ -197,14 +197,34 @@ def test_generated_scores_the_answer_against_any_gold_answer():
 
 
 def hand_greedy(model, context: list[int], n: int, codec) -> str:
-    """The model's greedy continuation of `context`, re-run on the whole sequence, cut at a newline."""
+    """The model's greedy continuation of `context`, re-run on the whole sequence, cut at a newline after its text."""
     produced = []
     with torch.no_grad():
         for _ in range(n):
             produced.append(int(model(torch.tensor([context + produced]))[0, -1].argmax()))
-            if "\n" in codec.decode(produced):
+            if "\n" in codec.decode(produced).lstrip():
                 break
-    return codec.decode(produced).split("\n", 1)[0]
+    return codec.decode(produced).lstrip().split("\n", 1)[0]
+
+
+def test_greedy_answers_stop_at_the_newline_after_their_text_and_at_the_context(monkeypatch):
+    from incontext.absorb import generation
+
+    codec, calls = Codec(), []
+    query = get_episode_source("jsonl", path=str(SMALL), max_answer_tokens=9).episodes(1, tokenizer=codec)[0].queries[0]
+
+    def scripted(model, ids, budget, stop_ids=()):
+        calls.append((ids, budget))
+        yield from codec.encode("\n Orlu.\nQ: more")[:budget]
+
+    monkeypatch.setattr(generation, "stream_tokens", scripted)
+    monkeypatch.setattr(generation, "context_room", lambda model, n: None)
+    assert greedy_answers(None, [query], codec) == ["Orlu."]  # the leading newline skipped, cut at the next
+    assert calls == [(codec.encode("Q: Where does Mira Talven keep bees?\nA:"), 9)]  # the question alone
+    monkeypatch.setattr(generation, "context_room", lambda model, n: 4)  # the model's context ends 4 tokens on
+    assert greedy_answers(None, [query], codec) == ["Or"] and calls[-1][1] == 4  # newline, space, O, r
+    monkeypatch.setattr(generation, "context_room", lambda model, n: 0)
+    assert greedy_answers(None, [query], codec) == [""] and len(calls) == 2  # no room: no answer, nothing run
 
 
 def test_compare_generates_each_methods_answers_and_scores_them():

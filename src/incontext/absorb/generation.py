@@ -80,7 +80,8 @@ def stop_tokens(codec) -> set[int]:
 def greedy_answers(model: nn.Module, queries, codec) -> list[str]:
     """Each teacher-forced query's greedy answer (metrics that generate): the model continues the query's question
     (its inputs up to the first scored position) for at most `query.max_answer_tokens` tokens (fewer where the
-    model's context ends), stopping at the end of sequence or turn; decoded and cut at the first newline."""
+    model's context ends), stopping at the end of sequence or turn; decoded, and cut at the first newline after
+    its text (leading blank lines skipped)."""
     if codec is None or not hasattr(codec, "decode"):
         raise ValueError("a metric that generates answers needs the model's tokenizer (encode and decode)")
     stop, answers = stop_tokens(codec), []
@@ -92,7 +93,7 @@ def greedy_answers(model: nn.Module, queries, codec) -> list[str]:
         if budget > 0:
             for token in stream_tokens(model, ids, budget, stop_ids=stop):
                 produced.append(token)
-                if "\n" in codec.decode(produced):
+                if "\n" in codec.decode(produced).lstrip():
                     break
-        answers.append(codec.decode(produced).split("\n", 1)[0])
+        answers.append(codec.decode(produced).lstrip().split("\n", 1)[0])
     return answers
