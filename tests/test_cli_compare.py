@@ -1,6 +1,7 @@
 """`incontext compare` end to end on a tiny run of ours, and its one-line errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -56,12 +57,39 @@ def test_compare_on_a_linear_induction_run(induction_run, tmp_path, capsys):
     (["--model", "smollm2", "--task", "facts", "--set", "iclca-approx.layers=3-1"], "layers must be 'all' or a list"),
     (["--model", "smollm2", "--task", "facts", "--tune", "dynamic-eval=1,2"], "must look like METHOD.OPTION=v1,v2"),
     (["--model", "smollm2", "--task", "facts", "--episodes", "0"], "--episodes must be >= 1"),
+    (["--model", "smollm2", "--task", "jsonl"], "task 'jsonl': JsonlConfig: needs the file: --set path=FILE"),
+    (["--model", "smollm2", "--task", "jsonl", "--set", "path=no/such.jsonl"], "path=no/such.jsonl: cannot read the file"),
+    (["--model", "smollm2", "--task", "jsonl", "--set", f"path={__file__}"], "test_cli_compare.py, line 1: not JSON"),
 ])
 def test_bad_compare_input_is_one_line(argv, message, capsys, tmp_path):
     assert cli.main(["compare", *argv, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_compare_on_your_own_documents_and_questions(tmp_path, capsys):
+    """--task jsonl --set path=FILE on a tiny random Llama: every row scored by its generated answers."""
+    pytest.importorskip("transformers")
+    from test_cli_absorb import tiny_llama
+
+    llama, out = tiny_llama(tmp_path / "llama", seed=0), tmp_path / "cmp"
+    path = Path(__file__).parent / "data" / "qa_small.jsonl"
+    assert cli.main(["compare", "--model", str(llama), "--task", "jsonl", "--set", f"path={path}", "--episodes", "3",
+                     "--methods", "keep-prompt,drop-prompt,dynamic-eval", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["metric"] == "generated" and results["queries"] == 4 and results["task_options"]["path"] == str(path)
+    assert [r["method"] for r in results["rows"]] == ["keep-prompt", "drop-prompt", "dynamic-eval"]
+    for row in results["rows"]:
+        assert row["status"] == "ok" and 0 <= row["score"]["mean"] <= 1 and 0 <= row["f1"]["mean"] <= 1, row
+    assert results["rows"][0]["agreement"]["kl"] < 1e-9
+    assert "| method | contains % [95% CI] | token F1 % |" in (out / "table.md").read_text()
+    assert "| dynamic-eval |" in capsys.readouterr().out
+    # a file with fewer records than episodes: one line, before the model loads
+    assert cli.main(["compare", "--model", str(llama), "--task", "jsonl", "--set", f"path={path}", "--episodes", "4",
+                     "--out", str(tmp_path / "more")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds 3 records, fewer than the 4 episodes asked" in err and len(err.splitlines()) == 1
 
 
 def test_compare_refuses_a_foreign_out_folder(induction_run, tmp_path, capsys):

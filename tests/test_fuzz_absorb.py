@@ -53,10 +53,14 @@ def world(tmp_path_factory) -> Path:
 
 
 def resolve(args: list, world: Path, tmp: Path) -> list[str]:
-    """LLAMA, OTHER, CGT: the shared models; KEEP, LORA: copies of the absorb folders in tmp; OUT: tmp/out; X: tmp/X."""
+    """LLAMA, OTHER, CGT: the shared models; KEEP, LORA: copies of the absorb folders in tmp; OUT: tmp/out; X: tmp/X
+    (also after path=, a task's file)."""
     out = []
     for arg in args:
         arg = str(arg)
+        if arg.startswith("path="):  # a task's file option (--set path=FILE): its value resolved as an argument
+            out.append("path=" + resolve([arg.removeprefix("path=")], world, tmp)[0])
+            continue
         head, _, rest = arg.partition("/")
         if head in ("LLAMA", "OTHER", "CGT"):
             arg = str(world / arg)
@@ -391,6 +395,8 @@ HARNESS_CASES = [
      "no held-out passage holds prompt_tokens + query_tokens"),
     (compare_args("--methods", "kv-prefix", "--set", "kv-prefix.wording_ensemble=true", task="continuation"),
      "kv-prefix: wording_ensemble=true groups the training queries by question, and task 'continuation' gives no groups"),
+    (compare_args("--set", "path=FILE/missing.jsonl", task="jsonl"), "missing.jsonl: cannot read the file"),
+    (compare_args("--set", "path=LLAMA/config.json", task="jsonl"), "config.json, line 1: not JSON"),
     (absorb_args("iclca"), "iclca does not apply to model"),
     (absorb_args("kv-prefix") + ["--train-queries", "FILE/missing.txt"], "--train-queries"),
     (absorb_args("keep-prompt") + ["--train-queries", "LLAMA/config.json"], "keep-prompt does not learn from training"),

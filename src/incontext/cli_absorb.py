@@ -22,7 +22,7 @@ import torch
 from .absorb import AdaptedModel, get_absorb_method
 from .absorb.base import check_tensors, max_context
 from .absorb.distill_lora import DistilledLoRA
-from .absorb.generation import context_room, stream_tokens
+from .absorb.generation import END_OF_TURN, context_room, stream_tokens
 from .config import parse_overrides, to_dict
 from .fileio import sha256_file, strict_json
 from .interop.models import load_model
@@ -36,7 +36,6 @@ PEFT_FILES = {"adapter_config.json", "adapter_model.safetensors", "README.md"}  
 ABSORB_RECORD = "absorb.json"  # written last: its presence marks a finished absorb folder
 RECORD_FIELDS = {"model": str, "model_fingerprint": str, "model_fingerprint_bf16": str, "prompt_tokens": int,
                  "peft_adapter": dict}  # absorb.json's fields that generate reads, and their types
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' end-of-turn tokens
 
 
 # ----------------------------------------------------------------------------- shared checks

@@ -191,8 +191,8 @@ def _options(row: dict) -> str:
 def table(results: dict[str, Any]) -> str:
     metric = get_metric(results["metric"])
     percent, name = metric.percent, metric.label
-    extra = metric.calibrated
-    head = ["method", f"{name} [95% CI]"] + (["calibrated %"] if extra else []) + \
+    extra = ([("score_calibrated", "calibrated %")] if metric.calibrated else []) + list(metric.columns.items())
+    head = ["method", f"{name} [95% CI]"] + [column for _, column in extra] + \
            ["top-1 agree %", "KL (nats)", "rel. logits err", "absorb ms", "ms / query", "kept KiB", "peak MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in results["rows"]:
@@ -203,8 +203,7 @@ def table(results: dict[str, Any]) -> str:
             continue
         a = row["agreement"] or {"top1": None, "kl": None, "relative_logits_error": None}  # None: no prompted reference
         cells = [label, _interval(row["score"], percent)]
-        if extra:
-            cells.append(_interval(row["score_calibrated"], True))
+        cells += [_interval(row[key], True) for key, _ in extra]  # percentages: calibrated accuracy, token F1
         cells += [
             "–" if a["top1"] is None else f"{100 * a['top1']:.1f}",
             "–" if a["kl"] is None else f"{a['kl']:.3g}",

@@ -5,6 +5,7 @@
 
 An adapted model continues from its `query_cache()` (one base pass per new token; the positions go on after
 the absorbed prompt exactly as in its forward); one without a cache re-runs on the growing sequence.
+`greedy_answers` answers the harness's text queries this way, for the metric that scores generated answers.
 """
 
 from __future__ import annotations
@@ -62,3 +63,37 @@ def stream_tokens(model: nn.Module, ids: list[int], max_new_tokens: int, *, gree
         else:  # no cache: the adapted model reads the whole continuation again
             sequence = torch.cat([sequence, token[:, None]], dim=1)
             logits = model(sequence)[:, -1]
+
+
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' end-of-turn tokens
+
+
+def stop_tokens(codec) -> set[int]:
+    """The codec's end of sequence and the end-of-turn tokens its vocabulary has (for a chat answer)."""
+    stop = set()
+    if getattr(codec, "eos_token_id", None) is not None:
+        stop.add(codec.eos_token_id)
+    vocab = getattr(getattr(codec, "tokenizer", None), "get_vocab", dict)()
+    return stop | {vocab[token] for token in END_OF_TURN if token in vocab}
+
+
+def greedy_answers(model: nn.Module, queries, codec) -> list[str]:
+    """Each teacher-forced query's greedy answer (metrics that generate): the model continues the query's question
+    (its inputs up to the first scored position) for at most `query.max_answer_tokens` tokens (fewer where the
+    model's context ends), stopping at the end of sequence or turn; decoded, and cut at the first newline after
+    its text (leading blank lines skipped)."""
+    if codec is None or not hasattr(codec, "decode"):
+        raise ValueError("a metric that generates answers needs the model's tokenizer (encode and decode)")
+    stop, answers = stop_tokens(codec), []
+    for query in queries:
+        ids = query.inputs[: int(query.mask.nonzero()[0]) + 1].tolist()
+        room = context_room(model, len(ids))
+        budget = query.max_answer_tokens if room is None else min(query.max_answer_tokens, room)
+        produced: list[int] = []
+        if budget > 0:
+            for token in stream_tokens(model, ids, budget, stop_ids=stop):
+                produced.append(token)
+                if "\n" in codec.decode(produced).lstrip():
+                    break
+        answers.append(codec.decode(produced).lstrip().split("\n", 1)[0])
+    return answers

@@ -10,7 +10,9 @@ positions that are scored; the source's `metric` names how (a registered object 
 - `choice`: the candidate token (`Query.choices`) with the highest log-probability at the last masked
   position; calibrated: minus the same scores on the episode's content-free `calibration` query;
 - `ce`: mean cross-entropy of the masked targets (lower is better);
-- `mse`: mean squared error at the masked positions, for vector tasks (lower is better).
+- `mse`: mean squared error at the masked positions, for vector tasks (lower is better);
+- `generated`: the greedy answer generated from the question (`Query.answers`), normalised, contains a gold answer;
+  also its token F1 (the `jsonl` task: your own documents and questions, `tasks/jsonl.py`).
 
 Sources come in two kinds. Text sources (`facts`, `topics`, `continuation`) produce text and need the model's
 tokenizer (anything with `encode(text) -> list[int]`; `chat(messages) -> str` for the chat format). Task
@@ -43,6 +45,10 @@ class Query:
     targets: torch.Tensor  # (N,) next-token ids, or (N, d_output)
     mask: torch.Tensor  # (N,) bool: the scored positions
     choices: torch.Tensor | None = None  # (C,) candidate token ids (metric "choice"); the target is one of them
+    # metrics that generate ("generated"): the gold answers as text (the targets teacher-force the first), and the
+    # most tokens the greedy answer to the question (the inputs up to the first scored position) may take
+    answers: tuple[str, ...] = ()
+    max_answer_tokens: int = 16
 
     def __post_init__(self):
         n = self.inputs.shape[0]
@@ -557,3 +563,4 @@ class ArithmeticEpisodes(TaskSplit):
     task_name = "arithmetic"
 
 
+from . import jsonl  # noqa: E402,F401  (importing registers "jsonl": questions from a user's file)

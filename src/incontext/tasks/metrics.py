@@ -9,12 +9,18 @@ reports `score_pooled` (over all positions of all episodes), and which episode k
     scores = [metric.score_query(out, query) for out, query in zip(outputs, episode.queries)]
     metric.episode_score(scores)   # {"score": ..., "answer_logprob": ...}
 
+A metric that `generates` (`generated`: the greedy answer contains the gold one) is given each query's greedy
+answer by the harness and scores it with `score_answer(out, query, answer)` instead of `score_query`.
+
 A new metric: subclass `Metric`, set the class attributes, implement the two methods and call
 `register_metric(MyMetric())` (guide: docs/guides/add-episode-task.md).
 """
 
 from __future__ import annotations
 
+import re
+import string
+from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -28,6 +34,7 @@ class Query(Protocol):
     targets: torch.Tensor  # (N,) next-token ids, or (N, d_output)
     mask: torch.Tensor  # (N,) bool: the scored positions
     choices: torch.Tensor | None  # (C,) candidate token ids (metric "choice")
+    answers: tuple[str, ...]  # gold answers as text (metric "generated")
 
 
 @dataclass
@@ -40,6 +47,7 @@ class QueryScore:
     loss: float = 0.0  # ce (nats) or mse
     logprob: float = 0.0  # exact: log-probability of the whole answer
     exact: float = 0.0
+    f1: float = 0.0  # generated: token F1 of the greedy answer against the best gold answer
 
 
 class Metric:
@@ -50,6 +58,9 @@ class Metric:
     pooled: ClassVar[bool] = False  # per-position: the harness also reports score_pooled
     tune_by: ClassVar[str] = "score"  # the episode key --tune compares on validation episodes
     calibrated: ClassVar[bool] = False  # episodes also carry score_calibrated (a table column)
+    columns: ClassVar[dict[str, str]] = {}  # other episode keys shown as table columns (percentages): key -> label
+    # the harness also generates each query's greedy answer (decoded text) and scores with score_answer
+    generates: ClassVar[bool] = False
     description: ClassVar[str] = ""
 
     @property
@@ -58,6 +69,10 @@ class Metric:
 
     def score_query(self, out: torch.Tensor, query: Query, calibration: torch.Tensor | None = None) -> QueryScore:
         """One query's (N, V) logits or (N, d) predictions scored at its masked positions."""
+        raise NotImplementedError
+
+    def score_answer(self, out: torch.Tensor, query: Query, answer: str) -> QueryScore:
+        """A metric that `generates`: one query's logits and its greedy answer (text) scored."""
         raise NotImplementedError
 
     def episode_score(self, scores: list[QueryScore]) -> dict[str, float]:
@@ -160,6 +175,60 @@ class MeanSquaredError(CrossEntropy):
         return QueryScore(total=int(mask.sum()), loss=loss)
 
 
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalisation: lowercase, no punctuation, no articles (a, an, the), whitespace collapsed."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def answer_contains(prediction: str, gold: str) -> bool:
+    """Whether the normalised gold answer is a run of whole words of the normalised prediction ("1950" is not
+    in "19500"); an answer that normalises to nothing is never contained."""
+    gold = normalize_answer(gold)
+    return bool(gold) and f" {gold} " in f" {normalize_answer(prediction)} "
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """SQuAD's token F1 of the normalised words (1 when both are empty, 0 when one is)."""
+    p, g = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    if not p or not g:
+        return float(p == g)
+    common = sum((Counter(p) & Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+class Generated(Metric):
+    name = "generated"
+    higher_is_better = True
+    label = "contains %"
+    percent = True
+    columns = {"f1": "token F1 %"}
+    generates = True
+    tune_by = "answer_logprob"  # contains is 0/1 per question: log-probabilities separate settings on few episodes
+    description = ("the greedy answer (to a newline, the end of the turn or max_answer_tokens) contains a gold answer, "
+                   "both normalised as SQuAD's (lowercase, no punctuation or articles); also token F1")
+
+    def score_query(self, out, query, calibration=None):
+        raise ValueError("metric 'generated' scores a generated answer: the harness calls score_answer")
+
+    def score_answer(self, out, query, answer):
+        s = token_scores(out, query)  # teacher-forced: the first gold answer's log-probability
+        s.correct = float(any(answer_contains(answer, gold) for gold in query.answers))
+        s.f1 = max((token_f1(answer, gold) for gold in query.answers), default=0.0)
+        s.total = 1
+        return s
+
+    def episode_score(self, scores):
+        return {"score": sum(s.correct for s in scores) / len(scores), "f1": sum(s.f1 for s in scores) / len(scores),
+                "answer_logprob": sum(s.logprob for s in scores) / len(scores)}
+
+
 METRICS: dict[str, Metric] = {}
 
 
@@ -176,5 +245,5 @@ def get_metric(name: str) -> Metric:
     return METRICS[name]
 
 
-for _metric in (ExactMatch(), Accuracy(), Choice(), CrossEntropy(), MeanSquaredError()):
+for _metric in (ExactMatch(), Accuracy(), Choice(), CrossEntropy(), MeanSquaredError(), Generated()):
     register_metric(_metric)
