@@ -51,7 +51,7 @@ def test_compare_on_a_linear_induction_run(induction_run, tmp_path, capsys):
     (["--model", "smollm2", "--task", "facts", "--set", "people=-1"], "people must be a positive integer"),
     (["--model", "smollm2", "--task", "facts", "--set", "questions=paraphrases:7"], "paraphrases:7: the task has 6 wordings"),
     (["--model", "smollm2", "--task", "facts", "--set", "questions=two"], "give one of none | cloze | paraphrases:N"),
-    (["--model", "smollm2", "--task", "facts", "--split", "train"], "invalid choice: 'train'"),
+    (["--model", "smollm2", "--task", "facts", "--split", "train"], "unknown split 'train'; splits: dev, validation, test"),
     (["--model", "smollm2", "--task", "facts", "--set", "colour=red"], "task 'facts': FactsConfig: unknown key(s) ['colour']; allowed keys: ['people', 'format', 'documents', 'questions', 'placement']"),
     (["--model", "smollm2", "--task", "facts", "--set", "dynamic-eval.speed=2"], "dynamic-eval: unknown option 'speed'"),
     (["--model", "smollm2", "--task", "facts", "--set", "iclca-approx.layers=3-1"], "layers must be 'all' or a list"),

@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     comparer.add_argument("--task", required=True, help="one of the tasks listed above")
     comparer.add_argument("--methods", default="", help="comma-separated methods (default: all; keep-prompt and drop-prompt always run)")
     comparer.add_argument("--episodes", type=int, default=20, help="test episodes (default 20)")
-    comparer.add_argument("--split", default="test", choices=["test", "validation", "dev"],
+    comparer.add_argument("--split", default="test", metavar="test|validation|dev",
                           help="the episodes compared: test (a fresh range, run once per change), validation (where "
                           "settings are chosen; --tune always uses it) or dev (the old seed-0 test episodes, reused "
                           "too often to be a test set) (default test)")
