@@ -134,11 +134,21 @@ def test_chat_format_splits_at_a_turn():
             return text + ("<assistant>" if add_generation_prompt else "")
 
     codec = ChatCodec()
-    episode = get_episode_source("facts", format="chat").episodes(1, seed=0, tokenizer=codec)[0]
-    assert codec.decode(episode.prompt).endswith("</assistant>")
-    q = episode.queries[0]
-    question = codec.decode(q.inputs[: int(q.mask.nonzero().min()) + 1])
-    assert question.startswith("<user>") and question.endswith("<assistant>")
+    for placement in ("system", "user"):
+        episode = get_episode_source("facts", format="chat", placement=placement).episodes(1, seed=0, tokenizer=codec)[0]
+        prompt = codec.decode(episode.prompt)
+        assert prompt.endswith("</assistant>")
+        q = episode.queries[0]
+        question = codec.decode(q.inputs[: int(q.mask.nonzero().min()) + 1])
+        assert question.startswith("<user>") and question.endswith("<assistant>")
+        plain = codec.decode(get_episode_source("facts").episodes(1, seed=0, tokenizer=codec)[0].prompt)
+        facts = plain[: plain.index("\n\nQ:")]
+        if placement == "system":  # the facts are the system turn, then the worked example's exchange
+            assert prompt.startswith(f"<system>{facts}</system><user>") and "Remember" not in prompt
+        else:
+            assert prompt.startswith(f"<user>Remember these facts:\n{facts}</user><assistant>I will remember them.")
+    with pytest.raises(ValueError, match="placement"):
+        get_episode_source("facts", format="chat", placement="top")
 
 
 def test_the_document_alone_is_the_default():
