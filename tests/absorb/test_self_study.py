@@ -464,3 +464,28 @@ def test_a_cached_stage_is_reused_only_with_the_same_tokenizer(tmp_path):
         [False, True, False, False, True]
     assert self_study.tokenizer_fingerprint(None) is None
     assert self_study.tokenizer_fingerprint(CharCodec()) == self_study.tokenizer_fingerprint(CharCodec())
+
+
+def test_the_windows_only_ablation_trains_on_windows_of_the_document_alone():
+    """kv-prefix:windows-only (n_continuations=0, answer_tokens=0) on a `facts` episode at the task's defaults: the
+    task gives no training query, so every training sequence is a window of the document (no query, no question),
+    and the teacher's targets are the prompted model's log-probabilities reading the window after the document."""
+    from conftest import ByteCodec
+
+    from incontext.tasks.episodes import get_episode_source
+
+    episode = get_episode_source("facts", people=1).episodes(1, seed=0, tokenizer=ByteCodec())[0]
+    assert episode.train_queries == []
+    model = tiny(vocab=256)
+    options = StudyOptions(window_tokens=24, n_continuations=0, answer_tokens=0, n_questions=0)
+    sequences, counts = study(model, episode.prompt, episode.train_queries, options, ByteCodec(),
+                              torch.Generator().manual_seed(0), top_k=None)
+    prompt = episode.prompt.tolist()
+    assert counts["recall_windows"] == len(sequences) > 0 and counts.get("train_queries", 0) == 0
+    for ids, teacher in sequences:
+        ids = ids.tolist()
+        starts = [s for s in range(len(prompt) - len(ids) + 1) if prompt[s:s + len(ids)] == ids]
+        assert starts, "a training sequence that is not a window of the document"
+        with torch.no_grad():
+            full = torch.log_softmax(model(torch.tensor(prompt + ids)[None])[0, len(prompt):].double(), -1)
+        assert torch.allclose(teacher.double(), full[-teacher.shape[0]:], atol=1e-9)
