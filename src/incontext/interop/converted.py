@@ -164,10 +164,14 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         numel = 1
         for n in shape:
             numel *= n
-        if not (0 <= begin <= end <= data and end - begin == numel * itemsize and (start + begin) % itemsize == 0):
+        if not (0 <= begin <= end <= data and end - begin == numel * itemsize):
             raise ValueError(f"{path.name}: {name}'s bytes ({begin}..{end}) do not fit the file or its shape")
         covered += end - begin
-        tensors[name] = torch.empty(0, dtype=dtype).set_(storage, (start + begin) // itemsize, shape)
+        if (start + begin) % itemsize == 0:
+            tensors[name] = torch.empty(0, dtype=dtype).set_(storage, (start + begin) // itemsize, shape)
+        else:  # not aligned to its dtype (after an odd-sized tensor): copied out
+            raw = torch.empty(0, dtype=torch.uint8).set_(storage, start + begin, (end - begin,))
+            tensors[name] = raw.clone().view(dtype).reshape(shape)
     if covered != data:
         raise ValueError(f"{path.name}: the tensors cover {covered} of its {data} data bytes")
     return tensors
