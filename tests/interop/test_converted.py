@@ -233,3 +233,25 @@ def test_load_model_reads_the_cache_without_importing_transformers(smollm2_both,
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "Hello there False"
     assert run.stderr == ""  # no conversion note: the folder was read
+
+
+@pytest.mark.slow
+def test_the_converted_gemma3_has_the_gguf_tensors_logits_and_tokenizer(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from incontext.interop import pretrained
+    from incontext.interop.models import FolderCodec, HFCodec, leading_bos
+
+    monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path))
+    gguf_model, tokenizer = pretrained.load_gemma3_270m_gguf()
+    cached = pretrained.quiet_folder_model(pretrained.gemma3_270m_folder(), torch.float32)
+    theirs, mine = gguf_model.state_dict(), cached.state_dict()
+    assert set(theirs) == set(mine)
+    for name in theirs:
+        assert torch.equal(theirs[name], mine[name]), name
+    ids = torch.tensor([[2, 651, 6037, 529, 9079, 563]])
+    with torch.no_grad():
+        assert torch.equal(gguf_model(ids).logits, cached(ids).logits)
+    fast, full = FolderCodec(pretrained.gemma3_270m_folder()), HFCodec(tokenizer)
+    for text in (TEXT, " leading space", "line\nbreaks\n\n", "<start_of_turn>user\nHi<end_of_turn>\n"):
+        assert fast.encode(text) == full.encode(text) and fast.decode(fast.encode(text)) == full.decode(full.encode(text))
+    assert fast.eos_token_id == full.eos_token_id and fast.leading_bos() == leading_bos(tokenizer) == 2

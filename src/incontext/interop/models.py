@@ -73,11 +73,24 @@ class FolderCodec(HFCodec):
             return super().decode(ids)
         return self.fast.decode(list(ids), skip_special_tokens=False)
 
+    def _special(self, key: str) -> str | None:
+        token = self.settings.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        return token if isinstance(token, str) else None
+
     @property
     def eos_token_id(self) -> int | None:
-        eos = self.settings.get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        return self.fast.token_to_id(eos) if isinstance(eos, str) else self.tokenizer.eos_token_id
+        eos = self._special("eos_token")
+        return self.fast.token_to_id(eos) if eos is not None else self.tokenizer.eos_token_id
+
+    def leading_bos(self) -> int | None:
+        """leading_bos(tokenizer) without loading transformers' tokenizer."""
+        bos = self._special("bos_token")
+        bos_id = None if bos is None else self.fast.token_to_id(bos)
+        if bos_id is None:
+            return None
+        ids = self.fast.encode("a", add_special_tokens=True).ids
+        return bos_id if ids and ids[0] == bos_id else None
 
 
 def leading_bos(tokenizer) -> int | None:
@@ -123,11 +136,12 @@ def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
                            "SmolLM2-135M-Instruct (pretrained, Llama architecture)", "llama")
     if str(spec) == "gemma3-270m":
         from .hf_backend import HFCausalLM
-        from .pretrained import gemma3_270m_folder, quiet_folder_load
+        from .pretrained import gemma3_270m_folder, quiet_folder_model
 
-        hf_model, tokenizer = quiet_folder_load(gemma3_270m_folder(), dtype)
-        return LoadedModel(HFCausalLM(hf_model.eval()).read_bos_first(leading_bos(tokenizer)).eval(), HFCodec(tokenizer), None,
-                           "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
+        folder = gemma3_270m_folder()
+        codec = FolderCodec(folder)  # transformers' Gemma tokenizer takes seconds to build; loaded when asked for
+        lm = HFCausalLM(quiet_folder_model(folder, dtype)).read_bos_first(codec.leading_bos()).eval()
+        return LoadedModel(lm, codec, None, "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"unknown model {str(spec)!r}: give {MODEL_CHOICES}")

@@ -92,9 +92,9 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     return quiet_folder_load(smollm2_folder(), dtype)
 
 
-def quiet_folder_load(folder: Path, dtype: torch.dtype):
-    """(model, tokenizer) from a Hugging Face folder with transformers, without its progress bars and warnings."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def quiet_folder_model(folder: Path, dtype: torch.dtype):
+    """transformers' causal LM from a Hugging Face folder, without its progress bars and warnings (eval mode)."""
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
@@ -102,12 +102,18 @@ def quiet_folder_load(folder: Path, dtype: torch.dtype):
     logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
     finally:
         logging.set_verbosity(verbosity)
         if bars:
             logging.enable_progress_bar()
-    return model.eval(), tokenizer
+    return model.eval()
+
+
+def quiet_folder_load(folder: Path, dtype: torch.dtype):
+    """(model, tokenizer) from a Hugging Face folder with transformers, without its progress bars and warnings."""
+    from transformers import AutoTokenizer
+
+    return quiet_folder_model(folder, dtype), AutoTokenizer.from_pretrained(folder)
 
 
 # ----------------------------------------------------------------------------- Gemma-3-270M
