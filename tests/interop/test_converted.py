@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from incontext.interop import converted
-from incontext.interop.converted import (MANIFEST, adjacent_rows, check_folder, converted_folder, read_safetensors,
-                                         write_safetensors)
+from incontext.interop.converted import MANIFEST, check_folder, converted_folder, read_safetensors, write_safetensors
 
 
 @pytest.fixture
@@ -36,11 +35,13 @@ def test_written_safetensors_read_back_by_the_library_and_as_fused_views(tmp_pat
     assert list(mine) == [name for name, _ in tensors]  # in the order written (safetensors sorts its own)
     for name, tensor in tensors:
         assert torch.equal(theirs[name], tensor) and torch.equal(mine[name], tensor) and mine[name].dtype == tensor.dtype
-    fused = adjacent_rows([mine["q"], mine["k"], mine["v"]])
+    fused = mine.rows([mine["q"], mine["k"], mine["v"]])
     assert torch.equal(fused, torch.cat([q, k, v]))
-    assert fused.untyped_storage().data_ptr() == mine["q"].untyped_storage().data_ptr()  # a view: no copy
-    apart = adjacent_rows([mine["q"], mine["v"]])  # not back to back: a copy
-    assert torch.equal(apart, torch.cat([q, v])) and apart.untyped_storage().data_ptr() != mine["q"].untyped_storage().data_ptr()
+    assert fused.data_ptr() == mine["q"].data_ptr()  # a view of the file: no copy
+    apart = mine.rows([mine["q"], mine["v"]])  # not back to back: a copy
+    assert torch.equal(apart, torch.cat([q, v])) and apart.data_ptr() != mine["q"].data_ptr()
+    for tensor in [fused, *mine.values()]:  # each its own storage, as if loaded: saving one writes only its bytes
+        assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
     mine["q"].add_(1.0)  # copy-on-write: the file keeps its bytes
     assert torch.equal(read_safetensors(tmp_path / "t.safetensors")["q"], q)
 
@@ -185,7 +186,7 @@ def test_the_converted_smollm2_has_the_gguf_tensors_and_logits(smollm2_both):
         assert torch.equal(gguf_model(ids).logits, cached(ids).logits)
 
 
-def test_our_transformer_from_the_folder_equals_the_conversion_of_the_gguf_model(smollm2_both):
+def test_our_transformer_from_the_folder_equals_the_conversion_of_the_gguf_model(smollm2_both, tmp_path):
     from incontext.config import to_dict
     from incontext.interop.converted import transformer_from_llama_folder
     from incontext.interop.hf import from_hf_llama
@@ -198,6 +199,9 @@ def test_our_transformer_from_the_folder_equals_the_conversion_of_the_gguf_model
     for name in theirs:
         assert torch.equal(theirs[name], mine[name]), name
     assert mapped.lm_head.weight is mapped.tok_emb.weight  # tied, as the converted model
+    from safetensors.torch import save_model
+
+    save_model(mapped, str(tmp_path / "saved.safetensors"))  # its tensors save as a loaded model's do (tied: once)
     assert mapped.num_parameters() == reference.num_parameters()
     ids = torch.tensor([[1, 504, 3000, 42, 77, 9000]])
     with torch.no_grad():

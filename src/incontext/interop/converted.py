@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import mmap
 import os
 import shutil
 import struct
@@ -132,9 +134,38 @@ def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metad
         os.fsync(f.fileno())
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file as views over one copy-on-write mapping of it (nothing read until used);
-    ValueError naming what is wrong with a damaged file."""
+class MappedTensors(dict):
+    """A safetensors file's tensors (name -> tensor), each over its own bytes of one copy-on-write mapping of the
+    file: every tensor has its own storage, as if loaded (saving one writes only its bytes, tied weights are found
+    as tied), and nothing is read until used."""
+
+    def __init__(self, mapping: mmap.mmap):
+        super().__init__()
+        self.mapping = mapping
+        self.base = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr() if len(mapping) else 0
+
+    def view(self, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+        numel = math.prod(shape)
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(self.mapping, dtype=dtype, count=numel, offset=offset).view(shape)
+
+    def rows(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """torch.cat(tensors) along rows: a view of the file without copying when they lie back to back in it (a
+        file written by write_safetensors in the model's order), a copy otherwise."""
+        first, size = tensors[0], tensors[0].element_size()
+        inside = all(t.dtype == first.dtype and t.shape[1:] == first.shape[1:] and t.is_contiguous() and t.numel()
+                     and 0 <= t.data_ptr() - self.base < len(self.mapping) for t in tensors)
+        if len(tensors) > 1 and inside and all(a.data_ptr() + a.numel() * size == b.data_ptr()
+                                               for a, b in zip(tensors, tensors[1:])):
+            return self.view(first.data_ptr() - self.base, first.dtype, [sum(t.shape[0] for t in tensors),
+                                                                          *first.shape[1:]])
+        return torch.cat(tensors)
+
+
+def read_safetensors(path: Path) -> MappedTensors:
+    """The tensors of a safetensors file mapped copy-on-write (MappedTensors; a write to one stays in the process,
+    nothing is read until used); ValueError naming what is wrong with a damaged file."""
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8)
@@ -147,12 +178,12 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             header = json.loads(f.read(length))
         except (ValueError, UnicodeDecodeError):
             raise ValueError(f"{path.name}: its header is not JSON") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path.name}: its header is not a JSON object")
+        if not isinstance(header, dict):
+            raise ValueError(f"{path.name}: its header is not a JSON object")
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     header.pop("__metadata__", None)
     start, data = 8 + length, size - 8 - length
-    storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
-    tensors, covered = {}, 0
+    tensors, covered = MappedTensors(mapping), 0
     for name, entry in header.items():
         try:
             dtype = _TORCH[entry["dtype"]]
@@ -161,34 +192,16 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"{path.name}: the header's entry for {name} is malformed") from None
         itemsize = torch.empty(0, dtype=dtype).element_size()
-        numel = 1
-        for n in shape:
-            numel *= n
-        if not (0 <= begin <= end <= data and end - begin == numel * itemsize):
+        if not (0 <= begin <= end <= data and end - begin == math.prod(shape) * itemsize):
             raise ValueError(f"{path.name}: {name}'s bytes ({begin}..{end}) do not fit the file or its shape")
         covered += end - begin
         if (start + begin) % itemsize == 0:
-            tensors[name] = torch.empty(0, dtype=dtype).set_(storage, (start + begin) // itemsize, shape)
+            tensors[name] = tensors.view(start + begin, dtype, shape)
         else:  # not aligned to its dtype (after an odd-sized tensor): copied out
-            raw = torch.empty(0, dtype=torch.uint8).set_(storage, start + begin, (end - begin,))
-            tensors[name] = raw.clone().view(dtype).reshape(shape)
+            tensors[name] = tensors.view(start + begin, torch.uint8, [end - begin]).clone().view(dtype).reshape(shape)
     if covered != data:
         raise ValueError(f"{path.name}: the tensors cover {covered} of its {data} data bytes")
     return tensors
-
-
-def adjacent_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """torch.cat(tensors) along rows: a view without copying when they lie back to back in one storage (a file
-    written by write_safetensors in the model's order), a copy otherwise."""
-    first = tensors[0]
-    if len(tensors) > 1 and all(t.is_contiguous() and t.dtype == first.dtype and t.shape[1:] == first.shape[1:]
-                                and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-                                for t in tensors):
-        offsets = [t.storage_offset() for t in tensors]
-        if all(offsets[i] + tensors[i].numel() == offsets[i + 1] for i in range(len(tensors) - 1)):
-            rows = sum(t.shape[0] for t in tensors)
-            return torch.empty(0, dtype=first.dtype).set_(first.untyped_storage(), offsets[0], (rows, *first.shape[1:]))
-    return torch.cat(tensors)
 
 
 # ----------------------------------------------------------------------------- the folder
@@ -322,4 +335,4 @@ def transformer_from_llama_folder(folder: Path, dtype: torch.dtype):
     if "lm_head.weight" not in state:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     config = config_from_llama(hf_config, bias=any(k.endswith("_proj.bias") for k in state))
-    return assign_into_new(config, llama_state_to_ours(state, config, rows=adjacent_rows), dtype)
+    return assign_into_new(config, llama_state_to_ours(state, config, rows=state.rows), dtype)

@@ -212,7 +212,7 @@ def from_hf_llama(hf_model) -> Transformer:
 
 def llama_state_to_ours(sd: dict[str, torch.Tensor], config: TransformerConfig, rows=torch.cat) -> dict[str, torch.Tensor]:
     """A Llama-style transformers state dict under our names; `rows` joins q/k/v and gate/up along rows (torch.cat,
-    or converted.adjacent_rows: a view where they lie back to back)."""
+    or converted.MappedTensors.rows: a view where they lie back to back in a mapped file)."""
     _require(not any(".q_norm." in k or ".k_norm." in k for k in sd), "per-head q/k RMSNorm (Qwen3) has no counterpart")
     bias = config.bias
     ours: dict[str, torch.Tensor] = {
