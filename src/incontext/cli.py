@@ -4,6 +4,8 @@
     incontext compare --model M --task T [--methods a,b]  # the absorb harness: every method, one table
     incontext absorb --model M --method X --prompt-file F --out DIR   # absorb one prompt, save the adapted model
     incontext generate --model M [--adapted DIR] [--chat] TEXT        # stream a continuation (from an absorb folder)
+    incontext generate --model M [--adapted DIR] --prompts-file F     # one answer a line, one model load
+    incontext chat --model M [--adapted DIR]         # a conversation (stdin scripts it): /reset, /exit
     incontext train CONFIG [--set section.key=v] [--resume]   # train from a YAML config (torchrun for many processes)
     incontext eval CHECKPOINT                        # re-run a checkpoint's evaluation
     incontext run EXPERIMENT [--set k=v]             # any registered experiment
@@ -140,10 +142,26 @@ def cmd_absorb(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.prompts_file is None and args.jsonl:
+        raise ValueError("--jsonl goes with --prompts-file")
+    if args.prompts_file is not None:
+        if args.text is not None:
+            raise ValueError("give the text with exactly one of TEXT and --prompts-file")
+        _runtime(args)
+        from .cli_chat import generate_many
+
+        return generate_many(args)
     from .cli_absorb import generate
 
     _runtime(args)
     return generate(args)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    _runtime(args)
+    from .cli_chat import chat
+
+    return chat(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -380,12 +398,18 @@ def build_parser() -> argparse.ArgumentParser:
         "context; DIR must have been absorbed into --model). --chat wraps TEXT as a user turn in the tokenizer's "
         "chat template and stops at the end of the assistant's turn.",
     )
-    generator.add_argument("text", metavar="TEXT", help="the text to continue (a question, with --chat)")
+    generator.add_argument("text", metavar="TEXT", nargs="?", default=None,
+                           help="the text to continue (a question, with --chat); or --prompts-file")
     generator.add_argument("--model", required=True, help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
     generator.add_argument("--adapted", type=Path, action="append", default=None,
                            help="an absorb folder (incontext absorb --out); repeated: the folders composed (kv-prefix's "
                            "prefixes concatenated, distill-lora's adapters added), documents answered together")
     generator.add_argument("--chat", action="store_true", help="TEXT is a user turn of the chat template")
+    generator.add_argument("--prompts-file", type=Path, default=None, metavar="FILE",
+                           help="answer every line of FILE (one prompt a line, \\n for a line break inside one) with "
+                           "one model load: one output line per prompt, line breaks written as \\n")
+    generator.add_argument("--jsonl", action="store_true",
+                           help="with --prompts-file: one JSON record a prompt (line, prompt, output, tokens)")
     generator.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default 64)")
     generator.add_argument("--sample", action="store_true", help="sample instead of the greedy argmax")
     generator.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
@@ -393,6 +417,30 @@ def build_parser() -> argparse.ArgumentParser:
     generator.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     add_runtime(generator)
     generator.set_defaults(func=cmd_generate)
+
+    chatter = sub.add_parser(
+        "chat",
+        help="a conversation with a model, or with absorb folders: the model loads once",
+        description="Talk to --model (or to the absorb folders of --adapted, composed as generate composes them), "
+        "turn after turn: through the tokenizer's chat template where it has one (the conversation so far re-read "
+        "each turn; the oldest turns forgotten when the context fills), else in plain 'Q: ...\\nA:' turns whose "
+        "answers end at the line's end. Answers stream to stdout. Lines starting with / are commands: /reset "
+        "forgets the conversation, /adapted DIR [DIR ...] answers from absorb folders instead, /base from the model "
+        "alone, /help lists them, /exit (or end of input) ends. Reads stdin, so it scripts: "
+        "printf 'Who is Ada?\\n/exit\\n' | incontext chat --model smollm2 (answers one a line, line breaks "
+        "written as \\n). Bad lines get a one-line note on stderr and the session goes on.",
+    )
+    chatter.add_argument("--model", required=True, help="smollm2, gemma3-270m, a run folder/checkpoint of ours, or a "
+                         "local HF model folder")
+    chatter.add_argument("--adapted", type=Path, action="append", default=None,
+                         help="an absorb folder (incontext absorb --out); repeated: the folders composed")
+    chatter.add_argument("--max-new-tokens", type=int, default=256, help="at most this many tokens an answer (default 256)")
+    chatter.add_argument("--sample", action="store_true", help="sample instead of the greedy argmax")
+    chatter.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    chatter.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
+    chatter.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    add_runtime(chatter)
+    chatter.set_defaults(func=cmd_chat)
 
     trainer = sub.add_parser(
         "train",

@@ -516,7 +516,8 @@ def composed_folders(folders: list[Path], model, spec: str) -> AdaptedModel:
     return method.compose(adapted)
 
 
-def generate(args) -> int:
+def check_generation_options(args) -> None:
+    """--max-new-tokens, --sample, --temperature and --top-k checked (generate, generate --prompts-file, chat)."""
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.sample and (args.temperature is not None or args.top_k is not None):
@@ -532,6 +533,10 @@ def generate(args) -> int:
                              f"{tiny:g}): logits / temperature would overflow")
     if args.top_k is not None and args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+
+
+def generate(args) -> int:
+    check_generation_options(args)
     if not args.text:
         raise ValueError("TEXT is empty: give the text to continue")
     placement = adapted_placement(args.adapted or []) if args.chat else "raw"  # before the model loads

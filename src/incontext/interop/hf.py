@@ -10,7 +10,10 @@ export round trips are bit-exact.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+from torch import nn
 
 from ..models.transformer import Transformer, TransformerConfig
 
@@ -203,7 +206,15 @@ def from_hf_llama(hf_model) -> Transformer:
     sd = hf_model.state_dict()
     bias = any(k.endswith("_proj.bias") for k in sd)
     config = config_from_llama(hf_model.config, bias=bias)
+    ours = llama_state_to_ours(sd, config)
+    return load_into_new(config, ours, next(hf_model.parameters()).dtype).to(next(hf_model.parameters()).device)
+
+
+def llama_state_to_ours(sd: dict[str, torch.Tensor], config: TransformerConfig, rows=torch.cat) -> dict[str, torch.Tensor]:
+    """A Llama-style transformers state dict under our names; `rows` joins q/k/v and gate/up along rows (torch.cat,
+    or converted.MappedTensors.rows: a view where they lie back to back in a mapped file)."""
     _require(not any(".q_norm." in k or ".k_norm." in k for k in sd), "per-head q/k RMSNorm (Qwen3) has no counterpart")
+    bias = config.bias
     ours: dict[str, torch.Tensor] = {
         "tok_emb.weight": sd["model.embed_tokens.weight"],
         "norm_f.weight": sd["model.norm.weight"],
@@ -221,11 +232,47 @@ def from_hf_llama(hf_model) -> Transformer:
         where = {"qkv": "attn.qkv", "out": "attn.out", "fc_in": "mlp.fc_in", "fc_out": "mlp.fc_out"}
         for key, names in parts.items():
             weights = [sd[h + n + ".weight"] for n in names]
-            ours[b + where[key] + ".weight"] = torch.cat(weights)
+            ours[b + where[key] + ".weight"] = weights[0] if len(weights) == 1 else rows(weights)
             if bias:
                 ours[b + where[key] + ".bias"] = torch.cat([_with_zero_bias(sd, h + n + ".bias", w.shape[0], w)
                                                             for n, w in zip(names, weights)])
-    return load_into_new(config, ours, next(hf_model.parameters()).dtype).to(next(hf_model.parameters()).device)
+    return ours
+
+
+@contextmanager
+def _no_init():
+    """torch.nn.init's functions do nothing meanwhile: on the meta device their references would import
+    torch._dynamo (seconds), and the values are replaced anyway."""
+    names = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+             "xavier_normal_", "ones_", "zeros_", "constant_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
+def assign_into_new(config: TransformerConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Transformer:
+    """A Transformer whose parameters are `state`'s tensors themselves (converted to `dtype` where they differ,
+    a tensor shared by two names converted once), without a random initialisation first: built on the meta
+    device, then assigned. A model with buffers falls back to load_into_new."""
+    with torch.device("meta"), _no_init():
+        model = Transformer(config)
+    if any(True for _ in model.buffers()):
+        return load_into_new(config, state, dtype)
+    converted: dict[int, torch.Tensor] = {}
+    ready = {}
+    for name, tensor in state.items():
+        if id(tensor) not in converted:
+            converted[id(tensor)] = tensor if tensor.dtype == dtype else tensor.to(dtype)
+        ready[name] = converted[id(tensor)]
+    model.load_state_dict(ready, strict=True, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+    return model
 
 
 def to_hf_llama(model: Transformer):

