@@ -89,12 +89,15 @@ def turn_stops(codec):
     return {codec.eos_token_id} | {vocab[t] for t in END_OF_TURN if t in vocab}
 
 
-def expected_template_turns(loaded, runner, questions, n):
-    """Each answer of one conversation: greedy after the template's rendering of the turns so far."""
+def expected_template_turns(loaded, runner, questions, n, document=None):
+    """Each answer of one conversation: greedy after the template's rendering of the turns so far (with `document`:
+    the model alone reading the conversation whose system turn is the document, as keep-prompt absorbed it)."""
     codec, messages, answers = loaded.tokenizer, [], []
+    system = [] if document is None else [{"role": "system", "content": document}]
+    runner = runner if document is None else loaded.model
     for question in questions:
         messages.append({"role": "user", "content": question})
-        answer = greedy(runner, codec, codec.chat(messages, add_generation_prompt=True), n, turn_stops(codec))
+        answer = greedy(runner, codec, codec.chat(system + messages, add_generation_prompt=True), n, turn_stops(codec))
         messages.append({"role": "assistant", "content": answer})
         answers.append(answer.replace("\r", "\\r").replace("\n", "\\n"))
     return answers
@@ -124,7 +127,9 @@ def test_an_adapted_folder_answers_and_bad_lines_are_one_line_notes(llama, loade
                           "--max-new-tokens", "6")
     assert code == 0, err
     adapted = composed_folders([Path(absorbed["mine"])], loaded.model, llama)
-    assert out[:2] == expected_template_turns(loaded, adapted, QUESTIONS[:2], 6)  # the bad lines changed nothing
+    # the document absorbed as the template's system turn (absorb's placement for a model with a template): keep-prompt
+    # answers as the model reading the whole conversation; the bad lines changed nothing
+    assert out[:2] == expected_template_turns(loaded, adapted, QUESTIONS[:2], 6, document=PROMPT)
     assert out[2:] == expected_template_turns(loaded, loaded.model, QUESTIONS[:1], 6)  # /base: the model alone
     assert len(err) == 5 and all(line.startswith("incontext: ") for line in err)
     assert err[0].startswith("incontext: unknown command /frobnicate: /reset")
@@ -142,7 +147,7 @@ def test_adapted_mid_session_switches_and_starts_over(llama, loaded, absorbed, c
     assert code == 0, err
     adapted = composed_folders([Path(absorbed["mine"])], loaded.model, llama)
     assert out == (expected_template_turns(loaded, loaded.model, QUESTIONS[:1], 6)
-                   + expected_template_turns(loaded, adapted, QUESTIONS[1:2], 6))
+                   + expected_template_turns(loaded, adapted, QUESTIONS[1:2], 6, document=PROMPT))
     assert err == [f"incontext: (answering from {absorbed['mine']}; the conversation starts over)"]
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import TextIO
 
 from .absorb.generation import context_room, stream_tokens
-from .cli_absorb import END_OF_TURN, _codec, check_generation_options, composed_folders
+from .cli_absorb import END_OF_TURN, _codec, adapted_placement, check_generation_options, composed_folders
 from .interop.models import load_model
 from .runtime import device_of, generator_for
+from .tasks.placement import chat_turn, conversation_after
 
 COMMANDS = "/reset (forget the conversation), /adapted DIR [DIR ...] (answer from absorb folders, composed), " \
            "/base (the model alone), /exit"
@@ -95,6 +96,7 @@ class Conversation:
     codec: object
     template: bool
     turns: list[tuple[str, str]] = field(default_factory=list)  # (user, assistant)
+    placement: str = "raw"  # where the absorbed documents were placed (absorb --placement): the text after them
 
     def text(self, question: str) -> str:
         if self.template:
@@ -102,7 +104,7 @@ class Conversation:
             for user, answer in self.turns:
                 messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
             messages.append({"role": "user", "content": question})
-            return self.codec.chat(messages, add_generation_prompt=True)
+            return conversation_after(self.codec, messages, self.placement)
         return "".join(f"Q: {user}\nA: {answer.strip()}\n" for user, answer in self.turns) + f"Q: {question}\nA:"
 
 
@@ -131,12 +133,13 @@ def chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int
     and one-line complaints on stderr."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     check_generation_options(args)
+    placement = adapted_placement(args.adapted or [])
     loaded = load_model(args.model, args.device, args.dtype)
     codec = _codec(loaded, args.model)
     runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
     template = has_template(codec)
     stop = turn_stops(codec, template)
-    conversation = Conversation(codec, template)
+    conversation = Conversation(codec, template, placement=placement)
     sampling = Sampling(args.max_new_tokens, not args.sample, args.temperature or 1.0, args.top_k, args.seed)
     generator = generator_for(device_of(loaded.model), args.seed)
     interactive = stdin.isatty() if stdin is sys.stdin else False
@@ -158,6 +161,7 @@ def chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int
             elif command == "/base":
                 runner = loaded.model
                 conversation.turns.clear()
+                conversation.placement = "raw"
                 _say(f"(answering from {loaded.description} alone; the conversation starts over)")
             elif command == "/adapted":
                 folders = [Path(p) for p in rest.split()]
@@ -165,7 +169,9 @@ def chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int
                     _say("/adapted needs one or more absorb folders (/base: the model alone)")
                     continue
                 try:
+                    placement = adapted_placement(folders)
                     runner = composed_folders(folders, loaded.model, args.model)
+                    conversation.placement = placement
                 except (ValueError, OSError, KeyError) as error:
                     message = error.args[0] if isinstance(error, KeyError) and error.args else error
                     _say(f"{str(message).replace('--adapted', '/adapted', 1)}; still answering as before")
@@ -230,9 +236,10 @@ def generate_many(args, stdout: TextIO | None = None) -> int:
     if args.chat and not hasattr(codec, "chat"):
         raise ValueError(f"--chat: model {args.model!r} has no chat template")
     stop = turn_stops(codec, bool(args.chat))
+    placement = adapted_placement(args.adapted or []) if args.chat else "raw"
     encoded = []
     for number, prompt in prompts:  # as generate reads TEXT: a user turn of the template with --chat
-        text = codec.chat([{"role": "user", "content": prompt}], add_generation_prompt=True) if args.chat else prompt
+        text = chat_turn(codec, prompt, placement) if args.chat else prompt
         ids = codec.encode(text)
         if not ids or _no_room(runner, ids):
             raise ValueError(f"--prompts-file {args.prompts_file} line {number}: the prompt has {len(ids)} tokens: "

@@ -56,10 +56,15 @@ def chat_turn(codec, message: str, placement: str) -> str:
     """The text that follows an absorbed document for one user message and the assistant's reply to start: after a
     system-placed document, the message, its end of turn and the generation prompt (the same for any document);
     after a raw one, the whole conversation as the template renders it alone."""
+    return conversation_after(codec, [{"role": "user", "content": message}], placement)
+
+
+def conversation_after(codec, messages: list[dict[str, str]], placement: str) -> str:
+    """chat_turn for a conversation of several turns (user and assistant messages, the last a user's)."""
     if placement == "raw":
-        return codec.chat([{"role": "user", "content": message}], add_generation_prompt=True)
+        return codec.chat(messages, add_generation_prompt=True)
     head, tail = _head(codec, "D")
-    full = codec.chat([{"role": "system", "content": "D"}, {"role": "user", "content": message}], add_generation_prompt=True)
+    full = codec.chat([{"role": "system", "content": "D"}, *messages], add_generation_prompt=True)
     if not full.startswith(head) or not full.endswith(tail):
         raise ValueError("the chat template renders a user's message differently from one conversation to the next")
     return full[len(head):]
