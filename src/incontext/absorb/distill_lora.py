@@ -237,7 +237,7 @@ class DistillLoRAOptions(DataStageOptions):
     alpha: float = limit(16.0, gt=0)
     target_modules: tuple[str, ...] | str = ("attn.qkv", "attn.out")
     steps: int = limit(48, min=0)
-    passes: int = limit(6, min=0)
+    passes: int = limit(12, min=0)
     learning_rate: float = limit(3e-3, gt=0)
     batch_size: int = limit(4, min=1)
     patience: int = limit(8, min=1)
@@ -247,7 +247,7 @@ class DistillLoRAOptions(DataStageOptions):
     seed: int = limit(0, min=0)
     progress: bool = True
     top_k: int | None = limit(20, min=1)
-    argmax_weight: float = limit(0.0, min=0)
+    argmax_weight: float = limit(1.0, min=0)
     data_cache: str = ""
     compose_steps: int = limit(0, min=0)
 

@@ -241,7 +241,7 @@ def check_lora_options(rank, alpha, targets) -> None:
 
 @dataclass
 class DynamicEvalOptions:
-    learning_rate: float = limit(1e-3, gt=0)
+    learning_rate: float = limit(3e-4, gt=0)
     n_steps: int = limit(1, min=1)
     reduction: Literal["sum", "mean"] = "sum"
     optimizer: Literal["sgd", "adamw"] = "sgd"
@@ -265,7 +265,7 @@ class DynamicEval(AbsorbMethod):
     needs = "a token-input causal LM"
     summary = "gradient steps on the prompt (params=GROUPS: our Transformer's groups)"
 
-    def __init__(self, learning_rate: float = 1e-3, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
+    def __init__(self, learning_rate: float = 3e-4, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
                  n_top_layers: int | None = None, keep_prompt: bool = False, separator: list[int] | None = None,
                  lora_rank: int | None = None, lora_alpha: float | None = None,
                  lora_targets: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"), seed: int = 0,

@@ -183,7 +183,7 @@ class ICLCAApproxOptions:
     n_features: int = limit(256, min=1)
     orthogonal: bool = True
     seed: int = limit(0, min=0)
-    exact_sinks: int = limit(0, min=0)
+    exact_sinks: int = limit(1, min=0)
     features: str = "favor"
     layers: str | int = "all"
 
@@ -196,7 +196,7 @@ class ICLCAApprox(AbsorbMethod):
     name = "iclca-approx"
     Options = ICLCAApproxOptions
 
-    def __init__(self, n_features: int = 256, orthogonal: bool = True, seed: int = 0, exact_sinks: int = 0,
+    def __init__(self, n_features: int = 256, orthogonal: bool = True, seed: int = 0, exact_sinks: int = 1,
                  features: str = "favor", layers: str = "all"):
         self.n_features, self.orthogonal, self.seed, self.exact_sinks = n_features, orthogonal, seed, exact_sinks
         self.layers = parse_layers(layers)
