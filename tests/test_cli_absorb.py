@@ -378,7 +378,7 @@ def test_train_queries_reach_the_method_as_from_python(method, options, placemen
     theirs = PeftReference(llama, out) if method == "distill-lora" else AdaptedModel.load(out, base=loaded.model)
     ids = torch.tensor([codec.encode(QUESTION if placement == "raw" else asked("Where was Ada born?"))])
     with torch.no_grad():
-        assert torch.allclose(theirs(ids), mine(ids), atol=1e-5, rtol=1e-5)
+        assert torch.allclose(theirs(ids), mine(ids), atol=1e-4, rtol=1e-4)
         assert not torch.allclose(mine(ids), get_absorb_method(method, **parse_overrides(options[:-1], flat=True)).absorb(
             loaded.model, document, codec=codec)(ids), atol=1e-3)  # the queries mattered
 

@@ -140,6 +140,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         "episode_seed": seed, "training_questions": questions_label(vars(source.config)),
         "mean_prompt_tokens": sum(e.prompt.shape[0] for e in episodes) / len(episodes),
         "tuning": tuning, "rows": rows, "model_load_s": load_s, "torch_threads": _threads(),
+        "wall_s": time.perf_counter() - start,  # from the model's load to the last method's last query
         "device": spec.device, "dtype": spec.dtype, "machine": machine(spec.device),
         "backend": getattr(loaded.model, "backend", None),
         "command": command_line(spec),

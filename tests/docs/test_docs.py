@@ -1,10 +1,8 @@
 """The documentation agrees with the result files: every embedded result table equals its file, every headline
 number on the README front page equals the value in its results.json, and every link points at a file."""
 
-import functools
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ from incontext import docs
 ROOT = docs.repo_root()
 README = ROOT / "README.md"
 SETUP = ("# incontext\n\n```bash\n"
-         "bash scripts/env.sh incontext demo          # main job: absorb prompts into SmolLM2 with each method, one table (~12 min, CPU)\n"
+         "bash scripts/env.sh incontext demo          # main job: absorb documents into SmolLM2 with each method, one table (~5 min, CPU)\n"
          "bash scripts/env.sh python -m pytest        # tests (what CI runs: .ci/run)\n```\n")
 
 
@@ -46,9 +44,6 @@ def seconds(path: str, method: str) -> float:
     return row(path, method)["absorb_ms"] / 1000
 
 
-def slower(path: str, than: str) -> float:
-    """How many times slower the machine of run `path` was than that of run `than`, by keep-prompt's ms per query."""
-    return row(path, "keep-prompt")["query_ms"] / row(than, "keep-prompt")["query_ms"]
 
 
 def tint(name: str) -> float:
@@ -62,43 +57,25 @@ def absorb_s(method: str, tokens: int, name: str = "absorb_cost_cuda_h100_tf32")
     return next(r["absorb_s"] for r in rows if r["method"] == method and r["prompt_tokens"] == tokens)
 
 
-LONG5 = "compare-smollm2-facts-long-1000-spread-lr3e-2-5"  # the same row on the first five test documents
-LONG20 = "compare-smollm2-facts-long-1000-spread-lr3e-2-20"  # the same twenty documents without the ensemble
-LONG20_PREFIX = "kv-prefix:p100-tuned-spread-lr3e-2"
-ARGMAX, ARGMAX_LORA = "compare-smollm2-facts-distill-lora-argmax", "distill-lora:p12-am1"  # the README's distill-lora row
-CONT = "compare-smollm2-continuation-long-1000-bytes-5"  # long continuation passages: CE against kept bytes
-LR, PREFIX_LR = "compare-smollm2-facts-lr5e-2", "kv-prefix:passes8-autocast-lr5e-2"  # the README's kv-prefix row
-ENSEMBLE_VALIDATION = [f"kv-prefix-validation-long-1000-ensemble-{seed}" for seed in (10000, 20000, 30000)]
-ENSEMBLE = "kv-prefix:L3E"  # wording_ensemble, long documents
-ENSEMBLE20 = "compare-smollm2-facts-long-1000-ensemble-20"  # the long documents' test row: all twenty documents
-SHORT_ENSEMBLE = "compare-smollm2-facts-short-ensemble-20"  # the short row with wording_ensemble (method "kv-prefix")
-SHORT_VALIDATION = "kv-prefix-validation-short-ensemble-20000"  # the short row with and without it, one run
-LORA_ENSEMBLE, LORA_E = "compare-smollm2-facts-distill-lora-ensemble-20", "distill-lora:DE"  # distill-lora's, test
-LORA_VALIDATION = "distill-lora-validation-ensemble-20000"  # distill-lora with (DE) and without (D) it, one run
+DEMO = "demo"  # the main job: 5 test episodes, the document alone, the defaults
+FACTS = "compare-smollm2-facts-test"  # 20 test episodes, the document alone
+CONT = "compare-smollm2-continuation-test"  # 5 test passages, the document alone
+QUESTIONS = "compare-smollm2-facts-test-questions"  # 20 test episodes with training questions (a labelled setting)
+CONSENSUS = "keep-prompt (wording consensus)"
+VALIDATION = "document-alone-validation"  # the sweep that chose the defaults
+PLACEMENT = "placement-test/{}"  # keep-prompt on the 20 test episodes: plain, chat with the facts as the system turn, a user turn
+LEARNED = "compare-smollm2-facts-learned-tuned"  # iclca-approx with learned maps (dev split)
 
 
-def kept_answers(paths: list[str], method: str) -> tuple[int, int, float]:
-    """A row's right answers summed over runs, keep-prompt's, and the first as a percentage of the second."""
-    got, keep = (sum(answers(p, m) for p in paths) for m in (method, "keep-prompt"))
-    return got, keep, 100 * got / keep
+def share_of(path: str, method: str, reference: str) -> float:
+    """A row's exact match as a percentage of another row's in the same run."""
+    return 100 * row(path, method)["score"]["mean"] / row(path, reference)["score"]["mean"]
 
 
-@functools.cache
-def wordings() -> dict:
-    """benchmarks/wording_consistency.py's facts on the eleven long validation documents, summarised together."""
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    from wording_consistency import summarise
-    facts = [f for seed in (10000, 20000, 30000)
-             for f in json.loads((ROOT / f"benchmarks/results/wording_consistency_long_{seed}.json").read_text())["facts"]]
-    return summarise(facts, 4, student=True)
 
 
-def wordings_kept(*groups: tuple[str, ...]) -> tuple[float, ...]:
-    """The student's hits as a percentage of keep-prompt's right facts, per group of training-wording counts."""
-    out = wordings()
-    return tuple(100 * sum(out["student_right_by_train_hits"][k] for k in g)
-                 / sum(out["teacher_right_by_train_hits"][k] for k in g) for g in groups)
+
+
 
 
 def ce_share(path: str, method: str) -> float:
@@ -107,17 +84,8 @@ def ce_share(path: str, method: str) -> float:
     return 100 * (drop - row(path, method)["score"]["mean"]) / (drop - keep)
 
 
-def keep_cells(path: str) -> tuple[float, float]:
-    """keep-prompt's row of the README's table: exact match %, kept KiB."""
-    keep = row(path, "keep-prompt")
-    return 100 * keep["score"]["mean"], keep["kept_bytes"] / 1024
 
 
-def method_cells(path: str, method: str) -> tuple[float, ...]:
-    """A method's row of the README's table: exact match % (share of keep-prompt's), kept KiB (share), absorb s."""
-    r = row(path, method)
-    return (100 * r["score"]["mean"], share(path, method), r["kept_bytes"] / 1024, bytes_share(path, method),
-            seconds(path, method))
 
 
 def chat(config: str, questions: int = 21) -> dict:
@@ -136,76 +104,76 @@ HEADLINES = [
     ("answer {} and {} of 21 chat questions on validation passages, against {} and {}\nfrom the passage alone and {} for",
      lambda: tuple(chat(c)["right"] for c in ("s26-lora-queries-ensemble", "s26-prefix-queries-ensemble", "s26-lora-bare",
                                               "s26-prefix-bare", "teacher"))),
-    ("test passages, {} and {} of 35 against\n{} and {} (the model reading it: {})",
+    ("passages), {} and {} of 35 against\n{} and {} (the model reading it: {})",
      lambda: tuple(chat(c, 35)["right"] for c in ("s26-test-lora-queries-ensemble", "s26-test-prefix-queries-ensemble",
                                                   "s26-test-lora-bare", "s26-test-prefix-bare", "teacher"))),
-    ("{:.1f}% exact match, SmolLM2 + `facts` (demo)", lambda: 100 * row("demo", "keep-prompt")["score"]["mean"]),
-    ("{:.1f}% exact match (demo) |", lambda: 100 * row("demo", "drop-prompt")["score"]["mean"]),
-    ("{:.1f}% exact match vs keep-prompt's 31.4% (demo)", lambda: 100 * row("demo", "distill-lora")["score"]["mean"]),
-    ("exact match vs keep-prompt's {:.1f}% (demo)", lambda: 100 * row("demo", "keep-prompt")["score"]["mean"]),
-    ("(20 test episodes each); {:.1f}% vs {:.1f}% in the demo",
-     lambda: tuple(100 * row("demo", m)["score"]["mean"] for m in ("kv-prefix", "keep-prompt"))),
-    ("{:.1f}% exact match vs keep-prompt's", lambda: 100 * row(SHORT_ENSEMBLE, "kv-prefix")["score"]["mean"]),
-    # the README's short- and long-document table and its cells in the table of systems
-    ("vs keep-prompt's {:.1f}% (111%) at a quarter", lambda: 100 * row(SHORT_ENSEMBLE, "keep-prompt")["score"]["mean"]),
-    ("38.6% ({:.0f}%) at a quarter", lambda: share(SHORT_ENSEMBLE, "kv-prefix")),
-    ("({:.0f}% without, {:.1f} s to absorb on 2 CPU cores)",
-     lambda: (share(LR, PREFIX_LR), seconds(LR, PREFIX_LR))),
-    ("{:.0f}% at 9.7% of the bytes on ~1,035", lambda: share(ENSEMBLE20, ENSEMBLE)),
-    ("98% at {:.1f}% of the bytes on ~1,035", lambda: bytes_share(ENSEMBLE20, ENSEMBLE)),
-    ("(demo); {:.1f}% vs keep-prompt's", lambda: 100 * row(LORA_ENSEMBLE, LORA_E)["score"]["mean"]),
-    ("vs keep-prompt's {:.1f}% (124%) on 20 test", lambda: 100 * row(LORA_ENSEMBLE, "keep-prompt")["score"]["mean"]),
-    ("% ({:.0f}%) on 20 test episodes with `argmax_weight=1` and `wording_ensemble=true` ({:.0f}% without)",
-     lambda: (share(LORA_ENSEMBLE, LORA_E), share(ARGMAX, ARGMAX_LORA))),
-    # the README's table of self-study results, one template per row (a tuple: the row's numbers in order)
-    ("| ~160 tokens, 20 episodes | keep-prompt | {:.1f}% | {:,.0f} | prefill only |", lambda: keep_cells(LR)),
-    ("| | kv-prefix, p = M/4, 8 passes, bf16, rate 0.05 | {:.1f}% ({:.0f}%) | {:,.0f} ({:.0f}%) | {:.1f} |",
-     lambda: method_cells(LR, PREFIX_LR)),
-    ("| | the same with `wording_ensemble=true` | {:.1f}% ({:.0f}%) | {:,.0f} ({:.0f}%) | {:.1f} (slower machine) |",
-     lambda: method_cells(SHORT_ENSEMBLE, "kv-prefix")),
-    ("| | distill-lora, rank 8, 12 passes, `argmax_weight=1` | {:.1f}% ({:.0f}%) | {:,.0f} ({:.0f}%) | {:.1f} |",
-     lambda: method_cells(ARGMAX, ARGMAX_LORA)),
-    ("| | the same with `wording_ensemble=true` | {:.1f}% ({:.0f}%) | {:,.0f} ({:.0f}%) | {:.1f} (slower machine) |",
-     lambda: method_cells(LORA_ENSEMBLE, LORA_E)),
-    ("| ~1,035 tokens, 20 documents | keep-prompt | {:.1f}% | {:,.0f} | prefill only |", lambda: keep_cells(ENSEMBLE20)),
-    ("| | kv-prefix, p = 100, spread start, bf16, rate 0.03, `wording_ensemble=true` | {:.1f}% ({:.0f}%) | {:,.0f} ({:.1f}%) | {:.0f} (slower machine) |",
-     lambda: method_cells(ENSEMBLE20, ENSEMBLE)),
-    ("met ({:.0f}%; {:.0f}% with `wording_ensemble=true`); distill-lora",
-     lambda: (share(LR, PREFIX_LR), share(SHORT_ENSEMBLE, "kv-prefix"))),
-    ("distill-lora, {} ({:.0f}%; {:.0f}% with the option)", lambda: ("met" if share(ARGMAX, ARGMAX_LORA) >= 80 else "not met",
-                                                                  share(ARGMAX, ARGMAX_LORA), share(LORA_ENSEMBLE, LORA_E))),
-    ("met with `wording_ensemble=true`\n({:.0f}%; the same prefix", lambda: share(ENSEMBLE20, ENSEMBLE)),
-    ("without it kept {:.0f}%, ", lambda: share(LONG20, LONG20_PREFIX)),
-    ("{:.0f}% over the first five documents", lambda: share(LONG5, LONG20_PREFIX)),
-    ("{:.0f}% over the other fifteen", lambda: 100 * (answers(LONG20, LONG20_PREFIX) - answers(LONG5, LONG20_PREFIX))
-     / (answers(LONG20, "keep-prompt") - answers(LONG5, "keep-prompt"))),
-    ("{} of its {} right facts right in all four", lambda: (wordings()["teacher_right_by_train_hits"]["4"],
-                                                                    wordings()["teacher_eval"])),
-    ("the prefix kept {:.0f}% of those and {:.0f}% of the ones", lambda: wordings_kept(("4",), ("0", "1"))),
-    ("option it kept {} of the {} ({:.0f}%) there", lambda: kept_answers(ENSEMBLE_VALIDATION, ENSEMBLE)),
-    ("(kv-prefix {:.1f} s with, {:.1f} s without; distill-lora {:.1f} s with, {:.1f} s without)",
-     lambda: (seconds(SHORT_VALIDATION, "kv-prefix:SE"), seconds(SHORT_VALIDATION, "kv-prefix:S"),
-              seconds(LORA_VALIDATION, "distill-lora:DE"), seconds(LORA_VALIDATION, "distill-lora:D"))),
-    ("machines {:.1f}-{:.1f} times slower than the runs without the option",
-     lambda: (lambda r: (min(r), max(r)))([slower(SHORT_ENSEMBLE, LR), slower(LORA_ENSEMBLE, ARGMAX),
-                                            slower(ENSEMBLE20, LONG20)])),
-    ("p = 100 keeps {:.0f}% of the 0.857 nats", lambda: ce_share(CONT, "kv-prefix:p100")),
-    ("keeps 45% of the {:.3f} nats the passage", lambda: row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"]),
-    ("passage ({:.0f}% at rank 2; its adapters", lambda: ce_share(CONT, "distill-lora:r2")),
-    ("489-token document takes {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
+    # the main job and the systems table
+    ("The prompted model answers {} of the {} questions; the two trained methods, which keep a quarter to a third of its\n"
+     "bytes, answer {} each", lambda: (answers(DEMO, "keep-prompt"), result(DEMO)["queries"], answers(DEMO, "kv-prefix"))),
+    ("{:.1f}% exact match, SmolLM2 + `facts`, the document alone (demo)", lambda: 100 * row(DEMO, "keep-prompt")["score"]["mean"]),
+    ("{:.1f}% exact match (demo) |", lambda: 100 * row(DEMO, "drop-prompt")["score"]["mean"]),
+    ("{:.1f}% exact match vs keep-prompt's {:.1f}% from the document alone (demo)",
+     lambda: tuple(100 * row(DEMO, m)["score"]["mean"] for m in ("distill-lora", "keep-prompt"))),
+    ("{:.1f}% exact match vs keep-prompt's {:.1f}% at a quarter of its bytes from the document alone (demo, {:.1f} s to absorb",
+     lambda: (100 * row(DEMO, "kv-prefix")["score"]["mean"], 100 * row(DEMO, "keep-prompt")["score"]["mean"],
+              seconds(DEMO, "kv-prefix"))),
+    ("{:.1f}% exact match on `facts` (demo); perplexity", lambda: 100 * row(DEMO, "dynamic-eval")["score"]["mean"]),
+    ("{:.1f}% exact match on `facts` (demo, FAVOR+); {:.1f}% vs keep-prompt's {:.1f}% with learned maps",
+     lambda: (100 * row(DEMO, "iclca-approx")["score"]["mean"], 100 * row(LEARNED, "iclca-approx")["score"]["mean"],
+              100 * row(LEARNED, "keep-prompt")["score"]["mean"])),
+    ("{:.0f}% of keep-prompt's answers on 20 test episodes (distill-lora)", lambda: share(FACTS, "distill-lora")),
+    ("{:.0f}% of keep-prompt's answers on 20 test episodes at {:.0f}% of its bytes (kv-prefix)",
+     lambda: (share(FACTS, "kv-prefix"), bytes_share(FACTS, "kv-prefix"))),
+    # the document-alone table's reading
+    ("keep {:.0f}% (distill-lora, {} right) and {:.0f}% (kv-prefix, {} right) of keep-prompt's {} right answers of {}",
+     lambda: (share(FACTS, "distill-lora"), answers(FACTS, "distill-lora"), share(FACTS, "kv-prefix"),
+              answers(FACTS, "kv-prefix"), answers(FACTS, "keep-prompt"), result(FACTS)["queries"])),
+    ("at {:.0f}% and {:.0f}% of its bytes", lambda: (bytes_share(FACTS, "distill-lora"), bytes_share(FACTS, "kv-prefix"))),
+    ("kv-prefix keeps {:.0f}% of the {:.3f} nats the passage gives and distill-lora {:.0f}%",
+     lambda: (ce_share(CONT, "kv-prefix"), row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"],
+              ce_share(CONT, "distill-lora"))),
+    ("dynamic-eval {:.0f}% and iclca-approx {:.0f}%", lambda: (ce_share(CONT, "dynamic-eval"), ce_share(CONT, "iclca-approx"))),
+    ("keep-prompt answers {:.1f}% of the questions asked as chat turns with the facts as the system turn, {:.1f}% with "
+     "them in a\n\"Remember these facts\" user turn, and {:.1f}% as plain text",
+     lambda: tuple(100 * row(PLACEMENT.format(p), "keep-prompt")["score"]["mean"] for p in ("chat-system", "chat-user", "plain"))),
+    # with training questions
+    ("distill-lora answers {} and kv-prefix {} of the {} questions, against {} for keep-prompt and {} for keep-prompt\nwith "
+     "the same wordings' consensus",
+     lambda: (answers(QUESTIONS, "distill-lora"), answers(QUESTIONS, "kv-prefix"), result(QUESTIONS)["queries"],
+              answers(QUESTIONS, "keep-prompt"), answers(QUESTIONS, CONSENSUS))),
+    ("({:.0f}% and {:.0f}% of the consensus reference's)",
+     lambda: (share_of(QUESTIONS, "distill-lora", CONSENSUS), share_of(QUESTIONS, "kv-prefix", CONSENSUS))),
+    ("489-token document took {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
     ("shapes, {:.1f} s with `--set batch_size=16", lambda: absorb_s("kv-prefix:b16tf32", 489)),
     ("perplexity {:.2f} vs", lambda: tint("dynamic eval")),
     ("vs {:.2f} without (Shakespeare", lambda: tint("vanilla")),
     ("perplexity {:.2f} (dynamic eval", lambda: tint("TinT")),
     ("relative logits error {:.1e} (205K", lambda: result("iclca-table1")["rows"][0]["mean_rel_error"]),
-    ("{:.1f}% exact match on `facts` vs", lambda: 100 * row("compare-smollm2-facts-learned-tuned", "iclca-approx")["score"]["mean"]),
-    ("vs keep-prompt's {:.1f}% (learned", lambda: 100 * row("compare-smollm2-facts-learned-tuned", "keep-prompt")["score"]["mean"]),
     ("specialised accuracy {:.1f}% with the auxiliary",
      lambda: 100 * result("cgt-table1")["summary"]["cgt_aux"]["specialized_char_accuracy"][0]),
     ("loss vs {:.1f}% without (Table 1", lambda: 100 * result("cgt-table1")["summary"]["cgt"]["specialized_char_accuracy"][0]),
     ("0.95 in {:.0f} steps", lambda: mean(result("residual-bursty")["first_crossing"]["0.95/ic"]["v"])),
     ("steps vs {:.0f} (classic)", lambda: mean(result("residual-bursty")["first_crossing"]["0.95/ic"]["none"])),
     ("accuracy {:.3f} at a = 1.25", lambda: result("amicl")["a_sweep"]["dot"][result("amicl")["config"]["a_values"].index(1.25)]),
+]
+
+# prose numbers of docs pages (the page, its text with {} for the number, the number from its file)
+DOC_NUMBERS = [
+    ("docs/absorb-methods.md", "| plain text, `Q:/A:` questions | {:.1f}% | {:.1f}% | {:.0f} |",
+     lambda: (100 * row(PLACEMENT.format("plain"), "keep-prompt")["score"]["mean"],
+              100 * row(PLACEMENT.format("plain"), "drop-prompt")["score"]["mean"], result(PLACEMENT.format("plain"))["mean_prompt_tokens"])),
+    ("docs/absorb-methods.md", "(`placement=system`, the default) | {:.1f}% | {:.1f}% | {:.0f} |",
+     lambda: (100 * row(PLACEMENT.format("chat-system"), "keep-prompt")["score"]["mean"],
+              100 * row(PLACEMENT.format("chat-system"), "drop-prompt")["score"]["mean"], result(PLACEMENT.format("chat-system"))["mean_prompt_tokens"])),
+    ("docs/absorb-methods.md", "(`placement=user`) | {:.1f}% | {:.1f}% | {:.0f} |",
+     lambda: (100 * row(PLACEMENT.format("chat-user"), "keep-prompt")["score"]["mean"],
+              100 * row(PLACEMENT.format("chat-user"), "drop-prompt")["score"]["mean"], result(PLACEMENT.format("chat-user"))["mean_prompt_tokens"])),
+    ("docs/absorb-methods.md", "({} against {} right of {}, within", lambda: (answers(PLACEMENT.format("chat-system"), "keep-prompt"),
+                                                                         answers(PLACEMENT.format("chat-user"), "keep-prompt"),
+                                                                         result(PLACEMENT.format("chat-user"))["queries"])),
+    ("docs/absorb-methods.md", "gave {:.1f}% against the earlier defaults' {:.1f}% (KL {:.2f} vs {:.2f})",
+     lambda: (100 * row(VALIDATION, "kv-prefix:p8-bf16-lr5e-2")["score"]["mean"], 100 * row(VALIDATION, "kv-prefix")["score"]["mean"],
+              row(VALIDATION, "kv-prefix:p8-bf16-lr5e-2")["agreement"]["kl"], row(VALIDATION, "kv-prefix")["agreement"]["kl"])),
 ]
 
 
@@ -220,6 +188,13 @@ def test_headline_number_comes_from_its_result_file(template, value):
     numbers = value()
     text = template.format(*numbers) if isinstance(numbers, tuple) else template.format(numbers)
     assert text in README.read_text(), "the README's headline differs from its result file"
+
+
+@pytest.mark.parametrize("page, template, value", DOC_NUMBERS, ids=[t for _, t, _ in DOC_NUMBERS])
+def test_a_docs_prose_number_comes_from_its_result_file(page, template, value):
+    numbers = value()
+    text = template.format(*numbers) if isinstance(numbers, tuple) else template.format(numbers)
+    assert text in (ROOT / page).read_text(), f"{page}: a number differs from its result file"
 
 
 def test_every_result_block_equals_its_file():

@@ -18,7 +18,9 @@ takes the fused q/k/v and gate/up weights as views over adjacent tensors: a warm
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import json
 import math
 import mmap
@@ -296,11 +298,34 @@ def _place(stage: Path, folder: Path, source_sha256: str) -> None:
     raise OSError(f"cannot place the converted model at {folder} (other processes keep replacing it)")
 
 
+def quiet_gguf_load(folder: Path, name: str, dtype: torch.dtype):
+    """(model, tokenizer) from a GGUF file with transformers, without its progress bars and warnings."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()  # the GGUF de-quantization bars would drown a command's own output
+    gguf_utils = sys.modules.get("transformers.modeling_gguf_pytorch_utils") or importlib.import_module(
+        "transformers.modeling_gguf_pytorch_utils")
+    plain_tqdm = getattr(gguf_utils, "tqdm", None)
+    if plain_tqdm is not None:  # that module calls tqdm directly, past transformers' progress-bar switch
+        gguf_utils.tqdm = functools.partial(plain_tqdm, disable=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    finally:
+        logging.set_verbosity(verbosity)
+        if plain_tqdm is not None:
+            gguf_utils.tqdm = plain_tqdm
+        if bars:
+            logging.enable_progress_bar()
+    return model.eval(), tokenizer
+
+
 def convert_gguf(gguf: Path, stage: Path) -> None:
     """Write the GGUF model as a Hugging Face folder into `stage`: float32 weights in the model's own tensor order
     (tied ones once), config.json without the GGUF quantization note, generation_config.json, tokenizer files."""
-    from .pretrained import quiet_gguf_load
-
     model, tokenizer = quiet_gguf_load(gguf.parent, gguf.name, torch.float32)
     seen, tensors = set(), []
     for key, tensor in model.state_dict().items():

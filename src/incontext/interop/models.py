@@ -65,6 +65,10 @@ class FolderCodec(HFCodec):
             self._full = AutoTokenizer.from_pretrained(self.folder)
         return self._full
 
+    def __len__(self) -> int:
+        """The number of tokens (added ones included), without loading transformers' tokenizer."""
+        return self.fast.get_vocab_size(with_added_tokens=True)
+
     def encode(self, text: str) -> list[int]:
         return self.fast.encode(text, add_special_tokens=False).ids
 
@@ -130,10 +134,11 @@ def load_model(spec: str | Path, device: str | torch.device = "cpu", dtype: str 
 def check_vocabulary(loaded: LoadedModel, spec: str | Path) -> None:
     """One-line ValueError when the tokenizer gives ids the model has no embedding for (a tokenizer of more tokens
     than the model's vocabulary: the first such id would end in an IndexError inside the embedding)."""
-    tokenizer = getattr(loaded.tokenizer, "tokenizer", None)  # HFCodec's; a task's own codec matches its model
+    codec = loaded.tokenizer  # a FolderCodec counts its tokens itself (no transformers import); HFCodec its tokenizer's
+    tokenizer = codec if isinstance(codec, FolderCodec) else getattr(codec, "tokenizer", None)
     vocab = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
     if tokenizer is None or not isinstance(vocab, int):
-        return
+        return  # a task's own codec matches its model
     tokens = len(tokenizer)
     if tokens > vocab:
         raise ValueError(f"model {str(spec)!r}: its tokenizer has {tokens} tokens but the model's vocabulary holds "

@@ -16,12 +16,9 @@ transformers' model from it; load_*_gguf read the GGUF file itself (the conversi
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -44,31 +41,9 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def quiet_gguf_load(folder: Path, name: str, dtype: torch.dtype):
-    """(model, tokenizer) from a GGUF file with transformers, without its progress bars and warnings."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging
-
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()  # the GGUF de-quantization bars would drown a command's own output
-    gguf_utils = sys.modules.get("transformers.modeling_gguf_pytorch_utils") or importlib.import_module(
-        "transformers.modeling_gguf_pytorch_utils")
-    plain_tqdm = getattr(gguf_utils, "tqdm", None)
-    if plain_tqdm is not None:  # that module calls tqdm directly, past transformers' progress-bar switch
-        gguf_utils.tqdm = functools.partial(plain_tqdm, disable=True)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    finally:
-        logging.set_verbosity(verbosity)
-        if plain_tqdm is not None:
-            gguf_utils.tqdm = plain_tqdm
-        if bars:
-            logging.enable_progress_bar()
-    return model.eval(), tokenizer
 
 
+from .converted import quiet_gguf_load  # noqa: E402  (the one GGUF reader)
 _quiet_gguf_load = quiet_gguf_load
 
 

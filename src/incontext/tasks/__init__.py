@@ -5,7 +5,7 @@
     metrics = task.evaluate(model(batch.inputs), batch)
 """
 
-from . import arithmetic, regression  # noqa: F401  (importing registers the tasks)
+from . import arithmetic, jsonl, regression  # noqa: F401  (importing registers the tasks; jsonl the "jsonl" episodes)
 from .amicl import AMICLConfig, AMICLTask  # importing registers "amicl"
 from .arithmetic import Arithmetic, ArithmeticConfig
 from .base import Batch, Predictor, Task

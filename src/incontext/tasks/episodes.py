@@ -563,4 +563,3 @@ class ArithmeticEpisodes(TaskSplit):
     task_name = "arithmetic"
 
 
-from . import jsonl  # noqa: E402,F401  (importing registers "jsonl": questions from a user's file)
