@@ -315,7 +315,7 @@ def test_the_wording_consensus_reference_by_hand():
             assert len(wordings) == 1 + 1 + 2  # its own, the statement start and two paraphrases
             logp = torch.stack([F.log_softmax(kept(w[None])[0, -n:].double(), -1) for w in wordings])
             out = kept(query.inputs[None])[0].double().clone()
-            out[-n:] = F.log_softmax(logp.mean(0), -1)
+            out[-n:] = F.log_softmax(logp.mean(0), -1) + torch.logsumexp(out[-n:], -1, keepdim=True)
             per.append(metric.score_query(out, query))
             p = F.log_softmax(kept(query.inputs[None])[0][query.mask].double(), -1)
             kl.append(float((p.exp() * (p - F.log_softmax(out[query.mask], -1))).sum() / n))
@@ -323,6 +323,7 @@ def test_the_wording_consensus_reference_by_hand():
     row = by["keep-prompt (wording consensus)"]
     assert row["score"]["mean"] == pytest.approx(statistics.fmean(scores), abs=1e-12)
     assert row["agreement"]["kl"] > 0  # it is not the prompted model's own answer
+    assert row["agreement"]["relative_logits_error"] < 0.5  # on the logits' scale: compared like with like
     assert row["kept_bytes"] == by["keep-prompt"]["kept_bytes"]
 
 

@@ -352,8 +352,10 @@ def consensus_outputs(adapted, query: Query, out: torch.Tensor, wordings: list[t
     for wording in wordings:
         logits = adapted(torch.cat([wording.to(answer.device), answer[:-1]])[None])[0]
         taught.append(F.log_softmax(logits[-n:].double(), -1))
-    consensus = out.clone()
-    consensus[-n:] = F.log_softmax(torch.stack(taught).mean(0), -1).to(out.dtype)
+    consensus = out.clone()  # the consensus log-probabilities on the scale of the query's own logits (a per-position
+    # constant changes no softmax, argmax or KL; the relative logits error then compares like with like)
+    shift = torch.logsumexp(out[-n:].double(), -1, keepdim=True)
+    consensus[-n:] = (F.log_softmax(torch.stack(taught).mean(0), -1) + shift).to(out.dtype)
     return consensus
 
 
