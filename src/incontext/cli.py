@@ -308,6 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"],
                        help="the model's weights and compute dtype (default float32)")
 
+    def add_sampling(p: argparse.ArgumentParser, max_new_tokens: int, length_help: str) -> None:
+        """generate's and chat's decoding options."""
+        p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=length_help)
+        p.add_argument("--sample", action="store_true", help="sample instead of the greedy argmax")
+        p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+        p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
+        p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+
     def add_common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field (repeatable), e.g. --set steps=500 --set seed=1")
@@ -410,11 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "one model load: one output line per prompt, line breaks written as \\n")
     generator.add_argument("--jsonl", action="store_true",
                            help="with --prompts-file: one JSON record a prompt (line, prompt, output, tokens)")
-    generator.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default 64)")
-    generator.add_argument("--sample", action="store_true", help="sample instead of the greedy argmax")
-    generator.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
-    generator.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
-    generator.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    add_sampling(generator, 64, "at most this many new tokens (default 64)")
     add_runtime(generator)
     generator.set_defaults(func=cmd_generate)
 
@@ -434,11 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "local HF model folder")
     chatter.add_argument("--adapted", type=Path, action="append", default=None,
                          help="an absorb folder (incontext absorb --out); repeated: the folders composed")
-    chatter.add_argument("--max-new-tokens", type=int, default=256, help="at most this many tokens an answer (default 256)")
-    chatter.add_argument("--sample", action="store_true", help="sample instead of the greedy argmax")
-    chatter.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
-    chatter.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only")
-    chatter.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    add_sampling(chatter, 256, "at most this many tokens an answer (default 256)")
     add_runtime(chatter)
     chatter.set_defaults(func=cmd_chat)
 
