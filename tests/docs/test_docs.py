@@ -88,6 +88,33 @@ def ce_share(path: str, method: str) -> float:
 
 
 
+def bench(name: str) -> dict:
+    """A benchmark's record, benchmarks/results/NAME.json."""
+    return json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
+
+
+def wording(key: str, *index: str) -> int:
+    """A wording_consistency summary's count over the three long validation files (11 documents), `index` into dicts."""
+    total = 0
+    for seed in (10000, 20000, 30000):
+        value = bench(f"wording_consistency_long_{seed}")["summary"][key]
+        total += sum(value[i] for i in index) if index else value
+    return total
+
+
+def total_answers(paths, method: str) -> int:
+    return sum(answers(path, method) for path in paths)
+
+
+def ms_ratio(slow: str, fast: str) -> float:
+    """How much slower one run's machine was: keep-prompt's ms per query in one run over another's."""
+    return row(slow, "keep-prompt")["query_ms"] / row(fast, "keep-prompt")["query_ms"]
+
+
+def pct(path: str, method: str) -> float:
+    return 100 * row(path, method)["score"]["mean"]
+
+
 def chat(config: str, questions: int = 21) -> dict:
     """The first row of benchmarks/results/distill_lora_facts.json named `config` with that many chat questions (21:
     the three validation passages; 35: the five test passages)."""
@@ -160,7 +187,63 @@ HEADLINES = [
     ("accuracy {:.3f} at a = 1.25", lambda: result("amicl")["a_sweep"]["dot"][result("amicl")["config"]["a_values"].index(1.25)]),
 ]
 
-# prose numbers of docs pages (the page, its text with {} for the number, the number from its file)
+SHORT = "compare-smollm2-facts-lr5e-2"  # the dev-split rows: short documents, kv-prefix at today's defaults
+SHORT_E = "compare-smollm2-facts-short-ensemble-20"
+SHORT_VAL = "kv-prefix-validation-short-ensemble-20000"
+LONG = "compare-smollm2-facts-long-1000-spread-lr3e-2-20"
+LONG_E = "compare-smollm2-facts-long-1000-ensemble-20"
+LONG_VAL = [f"kv-prefix-validation-long-1000-ensemble-{seed}" for seed in (10000, 20000, 30000)]
+L3, L3E = "kv-prefix:p100-tuned-spread-lr3e-2", "kv-prefix:L3E"
+CONT_LONG = "compare-smollm2-continuation-long-1000-bytes-5"
+COMPOSED = {"kv-prefix": ("compare-smollm2-facts-composition-trained", "kv-prefix:co192 (composed)"),
+            "distill-lora": ("compare-smollm2-facts-composition-trained-lora", "distill-lora:co48 (composed)")}
+LORA = "compare-smollm2-facts-distill-lora-argmax"
+LORA_E = "compare-smollm2-facts-distill-lora-ensemble-20"
+LORA_VAL, LORA_EVAL = "distill-lora-validation-argmax-20000", "distill-lora-validation-ensemble-20000"
+ABLATIONS = "kv-prefix-ablations"
+SCHEDULE = "kv-prefix-validation-schedule"
+PAGE = "docs/absorb-methods.md"
+
+
+def same(*values):
+    """The one value all of `values` share, or a marker that no page holds (a page's "the same N" then fails)."""
+    return values[0] if len(set(values)) == 1 else "<they differ>"
+
+
+def result_file(path: str) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+def trajectory() -> tuple:
+    """prefix_trajectory_validation.json at its last step: (step, how much lower the best averaged iterate's KL is
+    than the raw prefix's), or a marker where an averaged iterate answers more (the page says no more answers)."""
+    by_step = result_file("results/prefix_trajectory_validation.json")["by_step"]
+    last = max(by_step, key=int)
+    raw, averaged = by_step[last]["raw"], [v for k, v in by_step[last].items() if k != "raw"]
+    if max(v[1] for v in averaged) > raw[1]:
+        return last, "<more answers>"
+    return int(last), raw[0] - min(v[0] for v in averaged)
+
+
+def half_ci(path: str, method: str) -> float:
+    score = row(path, method)["score"]
+    return 100 * (score["high"] - score["low"]) / 2
+
+
+def chunked() -> tuple:
+    rows = bench("chunked_teacher_facts_long")["rows"]
+    chunks = [r["hits"] for name, r in rows.items() if name.startswith("chunks")]
+    whole = rows["whole document"]
+    return bench("chunked_teacher_facts_long")["prompt_tokens"], min(chunks), max(chunks), whole["queries"], whole["hits"]
+
+
+def absorb_tokens(name: str) -> tuple:
+    """A CPU absorb_cost run's kv-prefix:quality rows: (seconds, tokens) for each prompt length, in order."""
+    return tuple(x for r in bench(name)["rows"] if r["method"] == "kv-prefix:quality" for x in (r["absorb_s"], r["prompt_tokens"]))
+
+
+# prose numbers of docs pages (the page, its text with {} for the number, the number from its file); whitespace and
+# line breaks are compared as one space, so a reflowed paragraph still matches
 DOC_NUMBERS = [
     ("docs/absorb-methods.md", "| plain text, `Q:/A:` questions | {:.1f}% | {:.1f}% | {:.0f} |",
      lambda: (100 * row(PLACEMENT.format("plain"), "keep-prompt")["score"]["mean"],
@@ -177,7 +260,120 @@ DOC_NUMBERS = [
     ("docs/absorb-methods.md", "gave {:.1f}% against the earlier defaults' {:.1f}% (KL {:.2f} vs {:.2f})",
      lambda: (100 * row(VALIDATION, "kv-prefix:p8-bf16-lr5e-2")["score"]["mean"], 100 * row(VALIDATION, "kv-prefix")["score"]["mean"],
               row(VALIDATION, "kv-prefix:p8-bf16-lr5e-2")["agreement"]["kl"], row(VALIDATION, "kv-prefix")["agreement"]["kl"])),
+    # the document alone (test split): the setting's sizes
+    (PAGE, "(~{:.0f} tokens, {:.0f} questions each)",
+     lambda: (round(result(FACTS)["mean_prompt_tokens"], -1), result(FACTS)["queries"] / result(FACTS)["episodes"])),
+    (PAGE, "(validation split, {} episodes, {} questions;", lambda: (result(VALIDATION)["episodes"], result(VALIDATION)["queries"])),
+    (PAGE, "(both {:.0f}% exact match at every setting)",
+     lambda: max(pct(VALIDATION, r["method"]) for r in result(VALIDATION)["rows"] if r["method"].startswith(("dynamic-eval", "iclca")))),
+    (PAGE, "**`facts`, {} test episodes**", lambda: result(FACTS)["episodes"]),
+    (PAGE, "**`continuation`, {} test passages** ({} tokens of a held-out play in the prompt, the cross-entropy of the next {};",
+     lambda: (result(CONT)["episodes"], result(CONT)["task_options"]["prompt_tokens"], result(CONT)["task_options"]["query_tokens"])),
+    (PAGE, "(the same {} test episodes; `results/placement-test",
+     lambda: same(*(result(PLACEMENT.format(p))["episodes"] for p in ("plain", "chat-system", "chat-user")))),
+    (PAGE, "| the facts, for keep-prompt ({} test episodes, {} questions) |",
+     lambda: (result(PLACEMENT.format("plain"))["episodes"], result(PLACEMENT.format("plain"))["queries"])),
+    (PAGE, "the same help. {} test episodes (the demo's)", lambda: same(result(QUESTIONS)["episodes"], result(DEMO)["episodes"])),
+    # the older dev-split results
+    (PAGE, "`incontext demo` ran the dev split's first {} episodes", lambda: result("demo-dev-questions")["episodes"]),
+    (PAGE, "{} answers against keep-prompt's {} ({:.0f}%)",
+     lambda: (answers(SHORT, "kv-prefix:passes8-autocast-lr5e-2"), answers(SHORT, "keep-prompt"), share(SHORT, "kv-prefix:passes8-autocast-lr5e-2"))),
+    (PAGE, "{} of keep-prompt's {} answers with it, {} without, at the same absorb time ({:.1f} s and {:.1f} s)",
+     lambda: (answers(SHORT_VAL, "kv-prefix:SE"), answers(SHORT_VAL, "keep-prompt"), answers(SHORT_VAL, "kv-prefix:S"),
+              seconds(SHORT_VAL, "kv-prefix:SE"), seconds(SHORT_VAL, "kv-prefix:S"))),
+    (PAGE, "`results/compare-smollm2-facts-short-ensemble-20`, a machine about {:.1f} times slower by keep-prompt's ms",
+     lambda: ms_ratio(SHORT_E, SHORT)),
+    (PAGE, "{} of keep-prompt's {} answers ({:.0f}%) at KL {:.2f} ({:.2f} without)",
+     lambda: (answers(SHORT_E, "kv-prefix"), answers(SHORT_E, "keep-prompt"), share(SHORT_E, "kv-prefix"),
+              row(SHORT_E, "kv-prefix")["agreement"]["kl"], row(SHORT, "kv-prefix:passes8-autocast-lr5e-2")["agreement"]["kl"])),
+    (PAGE, "`facts` with {} people (~{:,.0f} tokens)", lambda: (result(LONG)["task_options"]["people"], result(LONG)["mean_prompt_tokens"])),
+    (PAGE, "`results/compare-smollm2-facts-long-1000-spread-lr3e-2-5`, {:.0f}% of keep-prompt's answers",
+     lambda: share("compare-smollm2-facts-long-1000-spread-lr3e-2-5", L3)),
+    (PAGE, "{} of keep-prompt's {} answers ({:.0f}%). Why", lambda: (answers(LONG, L3), answers(LONG, "keep-prompt"), share(LONG, L3))),
+    (PAGE, "options on {} validation documents", lambda: sum(bench(f"wording_consistency_long_{s}")["episodes"] for s in (10000, 20000, 30000))),
+    (PAGE, "answers only {} of its {} right facts right in all {} training wordings; the student keeps {} of those and {} of the {} "
+           "right in at most one",
+     lambda: (wording("teacher_right_by_train_hits", "4"), wording("teacher_eval"),
+              len(bench("wording_consistency_long_10000")["summary"]["teacher_by_wording"]), wording("student_right_by_train_hits", "4"),
+              wording("student_right_by_train_hits", "0", "1"), wording("teacher_right_by_train_hits", "0", "1"))),
+    (PAGE, "(L3E) kept {} of keep-prompt's {} answers on those documents",
+     lambda: (total_answers(LONG_VAL, L3E), same(total_answers(LONG_VAL, "keep-prompt"), wording("teacher_eval")))),
+    (PAGE, "against L3's {} (the student above)", lambda: wording("student_eval")),
+    (PAGE, "`results/compare-smollm2-facts-long-1000-ensemble-20`, a machine about {:.1f} times slower", lambda: ms_ratio(LONG_E, LONG)),
+    (PAGE, "**{} of keep-prompt's {} answers ({:.0f}%) at {:.1f}% of its bytes**",
+     lambda: (answers(LONG_E, L3E), answers(LONG_E, "keep-prompt"), share(LONG_E, L3E), bytes_share(LONG_E, L3E))),
+    (PAGE, "{:,} tokens of a held-out Shakespeare play, the next {} scored",
+     lambda: (result(CONT_LONG)["task_options"]["prompt_tokens"], result(CONT_LONG)["task_options"]["query_tokens"])),
+    (PAGE, "Of the {:.3f} nats the passage gives, p = 100 keeps {:.0f}%",
+     lambda: (row(CONT_LONG, "drop-prompt")["score"]["mean"] - row(CONT_LONG, "keep-prompt")["score"]["mean"],
+              ce_share(CONT_LONG, "kv-prefix:p100"))),
+    (PAGE, "Dev split ({} episodes, {} questions per document)",
+     lambda: (result(COMPOSED["kv-prefix"][0])["episodes"],
+              result(COMPOSED["kv-prefix"][0])["queries"] // result(COMPOSED["kv-prefix"][0])["task_options"]["documents"])),
+    (PAGE, "Each document composed keeps {:.0f}% and {:.0f}% (kv-prefix), {:.0f}% and {:.0f}% (distill-lora)",
+     lambda: tuple(100 * r for m in ("kv-prefix", "distill-lora") for r in row(*COMPOSED[m])["composition"]["ratio"])),
+    (PAGE, "one answer is {:.1f} points",
+     lambda: 100 * result(COMPOSED["kv-prefix"][0])["task_options"]["documents"] / result(COMPOSED["kv-prefix"][0])["queries"]),
+    (PAGE, "`benchmarks/results/absorb_cost_cast_once_cpu.md`): {:.1f} s at {} tokens, {:.1f} s at {}; at {:,} tokens {:.0f} s",
+     lambda: absorb_tokens("absorb_cost_cast_once_cpu") + absorb_tokens("absorb_cost_quality_2000_cpu")[::-1]),
+    (PAGE, "at 489 tokens the defaults of the time take {:.1f} s and `batch_size=16` with `tf32=true` {:.1f} s",
+     lambda: (absorb_s("kv-prefix", 489), absorb_s("kv-prefix:b16tf32", 489))),
+    (PAGE, "Validation (seed 10000, {} episodes, {} queries", lambda: (result(ABLATIONS)["episodes"], result(ABLATIONS)["queries"])),
+    (PAGE, "conversations hurt ({:.1f}% against {:.1f}%)", lambda: (pct(ABLATIONS, "kv-prefix:conversations"), pct(ABLATIONS, "kv-prefix"))),
+    (PAGE, "ties next-token training in exact match and beats it in KL ({:.2f} against {:.2f}); at equal bytes the prefix and a "
+           "rank-{} LoRA tie ({:.1f}%)",
+     lambda: (row(ABLATIONS, "kv-prefix")["agreement"]["kl"], row(ABLATIONS, "kv-prefix:next-token")["agreement"]["kl"],
+              row(ABLATIONS, "distill-lora:equal-bytes")["options"]["rank"],
+              same(*(pct(ABLATIONS, m) for m in ("kv-prefix", "kv-prefix:next-token", "distill-lora:equal-bytes"))))),
+    (PAGE, "(random vectors: {:.1f}%, KL {:.2f}). The intervals are about ±{:.0f} points",
+     lambda: (pct(ABLATIONS, "kv-prefix:random-vectors"), row(ABLATIONS, "kv-prefix:random-vectors")["agreement"]["kl"],
+              half_ci(ABLATIONS, "kv-prefix"))),
+    (PAGE, "`results/distill-lora-validation-argmax-20000`: {} of keep-prompt's {} answers",
+     lambda: (answers(LORA_VAL, "distill-lora:p12-am1"), answers(LORA_VAL, "keep-prompt"))),
+    (PAGE, "{} of keep-prompt's {} answers ({:.0f}%), fewer with the KL alone",
+     lambda: (answers(LORA, "distill-lora:p12-am1"), answers(LORA, "keep-prompt"), share(LORA, "distill-lora:p12-am1"))),
+    (PAGE, "for its top token (KL {:.2f})", lambda: row(LORA, "distill-lora:p12-am1")["agreement"]["kl"]),
+    (PAGE, "`results/distill-lora-validation-ensemble-20000`): {} of keep-prompt's {} answers against {} without",
+     lambda: (answers(LORA_EVAL, "distill-lora:DE"), answers(LORA_EVAL, "keep-prompt"), answers(LORA_EVAL, "distill-lora:D"))),
+    (PAGE, "`results/compare-smollm2-facts-distill-lora-ensemble-20`, a machine about {:.1f} times slower", lambda: ms_ratio(LORA_E, LORA)),
+    (PAGE, "{} of keep-prompt's {} answers ({:.0f}%) at the same {:,.0f} KiB",
+     lambda: (answers(LORA_E, "distill-lora:DE"), answers(LORA_E, "keep-prompt"), share(LORA_E, "distill-lora:DE"),
+              same(row(LORA_E, "distill-lora:DE")["kept_bytes"], row(LORA, "distill-lora:p12-am1")["kept_bytes"]) / 1024)),
+    # tried, did not work
+    (PAGE, "kv-prefix {:.1f}% against {:.1f}% without (`kv-prefix-validation/default`",
+     lambda: (pct("kv-prefix-validation/default", "kv-prefix"), pct("kv-prefix-validation/no-questions", "kv-prefix"))),
+    (PAGE, "distill-lora {:.1f}% against {:.1f}% (`kv-prefix-validation-sweep`)",
+     lambda: (pct("kv-prefix-validation-sweep", "distill-lora"), pct("kv-prefix-validation-sweep", "distill-lora:no-questions"))),
+    (PAGE, "the same {} of {} answers as a constant rate at 48 steps, KL {:.3f} against {:.3f}",
+     lambda: (same(answers(SCHEDULE, "kv-prefix:cos48"), answers(SCHEDULE, "kv-prefix:const48")), result(SCHEDULE)["queries"],
+              row(SCHEDULE, "kv-prefix:cos48")["agreement"]["kl"], row(SCHEDULE, "kv-prefix:const48")["agreement"]["kl"])),
+    (PAGE, "at the last of {} steps a KL up to {:.2f} lower, no more answers", trajectory),
+    (PAGE, "where L3 gives {} of keep-prompt's {} answers: `wording_consistency_long_10000.json`",
+     lambda: tuple(bench("wording_consistency_long_10000")["summary"][k] for k in ("student_eval", "teacher_eval"))),
+    (PAGE, "**A chunked teacher at {:,.0f} tokens**: {}-{} of {} answers against {} reading the whole document", chunked),
+    (PAGE, "**Repeated K/V heads for sdpa on CUDA**: {:.1f} against {:.1f} s at 489 tokens",
+     lambda: (absorb_s("kv-prefix", 489, "absorb_cost_cuda_h100_gqa"), absorb_s("kv-prefix:enable-gqa", 489, "absorb_cost_cuda_h100_gqa"))),
 ]
+
+# kinds of prose number that a page's text may hold only where a DOC_NUMBERS entry covers it: shares in percent, counts
+# of right answers against keep-prompt's, seconds and KL values
+CHECKED_PROSE = [r"\d[\d,]*(?:\.\d+)?%", r"\d+ (?:answers )?(?:of|against) keep-prompt's \d+", r"\b\d+\.\d+ s\b", r"\bKL \d+\.\d+"]
+CHECKED_PAGES = [PAGE]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _prose(page: str) -> str:
+    """A page's text without its result blocks (the tables checked against their files) and code, flattened."""
+    text = re.sub(r"<!-- result:.*?<!-- /result -->", " ", (ROOT / page).read_text(), flags=re.S)
+    return _flat(re.sub(r"```.*?```", " ", text, flags=re.S))
+
+
+def _formatted(template: str, value) -> str:
+    numbers = value()
+    return template.format(*numbers) if isinstance(numbers, tuple) else template.format(numbers)
 
 
 def test_readme_opens_with_the_two_setup_commands_and_stays_short():
@@ -195,9 +391,30 @@ def test_headline_number_comes_from_its_result_file(template, value):
 
 @pytest.mark.parametrize("page, template, value", DOC_NUMBERS, ids=[t for _, t, _ in DOC_NUMBERS])
 def test_a_docs_prose_number_comes_from_its_result_file(page, template, value):
-    numbers = value()
-    text = template.format(*numbers) if isinstance(numbers, tuple) else template.format(numbers)
-    assert text in (ROOT / page).read_text(), f"{page}: a number differs from its result file"
+    text = _flat(_formatted(template, value))
+    assert text in _flat((ROOT / page).read_text()), f"{page}: a number differs from its result file: {text!r}"
+
+
+@pytest.mark.parametrize("page", CHECKED_PAGES)
+def test_every_share_count_and_time_in_a_page_prose_is_checked(page):
+    """A percentage, an 'N of keep-prompt's M', a time in seconds or a KL value written in the page's prose (outside
+    result blocks) must lie inside the text of some DOC_NUMBERS entry, so a new claim of those kinds needs its entry."""
+    prose = _prose(page)
+    covered = [False] * len(prose)
+    for where, template, value in DOC_NUMBERS:
+        if where == page:
+            text = _flat(_formatted(template, value))
+            for m in re.finditer(re.escape(text), prose):
+                covered[m.start():m.end()] = [True] * (m.end() - m.start())
+    unchecked = [m.group(0) + " in ..." + prose[max(0, m.start() - 60):m.end()]
+                 for pattern in CHECKED_PROSE for m in re.finditer(pattern, prose) if not all(covered[m.start():m.end()])]
+    assert not unchecked, f"{page}: prose numbers no DOC_NUMBERS entry checks: {unchecked}"
+
+
+def test_the_prose_patterns_find_each_kind_of_number():
+    prose = "kv-prefix: 44 of keep-prompt's 54 answers (81%) at KL 0.38 in 21.1 s."
+    found = [m.group(0) for pattern in CHECKED_PROSE for m in re.finditer(pattern, prose)]
+    assert found == ["81%", "44 of keep-prompt's 54", "21.1 s", "KL 0.38"]
 
 
 def test_every_result_block_equals_its_file():
