@@ -172,7 +172,7 @@ def test_generate_from_an_absorb_folder_follows_the_adapted_models_argmax(method
 
 @pytest.mark.parametrize("rollbacks", [0, 2])
 def test_absorb_says_when_training_rolled_back(rollbacks, llama, tmp_path, capsys, monkeypatch):
-    from incontext.absorb.distill_lora import Rollback
+    from incontext.absorb.distill import Rollback
 
     monkeypatch.setattr(Rollback, "record", lambda self: {"rollbacks": rollbacks, "best_window_loss": 0.5})
     code, printed, err = run(capsys, "absorb", "--model", llama, "--method", "kv-prefix", "--prompt", PROMPT, "--out",

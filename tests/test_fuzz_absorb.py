@@ -134,7 +134,7 @@ OPTION_CASES = [
     ("distill-lora", ["merge=maybe"], "merge must be true or false"),
     ("distill-lora", ["target_modules=[1, 2]"], "target_modules must be a list of strings or a string"),
     ("distill-lora", ["target_modules=attn.q"], "target_modules must be a non-empty subset"),
-    ("distill-lora", ["data_cache=3"], "data_cache must be a string, got 3"),
+    ("distill-lora", ["cache=3"], "cache must be a string, got 3"),
     ("distill-lora", ["window_tokens=0"], "window_tokens must be an integer >= 1, got 0"),
     ("kv-prefix", ["prefix_tokens=-1"], "prefix_tokens must be an integer >= 1 (or null), got -1"),
     ("kv-prefix", ["batch_size=0"], "batch_size must be an integer >= 1, got 0"),

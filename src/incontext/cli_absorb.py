@@ -205,7 +205,7 @@ def absorb(args) -> int:
     if (record.get("history") or {}).get("steps") == 0:  # e.g. kv-prefix with steps=0: its initial prefix
         print(f"nothing was trained (0 steps): the adapted model is {args.method}'s starting point")
     rollbacks = (record.get("history") or {}).get("rollbacks", 0)
-    if rollbacks:  # the divergence guard acted (absorb/distill_lora.py, Rollback)
+    if rollbacks:  # the divergence guard acted (absorb/distill.py, Rollback)
         print(f"training diverged {rollbacks} time(s); each time it went back to its best snapshot at half the "
               f"learning rate (absorb.json: history)")
     print(f"wrote {args.out}: {', '.join(record['files'])}")

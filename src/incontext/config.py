@@ -157,20 +157,40 @@ def _within(value: Any, bounds: dict[str, float]) -> bool:
     return all(checks[k](b) for k, b in bounds.items() if k in checks)
 
 
+def _nested(cls: type) -> dict[str, type]:
+    """Field name -> options class, for the fields of dataclass `cls` that hold a dataclass of options (built by
+    their default factory, e.g. the distillers' `study`)."""
+    return {f.name: f.default_factory for f in dataclasses.fields(cls) if dataclasses.is_dataclass(f.default_factory)}
+
+
 def parse_options(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
     """The options `values` (from Python, or YAML scalars from `--set KEY=VALUE`) checked against dataclass `cls`:
     unknown names, types (integers stay integers, booleans are true/false, floats finite), Literal choices and the
-    fields' `limit` ranges; returns the given options converted to their types. Every error is one line naming
-    `where` (the method) and the option."""
+    fields' `limit` ranges; returns the given options converted to their types. A nested options class (a field
+    whose default factory is a dataclass) takes "study.window_tokens" keys or a mapping under "study"; its options
+    come back as dotted keys. Every error is one line naming `where` (the method) and the option."""
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: expected a mapping of options to values, got {values!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in values:
-        if key not in fields:
-            raise ConfigError(f"{where}: unknown option {key!r}; options: {', '.join(fields) or '(none)'}")
+    fields, nested = {f.name: f for f in dataclasses.fields(cls)}, _nested(cls)
+    plain, inner = {}, {}
+    for key, value in values.items():
+        head, dot, rest = str(key).partition(".")
+        if head in nested and (dot or isinstance(value, dict)):
+            inner.setdefault(head, {}).update({rest: value} if dot else value)
+        elif key not in fields and (owner := [h for h, sub in nested.items()
+                                             if key in {f.name for f in dataclasses.fields(sub)}]):
+            inner.setdefault(owner[0], {})[key] = value  # a nested option by its own name: study's window_tokens
+        elif key in nested:
+            raise ConfigError(f"{where}: {key} holds options: give {key}.OPTION=VALUE "
+                              f"({', '.join(f.name for f in dataclasses.fields(nested[key]))})")
+        elif key not in fields:
+            raise ConfigError(f"{where}: unknown option {key!r}; options: "
+                              f"{', '.join(f'{n}.*' if n in nested else n for n in fields) or '(none)'}")
+        else:
+            plain[key] = value
     hints = typing.get_type_hints(cls)
     coerced = {}
-    for key, value in values.items():
+    for key, value in plain.items():
         bounds = dict(fields[key].metadata)
         try:
             coerced[key] = _coerce(f"{where}.{key}", hints[key], value)
@@ -181,18 +201,34 @@ def parse_options(cls: type, values: dict[str, Any], where: str) -> dict[str, An
             bad = not _within(coerced[key], bounds)
         if bad:
             raise ConfigError(f"{where}: {key} must be {_wording(hints[key], bounds)}, got {value!r}")
+    for head, sub in inner.items():
+        coerced.update({f"{head}.{k}": v for k, v in parse_options(nested[head], sub, f"{where}.{head}").items()})
     try:
-        cls(**coerced)  # the dataclass's own checks (__post_init__) across options
+        build_options(cls, coerced)  # the dataclass's own checks (__post_init__) across options
     except (ValueError, TypeError) as error:
         raise ConfigError(f"{where}: {' '.join(str(error).split())}") from None
     return coerced
 
 
+def build_options(cls: type, given: dict[str, Any]) -> Any:
+    """Dataclass `cls` from parse_options' result: its fields as given (the defaults elsewhere), a nested options
+    class built from its own dotted keys."""
+    nested = _nested(cls)
+    plain = {k: v for k, v in given.items() if "." not in k}
+    for head, factory in nested.items():
+        sub = {k.partition(".")[2]: v for k, v in given.items() if k.startswith(f"{head}.")}
+        plain[head] = factory(**sub)
+    return cls(**plain)
+
+
 def check_float_limit(cls: type, values: dict[str, Any], largest: float, where: str, what: str) -> None:
     """ConfigError naming the first float field of dataclass `cls` whose value in `values` exceeds `largest` in
     magnitude (what a dtype holds, `what` naming it: parse_options knows no dtype, the caller that knows one checks
-    here), in parse_options' wording with the range."""
+    here), in parse_options' wording with the range; a nested options class's dotted keys too."""
     hints = typing.get_type_hints(cls)
+    for head, sub in _nested(cls).items():
+        check_float_limit(sub, {k.partition(".")[2]: v for k, v in values.items() if k.startswith(f"{head}.")},
+                          largest, f"{where}.{head}", what)
     for field in dataclasses.fields(cls):
         hint, value = hints[field.name], values.get(field.name)
         options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)

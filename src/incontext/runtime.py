@@ -119,12 +119,7 @@ def tf32_matmuls(enabled: bool, device: torch.device | str):
         torch.set_float32_matmul_precision(before)
 
 
-# Whether frozen_casts makes its copies (False: none, so autocast casts the frozen weights at every forward, as
-# without it: the benchmarks' peer, benchmarks/absorb_cost.py's cast-per-step)
-CAST_ONCE = True
-
-
-def frozen_casts(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def frozen_casts(model: torch.nn.Module, dtype: torch.dtype, enabled: bool = True) -> dict[str, torch.Tensor]:
     """Copies in `dtype` of the model's frozen float32 nn.Linear weights (requires_grad False), by name, for
     `torch.func.functional_call(model, casts, ..., tie_weights=False, strict=False)` under autocast in `dtype`.
     Autocast caches its casts only for weights that require grad, so a frozen weight is cast again at every forward
@@ -132,9 +127,10 @@ def frozen_casts(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.
     made once, so the forward and backward are the same bit for bit, at half the weights' memory more. An untied
     copy: an output layer that shares the embedding's weight gets its own copy, the embedding keeps its own. Only
     float32 weights: autocast casts nothing else (a float64 model runs in float64 under it, and keeps doing so). Nothing
-    (an empty dict: autocast casts at every step, as without this) when CAST_ONCE is False, or on a CUDA device
+    (an empty dict: autocast casts at every step, as without this) when not `enabled` (the benchmarks' peer,
+    distill.Speed.cast_once), or on a CUDA device
     whose free memory is under twice the copies' size (a float32 model that only just fits keeps training)."""
-    if not CAST_ONCE:
+    if not enabled:
         return {}
     frozen = {}
     for name, module in model.named_modules():

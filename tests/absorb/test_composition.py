@@ -126,7 +126,7 @@ def test_distill_lora_compose_steps_train_the_summed_adapter(tmp_path):
     """compose_steps: the summed adapter (rank r1 + r2) trained on both data stages; the merged weights stay the base
     plus scaling B A of the trained factors (float64, 1e-10); it fits both stages better than the plain sum; 0 is
     the plain sum; an adapter loaded from a folder has no data stage: a one-line error."""
-    from incontext.absorb.self_study import distillation_kl
+    from incontext.absorb.distill import distillation_kl
 
     model = byte_model()
     options = dict(steps=3, n_continuations=1, continuation_tokens=6, window_tokens=8, progress=False, passes=0)
@@ -149,6 +149,6 @@ def test_distill_lora_compose_steps_train_the_summed_adapter(tmp_path):
     assert fit[1] < fit[0]
     first.save(tmp_path / "first")
     loaded = type(first).load(tmp_path / "first", model)
-    with pytest.raises(ValueError, match="compose_steps trains on each adapter's data stage") as error:
+    with pytest.raises(ValueError, match="compose_steps trains on each absorb's data stage") as error:
         get_absorb_method("distill-lora", **options, compose_steps=2).compose([loaded, second])
     assert "\n" not in str(error.value)

@@ -100,17 +100,16 @@ def test_same_seed_gives_bit_identical_weights():
 def test_autocast_on_the_frozen_weights_cast_once_equals_autocasts_own_casts(monkeypatch, tied):
     """autocast=True trains in bf16 matmuls (the factors move off the float32 run's) and reads bf16 copies of the
     frozen weights made once (runtime.frozen_casts): the same factors, bit for bit, as autocast's cast at every
-    step (runtime.CAST_ONCE = False)."""
+    step (Speed(cast_once=False))."""
     from incontext import runtime
-    from incontext.absorb import distill_lora
+    from incontext.absorb import distill
 
     model, prompt, queries = llama_like(seed=3, tie_embeddings=tied), ids(30, 1), [ids(6, 3), ids(9, 4)]
     made = []
-    monkeypatch.setattr(distill_lora, "frozen_casts", lambda *a: (made.append(runtime.frozen_casts(*a)), made[-1])[1])
-    once = method(autocast=True, merge=False).absorb(model, prompt, train_queries=queries).lora_factors()
+    monkeypatch.setattr(distill, "frozen_casts", lambda *a, **k: (made.append(runtime.frozen_casts(*a, **k)), made[-1])[1])
+    once = method(autocast="bfloat16", merge=False).absorb(model, prompt, train_queries=queries).lora_factors()
     assert made and any(name.endswith("base_layer.weight") for name in made[0])  # the LoRA layers' frozen weights
-    monkeypatch.setattr(runtime, "CAST_ONCE", False)
-    each_step = method(autocast=True, merge=False).absorb(model, prompt, train_queries=queries).lora_factors()
+    each_step = method(autocast="bfloat16", merge=False, speed=distill.Speed(cast_once=False)).absorb(model, prompt, train_queries=queries).lora_factors()
     plain = method(merge=False).absorb(model, prompt, train_queries=queries).lora_factors()
     assert once.keys() == each_step.keys() == plain.keys()
     for name in once:
@@ -139,7 +138,7 @@ def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries()
     assert continuations.shape == (3, 8)
     # the teacher's greedy answers to the training queries: one token per query per step, all queries in one batch
     answers = [x for x in seen if x.shape == (len(train_queries), 1)]
-    assert len(answers) == method().answer_tokens - 1
+    assert len(answers) == method().study.answer_tokens - 1
 
     def contains(whole, part):
         return any(torch.equal(whole[i: i + len(part)], part) for i in range(len(whole) - len(part) + 1))
@@ -221,7 +220,7 @@ def test_unsupported_models():
 @pytest.mark.parametrize("options, match", [
     (dict(rank=0), "rank must be an integer >= 1"), (dict(rank=-2), "rank must be an integer >= 1"), (dict(learning_rate=0.0), "learning_rate"),
     (dict(target_modules=("attn.q",)), "target_modules"), (dict(target_modules=()), "target_modules"),
-    (dict(steps=-1), "steps"), (dict(n_foreign=-1), "n_foreign must be an integer >= 0"),
+    (dict(steps=-1), "steps"), (dict(n_foreign=-1), "unknown option 'n_foreign'"), (dict(autocast=True), "autocast must be one of"),
     (dict(n_conversations=-1), "n_conversations must be an integer >= 0"), (dict(message_tokens=0), "message_tokens"),
     (dict(seed_prompts="poetry"), "seed_prompts must be"),
 ])
@@ -293,7 +292,7 @@ def test_chat_turns_teach_the_answer_given_with_the_prompt_in_the_user_turn():
     method_ = method(chat_answer_tokens=6)
     with torch.no_grad():
         (student, logp), = self_study._chat_turns(model, prompt, ["Where was Abe born?"], 100, codec,
-                                                  method_.chat_answer_tokens)
+                                                  method_.study.chat_answer_tokens)
     question = codec.encode(codec.chat([{"role": "user", "content": "Where was Abe born?"}], add_generation_prompt=True))
     assert student[: len(question)].tolist() == question
     answer = student[len(question):].tolist()
@@ -321,32 +320,6 @@ def test_a_codec_adds_questions_and_chat_turns(monkeypatch):
     assert method(steps=2).absorb(model, prompt, codec=codec).history["pool"]["questions"] == 0  # the default: 0
 
 
-def test_contrastive_questions_ask_each_question_about_every_subject():
-    from incontext.absorb.self_study import contrastive_questions, subjects
-
-    passage = ("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss has a cat named Tom Tim.\nBea Voss is a potter. "
-               "The Cat Inn is old. Anna sings. Anna dances.\n\nQ: Where was Bea Voss born?\nA: Oslo")
-    # two-word names that open two or more sentences; not a one-off capitalised run, not a single word
-    assert subjects(passage) == ["Abe Lonn", "Bea Voss"]
-    questions = ["Where was Abe Lonn born?", "What is Bea Voss's job?", "What is the cat called?", "Where was Bea Voss born?"]
-    assert contrastive_questions(questions, ["Abe Lonn", "Bea Voss"], limit=10) == ["What is Abe Lonn's job?"]
-    names = ["Abe Lonn", "Bea Voss", "Cid Ramm"]
-    assert contrastive_questions(questions[:2], names, limit=10) == [
-        "Where was Bea Voss born?", "Where was Cid Ramm born?", "What is Abe Lonn's job?", "What is Cid Ramm's job?"]
-    assert contrastive_questions(questions[:2], names, limit=3) == contrastive_questions(questions[:2], names, 10)[:3]
-
-
-def test_contrast_adds_the_swapped_questions_to_the_pool(monkeypatch):
-    model, codec = llama_like(seed=4, max_seq_len=400), CharCodec()
-    prompt = torch.tensor(codec.encode("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss is a potter.\n"
-                                       "Bea Voss has a cat."))
-    monkeypatch.setattr(self_study, "_questions", lambda model, prompt, codec, n: ["Where was Abe Lonn born?"])
-    pools = [method(steps=1, contrast=contrast, n_questions=16).absorb(model, prompt, codec=codec).history["pool"]
-             for contrast in (False, True)]
-    assert pools[0]["questions"] == pools[0]["chat_turns"] == 1
-    assert pools[1]["questions"] == pools[1]["chat_turns"] == 2  # and "Where was Bea Voss born?"
-
-
 @pytest.mark.parametrize("merge", [True, False])
 def test_kept_bytes_are_the_adapters_factors(merge):
     model, prompt = llama_like(), ids(24, 1)
@@ -357,11 +330,11 @@ def test_kept_bytes_are_the_adapters_factors(merge):
 
 
 def test_autocast_on_a_device_without_bf16_fails_before_the_data_stage(monkeypatch):
-    """autocast=True where the device has no bf16: a one-line error before the data stage's teacher decodes run."""
+    """autocast="bfloat16" where the device has no bf16: a one-line error before the data stage's teacher decodes run."""
     from incontext import runtime
-    from incontext.absorb import distill_lora
+    from incontext.absorb import distill
 
     monkeypatch.setattr(runtime, "_supported", lambda device, dtype: "no bfloat16 here" if dtype == torch.bfloat16 else None)
-    monkeypatch.setattr(distill_lora, "study", lambda *a, **k: pytest.fail("the data stage ran before the dtype check"))
+    monkeypatch.setattr(distill, "study", lambda *a, **k: pytest.fail("the data stage ran before the dtype check"))
     with pytest.raises(ValueError, match="dtype bfloat16 is not supported on cpu: no bfloat16 here"):
-        method(autocast=True).absorb(llama_like(seed=3), ids(30, 1), train_queries=[ids(6, 3)])
+        method(autocast="bfloat16").absorb(llama_like(seed=3), ids(30, 1), train_queries=[ids(6, 3)])

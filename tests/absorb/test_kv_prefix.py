@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from incontext.absorb import AdaptedModel, KeepPrompt, get_absorb_method, self_study  # noqa: E402
+from incontext.absorb.distill import training_steps  # noqa: E402
 from incontext.absorb.generation import stream_tokens  # noqa: E402
 from incontext.interop.hf import to_hf_llama  # noqa: E402
 from incontext.interop.hf_backend import HFCausalLM, prefix_cache  # noqa: E402
@@ -66,15 +67,6 @@ def test_training_moves_only_the_prefix_and_lowers_the_kl(model):
     assert trained.kept_bytes(model) == initial.kept_bytes(model) == KeepPrompt().absorb(model, prompt).kept_bytes(model) // 4
 
 
-@pytest.mark.parametrize("init", ["random-tokens", "random-vectors"])
-def test_other_initialisations_are_seeded(model, init):
-    prompt, query = prompt_and_query()
-    runs = [get_absorb_method("kv-prefix", prefix_tokens=4, init=init, steps=2, **FAST).absorb(model, prompt)
-            for _ in range(2)]
-    with torch.no_grad():
-        assert torch.equal(runs[0](query), runs[1](query))
-
-
 def test_save_and_load_give_the_same_model(model, tmp_path):
     prompt, query = prompt_and_query()
     adapted = get_absorb_method("kv-prefix", prefix_tokens=6, steps=3, **FAST).absorb(model, prompt)
@@ -117,15 +109,12 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
     ({"init": "zeros"}, "init must be one of"),
     ({"steps": -1}, "steps must be an integer >= 0"),
     ({"passes": -2}, "passes must be an integer >= 0"),
-    ({"freeze_first": "yes"}, "freeze_first must be true or false"),
-    ({"objective": "mse"}, "objective must be one of kl, next-token"),
-    ({"schedule": "linear"}, "schedule must be one of constant, cosine"),
-    ({"n_foreign": -1}, "n_foreign must be an integer >= 0"),
     ({"compose_steps": -1}, "compose_steps must be an integer >= 0"),
-    ({"tf32": "on"}, "tf32 must be true or false"),
+    ({"schedule": "cosine"}, "unknown option 'schedule'"),
+    ({"study.window_tokens": 0}, "kv-prefix.study: window_tokens must be an integer >= 1"),
+    ({"study": 3}, "study holds options: give study.OPTION=VALUE"),
     ({"autocast": "int8"}, "autocast must be one of none, bfloat16, float16"),
     ({"argmax_weight": -1}, "argmax_weight must be a finite number >= 0"),
-    ({"argmax_weight": 1, "objective": "next-token"}, "argmax_weight adds to the KL objective"),
 ])
 def test_bad_options_are_refused(options, message):
     """Through the registry (--set) and through the class from Python alike: one check, one-line errors."""
@@ -152,10 +141,11 @@ def test_options_from_python_are_the_registrys():
     """The class built from Python holds the Options' defaults and the given values, converted as --set's are."""
     from incontext.absorb.kv_prefix import KVPrefix, KVPrefixOptions
 
-    method = KVPrefix(prefix_tokens=8, temperature=2, seed_prompts=["question", "creative"])
-    assert method.prefix_tokens == 8 and method.passes == KVPrefixOptions.passes and method.stage.temperature == 2.0
-    assert isinstance(method.stage.temperature, float) and method.stage.seed_prompts == ("question", "creative")
+    method = KVPrefix(prefix_tokens=8, temperature=2, **{"study.seed_prompts": ["question", "creative"]})
+    assert method.prefix_tokens == 8 and method.passes == KVPrefixOptions.passes and method.study.temperature == 2.0
+    assert isinstance(method.study.temperature, float) and method.study.seed_prompts == ("question", "creative")
     assert vars(method).keys() >= {f for f in KVPrefixOptions.__dataclass_fields__}
+    assert method.given_options == {"prefix_tokens": 8, "study.temperature": 2.0, "study.seed_prompts": ("question", "creative")}
     with pytest.raises(ValueError, match="unknown option 'prefix'"):
         KVPrefix(prefix=8)
 
@@ -165,15 +155,15 @@ def test_autocast_trains_with_half_precision_matmuls_and_keeps_the_prefix_in_flo
     """autocast=bfloat16: the student's logits come out of bf16 matmuls during training (never during the data
     stage: the teacher's targets stay float32), the prefix stays float32, and it lands near the float32 prefix
     without equalling it; "none" trains exactly as before (the same prefix twice)."""
-    from incontext.absorb import self_study
+    from incontext.absorb import distill
 
     model = tiny(dtype=torch.float32, seed=5)
     if backend == "hf":
         model = HFCausalLM(to_hf_llama(model).eval()).eval()
     prompt, _ = prompt_and_query(m=16, seed=6)
     seen = []
-    loss = self_study.distillation_loss
-    monkeypatch.setattr(self_study, "distillation_loss", lambda logits, tensors, *rest: (seen.append(logits.dtype), loss(logits, tensors, *rest))[1])
+    loss = distill.distillation_loss
+    monkeypatch.setattr(distill, "distillation_loss", lambda logits, tensors, *rest: (seen.append(logits.dtype), loss(logits, tensors, *rest))[1])
     options = dict(FAST, prefix_tokens=4, steps=8, learning_rate=0.02, patience=50)
     plain = get_absorb_method("kv-prefix", **options, autocast="none").absorb(model, prompt)
     again = get_absorb_method("kv-prefix", **options, autocast="none").absorb(model, prompt)
@@ -194,7 +184,7 @@ def test_autocast_trains_with_half_precision_matmuls_and_keeps_the_prefix_in_flo
 def test_autocast_training_on_the_weights_cast_once_equals_autocasts_own_casts(monkeypatch, backend, seed):
     """Under autocast the frozen weights are cast to bf16 once (runtime.frozen_casts, read through functional_call)
     instead of by autocast at every forward: the trained prefix is the same bit for bit; the casts are used."""
-    from incontext.absorb import kv_prefix
+    from incontext.absorb import distill
 
     model = tiny(dtype=torch.float32, seed=5 + seed)
     if backend == "hf":
@@ -204,12 +194,12 @@ def test_autocast_training_on_the_weights_cast_once_equals_autocasts_own_casts(m
     prompt, _ = prompt_and_query(m=16, seed=6 + seed)
     options = dict(FAST, prefix_tokens=4, steps=8, learning_rate=0.02, patience=50, autocast="bfloat16")
     made = []
-    real = kv_prefix.frozen_casts
-    monkeypatch.setattr(kv_prefix, "frozen_casts", lambda *a: (made.append(real(*a)), made[-1])[1])
+    real = distill.frozen_casts
+    monkeypatch.setattr(distill, "frozen_casts", lambda *a, **k: (made.append(real(*a, **k)), made[-1])[1])
     once = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
     assert made and made[0] and all(t.dtype == torch.bfloat16 for t in made[0].values())
-    monkeypatch.setattr(kv_prefix, "frozen_casts", lambda *a: {})
-    each_step = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
+    each_step = get_absorb_method("kv-prefix", **options, speed=distill.Speed(cast_once=False)).absorb(model, prompt)
+    assert made[-1] == {}
     for (k0, v0), (k1, v1) in zip(once._tensors(), each_step._tensors()):
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the model itself is untouched
@@ -228,31 +218,6 @@ def test_autocast_leaves_a_float64_model_in_float64(autocast):
         assert k0.dtype == torch.float64 and torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
-def test_the_cosine_schedule_decays_the_learning_rate_and_training_follows_it(monkeypatch):
-    """cosine: lr at step 0, lr/2 halfway, decreasing towards 0; the training loop sets each step's rate (a schedule
-    of zeros leaves the prefix as initialised, one of constants trains it as the constant schedule does)."""
-    from incontext.absorb.kv_prefix import KVPrefix
-
-    method = get_absorb_method("kv-prefix", steps=10, learning_rate=0.2, schedule="cosine")
-    rates = [method.rate(i) for i in range(10)]
-    assert rates[0] == 0.2 and abs(rates[5] - 0.1) < 1e-12 and all(a > b > 0 for a, b in zip(rates, rates[1:]))
-    assert get_absorb_method("kv-prefix", learning_rate=0.2).rate(7) == 0.2
-    model = tiny()
-    prompt, _ = prompt_and_query()
-    options = dict(FAST, prefix_tokens=5, steps=6, learning_rate=0.05, patience=50)
-    initial = get_absorb_method("kv-prefix", **{**options, "steps": 0}).absorb(model, prompt)
-    constant = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
-    cosine = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
-    gap = max((k0 - k1).abs().max() for (k0, _), (k1, _) in zip(constant._tensors(), cosine._tensors()))
-    assert gap > 1e-6  # the decayed rates moved the prefix less far
-    monkeypatch.setattr(KVPrefix, "rate", lambda self, step, total: 0.0)
-    frozen = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
-    assert all(torch.equal(k0, k1) for (k0, _), (k1, _) in zip(initial._tensors(), frozen._tensors()))
-    monkeypatch.setattr(KVPrefix, "rate", lambda self, step, total: self.learning_rate)
-    same = get_absorb_method("kv-prefix", schedule="cosine", **options).absorb(model, prompt)
-    assert all(torch.equal(k0, k1) for (k0, _), (k1, _) in zip(constant._tensors(), same._tensors()))
-
-
 def test_passes_over_a_large_data_stage_lengthen_training():
     """Training runs max(steps, passes * sequences / batch_size) steps (none at steps = 0)."""
     model = tiny()
@@ -262,10 +227,9 @@ def test_passes_over_a_large_data_stage_lengthen_training():
     options = dict(FAST, prefix_tokens=5, steps=3, learning_rate=0.01, patience=1000, batch_size=2)
     trained = get_absorb_method("kv-prefix", **{**options, "passes": 2}).absorb(model, prompt, train_queries=queries)
     n = sum(v for k, v in trained.history["pool"].items() if k != "cached")
-    assert n > 9 and trained.history["steps"] == -(-2 * n // 2) == \
-        get_absorb_method("kv-prefix", **{**options, "passes": 2}).total_steps(n)
+    assert n > 9 and trained.history["steps"] == -(-2 * n // 2) == training_steps(3, 2, n, 2)
     assert get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries).history["steps"] == 3
-    assert get_absorb_method("kv-prefix", **{**options, "steps": 0}).total_steps(n) == 0
+    assert training_steps(0, 2, n, 2) == 0
 
 
 def test_early_stopping_waits_for_a_pass_over_the_sequences():
@@ -286,7 +250,7 @@ def test_a_prefix_longer_than_the_document_or_the_context_is_refused(model):
     with pytest.raises(ValueError, match="exceeds the document's 10 tokens"):
         get_absorb_method("kv-prefix", prefix_tokens=11, steps=0, **FAST).absorb(model, prompt)
     with pytest.raises(ValueError, match="no room for queries"):
-        get_absorb_method("kv-prefix", prefix_tokens=128, init="random-tokens", steps=0, **FAST).absorb(model, prompt)
+        get_absorb_method("kv-prefix", prefix_tokens=128, steps=0, **FAST).absorb(model, torch.arange(200) % 61)
 
 
 def test_a_document_longer_than_the_context_is_absorbed_in_chunks(model):
@@ -327,7 +291,7 @@ def test_compose_steps_train_the_concatenation_on_both_stages(model, tmp_path):
     document's first position (its sink) left as it was; it fits both stages better than the plain concatenation;
     0 is the plain concatenation; a prefix loaded from a folder has no data stage: a one-line error."""
     from incontext.absorb.kv_prefix import compose_prefixes
-    from incontext.absorb.self_study import distillation_kl
+    from incontext.absorb.distill import distillation_kl
 
     first, query = prompt_and_query(12, seed=1)
     second, _ = prompt_and_query(16, seed=2)
@@ -348,34 +312,9 @@ def test_compose_steps_train_the_concatenation_on_both_stages(model, tmp_path):
     assert fit[1] < fit[0]
     a.save(tmp_path / "a")
     loaded = type(a).load(tmp_path / "a", model)
-    with pytest.raises(ValueError, match="compose_steps trains on each prefix's data stage") as error:
+    with pytest.raises(ValueError, match="compose_steps trains on each absorb's data stage") as error:
         get_absorb_method("kv-prefix", **options, compose_steps=2).compose([loaded, b])
     assert "\n" not in str(error.value)
-
-
-def test_the_next_token_objective_is_the_sequences_own_cross_entropy():
-    """Cartridges' ablation: the cross-entropy of each sequence's next tokens at its taught positions (those with a
-    next token in the sequence), against a plain per-sequence reference; the prefix trains on it too."""
-    import torch.nn.functional as F
-
-    from incontext.absorb.self_study import next_token_loss
-
-    model = tiny()
-    g = torch.Generator().manual_seed(3)
-    batch = [(torch.randint(0, 61, (n,), generator=g), torch.zeros(taught, 61, dtype=torch.float64))
-             for n, taught in ((9, 4), (6, 6), (12, 2))]
-    with torch.no_grad():
-        losses = []
-        for ids, logp in batch:
-            logits = model(ids[None])[0]
-            start = ids.shape[0] - logp.shape[0]
-            losses.append(F.cross_entropy(logits[start:-1], ids[start + 1:], reduction="none"))
-        expected = torch.cat(losses).mean()
-        assert abs(float(next_token_loss(model, batch)) - float(expected)) < 1e-12
-    prompt, _ = prompt_and_query()
-    trained = get_absorb_method("kv-prefix", prefix_tokens=5, steps=20, learning_rate=0.05, objective="next-token",
-                                **FAST).absorb(model, prompt)
-    assert trained.history["kl"][-1] < trained.history["kl"][0]
 
 
 @pytest.mark.parametrize("seed, argmax_weight", [(0, 0.0), (1, 0.5)])
@@ -383,7 +322,7 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeyp
     """On a CUDA device the training step is captured as a CUDA graph, which needs fixed shapes (every batch padded
     to the longest sequence) and a loss without host syncs; run eagerly here, that step trains the same prefix as
     the eager one whose batches are padded to their own longest sequence (float64, 1e-10)."""
-    from incontext.absorb.kv_prefix import KVPrefix
+    from incontext.absorb import distill
 
     model = tiny(seed=seed)
     prompt, _ = prompt_and_query(m=16, seed=seed + 3)
@@ -392,8 +331,8 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeyp
     options = dict(FAST, prefix_tokens=4, steps=12, learning_rate=0.05, patience=50, window_tokens=6, answer_tokens=2,
                    argmax_weight=argmax_weight)
     eager = get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries)
-    monkeypatch.setattr(KVPrefix, "_graphed", lambda self, model, device: True)
-    fixed = get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries)
+    fixed = get_absorb_method("kv-prefix", **options, speed=distill.Speed(fixed_shapes=True)).absorb(
+        model, prompt, train_queries=queries)
     assert eager.history["steps"] == fixed.history["steps"] == 12 and eager.history["pool"]["train_queries"] == 4
     for (k0, v0), (k1, v1) in zip(eager._tensors(), fixed._tensors()):
         assert (k0 - k1).abs().max() < 1e-10 and (v0 - v1).abs().max() < 1e-10
@@ -449,66 +388,10 @@ def test_document_spread_keeps_the_documents_own_kv_from_across_it(m, p):
 def test_autocast_on_a_device_without_the_dtype_fails_before_the_data_stage(monkeypatch):
     """A dtype the device cannot compute in is a one-line error before the data stage's teacher decodes run."""
     from incontext import runtime
-    from incontext.absorb import kv_prefix
+    from incontext.absorb import distill
 
     monkeypatch.setattr(runtime, "_supported", lambda device, dtype: "no bfloat16 here" if dtype == torch.bfloat16 else None)
-    monkeypatch.setattr(kv_prefix, "study", lambda *a, **k: pytest.fail("the data stage ran before the dtype check"))
+    monkeypatch.setattr(distill, "study", lambda *a, **k: pytest.fail("the data stage ran before the dtype check"))
     prompt, _ = prompt_and_query(m=16, seed=3)
     with pytest.raises(ValueError, match="dtype bfloat16 is not supported on cpu: no bfloat16 here"):
         get_absorb_method("kv-prefix", **FAST, prefix_tokens=4, steps=2, autocast="bfloat16").absorb(tiny(), prompt)
-
-
-@pytest.mark.parametrize("m", [6, 20])
-def test_document_attended_at_p_equal_m_is_keep_prompt(m):
-    model = tiny()
-    prompt, query = prompt_and_query(m)
-    observations = [torch.randint(0, 61, (5,), generator=torch.Generator().manual_seed(9))]
-    adapted = get_absorb_method("kv-prefix", init="document-attended", prefix_tokens=m, steps=0, **FAST).absorb(
-        model, prompt, train_queries=observations)
-    assert (adapted(query) - KeepPrompt().absorb(model, prompt)(query)).abs().max() < 1e-10
-
-
-@torch.no_grad()
-def test_attention_mass_is_the_first_layers_softmax_attention_on_the_document():
-    """Layer 0's mass against a reference built from its weights (embedding, norm, qkv, RoPE, causal softmax) over the
-    document and each observation read whole (float64, 1e-10); every selected start keeps the first position and
-    the positions of most mass, in document order."""
-    from incontext.absorb.kv_prefix import attended_prefix, attention_mass
-    from incontext.models.lm import cache_kv
-    from incontext.ops import apply_rope
-
-    model = tiny(seed=3)
-    c = model.config
-    prompt, _ = prompt_and_query(12)
-    observations = [torch.randint(0, 61, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 5)]
-    mass = attention_mass(model, model.prefill(prompt[None]), 12, observations)
-    want = torch.zeros(12, dtype=torch.float64)
-    for ids in observations:
-        full = torch.cat([prompt, ids])[None]
-        x, rope = model.embed(full, 0)
-        attention = model.blocks[0].attn
-        sizes = [c.n_head * c.dim_head, c.kv_heads * c.dim_head, c.kv_heads * c.dim_head]
-        q, k, _ = attention.qkv(model.blocks[0].norm1(x)).split(sizes, -1)
-        q = apply_rope(q.view(1, -1, c.n_head, c.dim_head).transpose(1, 2), *rope)
-        k = apply_rope(k.view(1, -1, c.kv_heads, c.dim_head).transpose(1, 2), *rope)
-        k = k.repeat_interleave(c.n_head // c.kv_heads, 1)
-        scores = (q @ k.transpose(-1, -2)) / c.dim_head ** 0.5
-        n = full.shape[1]
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-        want += scores.softmax(-1)[0, :, 12:, :12].sum((0, 1))
-    assert (mass[0] - want).abs().max() < 1e-10 and mass.shape == (c.n_layer, 12)
-    prefix = cache_kv(attended_prefix(model, prompt, 4, observations))
-    full = cache_kv(model.prefill(prompt[None]))
-    for layer in range(c.n_layer):
-        score = mass[layer].clone()
-        score[0] = float("inf")
-        index = score.topk(4).indices.sort().values
-        assert index[0] == 0 and torch.equal(prefix[layer][1], full[layer][1][:, :, index])
-
-
-def test_document_attended_needs_our_rope_transformer_and_a_whole_document(model):
-    prompt, _ = prompt_and_query(300 if model.backend == "incontext" else 20)
-    message = "reads the whole document's attention" if model.backend == "incontext" else "init=document-attended re-rotates"
-    with pytest.raises(ValueError, match=message) as error:
-        get_absorb_method("kv-prefix", init="document-attended", steps=0, **FAST).absorb(model, prompt)
-    assert "\n" not in str(error.value)

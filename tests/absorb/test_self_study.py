@@ -95,7 +95,7 @@ def test_an_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
 
 def test_both_methods_share_the_cached_stage(tmp_path):
     model = tiny()
-    common = dict(steps=2, top_k=8, data_cache=str(tmp_path), window_tokens=6, n_continuations=2, continuation_tokens=5,
+    common = dict(steps=2, top_k=8, cache=str(tmp_path), window_tokens=6, n_continuations=2, continuation_tokens=5,
                   n_questions=0, progress=False)
     lora = get_absorb_method("distill-lora", **common).absorb(model, PROMPT)
     prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, PROMPT)
@@ -129,7 +129,7 @@ def test_distill_lora_trains_on_the_same_conversations_as_kv_prefix(tmp_path):
 
     model, codec = tiny(vocab=64), CharCodec()
     prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker."))
-    common = dict(steps=1, top_k=8, data_cache=str(tmp_path), window_tokens=6, n_continuations=0, n_questions=0,
+    common = dict(steps=1, top_k=8, cache=str(tmp_path), window_tokens=6, n_continuations=0, n_questions=0,
                   n_conversations=2, message_tokens=6, seed_prompts="question,creative", progress=False)
     lora = get_absorb_method("distill-lora", **common).absorb(model, prompt, codec=codec)
     prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, prompt, codec=codec)
@@ -419,7 +419,7 @@ def test_the_harness_and_a_direct_absorb_run_the_same_data_stage(tmp_path):
     source = get_episode_source("facts", people=1)
     episode = source.episodes(1, seed=0, tokenizer=codec)[0]
     fast = {"steps": 1, "progress": False, "n_continuations": 0, "window_tokens": 64, "n_questions": 1,
-            "data_cache": str(tmp_path)}
+            "cache": str(tmp_path)}
     compare(model, source, [episode], {"kv-prefix": fast}, progress=False, references=False, codec=codec)
     method = get_absorb_method("kv-prefix", **fast)
     pool = method.absorb(model, episode.prompt, train_queries=list(episode.train_queries), codec=codec).history["pool"]

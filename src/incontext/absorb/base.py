@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from ..config import check_float_limit, from_dict, parse_options, to_dict
+from ..config import build_options, check_float_limit, from_dict, parse_options, to_dict
 from ..fileio import sha256_file
 from ..models import Cache, Transformer, TransformerConfig
 from ..models.lm import copy_cache, internals_reason, is_causal_lm
@@ -232,21 +232,19 @@ class AbsorbMethod(ABC):
     long_prompts: ClassVar[bool] = False  # absorbs a prompt longer than the model's context (in chunks)
     takes_codec: ClassVar[bool] = False  # _absorb takes codec= (the model's tokenizer; its data stage writes text)
 
-    def __new__(cls, *args, **kwargs):
-        """Keeps the options the method is built with (`given_options`, by name) for the checks that need the model
-        (`check_options_fit`): each constructor stores them its own way (attributes, a config, a dict)."""
-        method = super().__new__(cls)
-        signature = inspect.signature(cls.__init__)
-        try:
-            given = signature.bind_partial(method, *args, **kwargs).arguments
-        except TypeError:  # the constructor refuses these arguments itself
-            given = dict(kwargs)
-        for name, parameter in signature.parameters.items():
-            if parameter.kind == parameter.VAR_KEYWORD and isinstance(given.get(name), dict):
-                given.update(given.pop(name))  # **options
-        given.pop(next(iter(signature.parameters)), None)  # self
-        method.given_options = given
-        return method
+    def __init__(self, *, progress: bool = True, speed=None, **options):
+        """The one constructor of every method: `options` (Python values, or YAML scalars from `--set`) checked
+        through `Options` (config.parse_options: one-line errors naming the option), the defaults filled in and each
+        set as an attribute (a nested options class, such as the distillers' `study`, as its instance); then `setup`.
+        `progress`: the method's progress bars; `speed`: a method's speed switches (distill.Speed), never results."""
+        self.progress = progress
+        if speed is not None:
+            self.speed = speed
+        self._set_options(options)
+        self.setup()
+
+    def setup(self) -> None:
+        """What a method derives from its options once they are set (checks across them, loaded files)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -262,8 +260,8 @@ class AbsorbMethod(ABC):
         Python as from `--set`: one-line errors naming the option), the defaults filled in and each set as an
         attribute of the method."""
         given = parse_options(self.Options, options, where=self.name)
-        self.given_options = given  # converted to their types (check_options_fit)
-        checked = self.Options(**given)
+        self.given_options = given  # converted to their types, nested ones as "study.x" (check_options_fit)
+        checked = build_options(self.Options, given)
         for field in dataclasses.fields(checked):
             setattr(self, field.name, getattr(checked, field.name))
 
@@ -287,7 +285,7 @@ class AbsorbMethod(ABC):
     def needs_train_groups(self) -> bool:
         """Whether an absorb needs train_groups (the `wording_ensemble` option of a method that has it): callers
         without them refuse the method in one line rather than let the option be ignored."""
-        return bool(getattr(self, "wording_ensemble", False))
+        return bool(getattr(getattr(self, "study", None), "wording_ensemble", False))
 
     def runs_on(self, model: nn.Module) -> nn.Module:
         """The model the method works on: `model` itself, or for a method that needs our internals its conversion
@@ -418,18 +416,19 @@ def absorb_methods() -> list[str]:
 
 
 def method_options(name: str) -> list[str]:
-    """The names of a method's options (the fields of its `Options` dataclass)."""
-    return [f.name for f in dataclasses.fields(_METHODS[name].Options)]
+    """The names of a method's options (the fields of its `Options` dataclass; a nested options class as
+    "study.*")."""
+    return [f"{f.name}.*" if dataclasses.is_dataclass(f.default_factory) else f.name
+            for f in dataclasses.fields(_METHODS[name].Options)]
 
 
-def get_absorb_method(name: str, **options) -> AbsorbMethod:
+def get_absorb_method(name: str, *, progress: bool = True, speed=None, **options) -> AbsorbMethod:
     """The method `name` with `options` (Python values, or YAML scalars from `--set KEY=VALUE`) checked and converted
     through the method's `Options` (config.parse_options): one-line ValueError for an unknown option, a value of
     the wrong type, a non-finite number or one out of range."""
     if name not in _METHODS:
         raise KeyError(f"unknown absorb method {name!r}; registered: {', '.join(sorted(_METHODS))}")
-    cls = _METHODS[name]
-    return cls(**parse_options(cls.Options, options, where=name))
+    return _METHODS[name](progress=progress, speed=speed, **options)
 
 
 # ----------------------------------------------------------------------------- the two reference points

@@ -114,8 +114,8 @@ class CGTFold(AbsorbMethod):
     needs = "a CGT model, or a CGT adapter trained on this model (option adapter=FOLDER)"
     summary = "its context vector folded into the weights"
 
-    def __init__(self, adapter: str = ""):
-        self.adapter = str(adapter)
+    def setup(self) -> None:
+        self.adapter = str(self.adapter)
         self.needs_internals = bool(self.adapter)  # the adapter guides our Transformer
         self._loaded: tuple[int, CGTAdapter] | None = None  # (id of the base, its adapter)
 

@@ -22,6 +22,7 @@ both use it through `DynamicEval`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,7 +34,7 @@ from ..config import limit
 from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
 from .base import AbsorbMethod, AdaptedModel, PromptInContext
-from .distill_lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
+from .lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
 from .param_groups import select_groups, selected_parameters, untie
 
 
@@ -265,25 +266,18 @@ class DynamicEval(AbsorbMethod):
     needs = "a token-input causal LM"
     summary = "gradient steps on the prompt (params=GROUPS: our Transformer's groups)"
 
-    def __init__(self, learning_rate: float = 3e-4, n_steps: int = 1, reduction: str = "sum", optimizer: str = "sgd",
-                 n_top_layers: int | None = None, keep_prompt: bool = False, separator: list[int] | None = None,
-                 lora_rank: int | None = None, lora_alpha: float | None = None,
-                 lora_targets: tuple[str, ...] | list[str] = ("attn.qkv", "attn.out"), seed: int = 0,
-                 params: str | list[str] | None = None):
-        check_sgd_options(learning_rate, n_steps, reduction, optimizer)
-        check_separator(separator)
-        if lora_rank is not None:
-            check_lora_options(lora_rank, lora_alpha, lora_targets)
-        if params is not None:
-            select_groups(params)  # a bad name fails here, before any work
-            if lora_rank is not None:
+    def setup(self) -> None:
+        check_sgd_options(self.learning_rate, self.n_steps, self.reduction, self.optimizer)
+        check_separator(self.separator)
+        targets = tuple(t.strip() for t in self.lora_targets.split(",")) if isinstance(self.lora_targets, str) \
+            else tuple(self.lora_targets)
+        if self.lora_rank is not None:
+            check_lora_options(self.lora_rank, self.lora_alpha, targets)
+        if self.params is not None:
+            select_groups(self.params)  # a bad name fails here, before any work
+            if self.lora_rank is not None:
                 raise ValueError("params= and lora_rank cannot be combined (the LoRA chooses its own targets)")
-        self.params = params
-        self.learning_rate, self.n_steps, self.reduction = learning_rate, n_steps, reduction
-        self.optimizer, self.n_top_layers = optimizer, n_top_layers
-        self.keep_prompt, self.separator = keep_prompt, separator
-        self.lora = {"lora_rank": lora_rank, "lora_alpha": lora_alpha, "seed": seed,
-                     "lora_targets": (lora_targets,) if isinstance(lora_targets, str) else tuple(lora_targets)}
+        self.lora = {"lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha, "seed": self.seed, "lora_targets": targets}
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
@@ -371,22 +365,21 @@ class TinTStep(AbsorbMethod):
     needs = "a token-input causal LM that TinT can simulate (our Transformer, or a family that converts to it)"
     summary = "a simulated SGD step on the prompt"
 
-    def __init__(self, keep_prompt: bool = False, separator: list[int] | None = None, **tint_options):
+    def setup(self) -> None:
         from ..tint import TintConfig
 
-        check_separator(separator)
-        self.keep_prompt, self.separator = keep_prompt, separator
-        self.config = TintConfig(**tint_options)
+        check_separator(self.separator)
+        self.config = TintConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TintConfig)})
 
     needs_internals = True
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
             return "needs a token-input causal LM"
-        from ..tint.simulator import _check_auxiliary
+        from ..tint.simulator import check_auxiliary
 
         try:
-            _check_auxiliary(model)
+            check_auxiliary(model)
         except (ValueError, NotImplementedError) as error:
             return str(error).replace("TinT needs", "needs")
         return None

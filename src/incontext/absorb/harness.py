@@ -247,7 +247,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     records = {label: MethodRecord(label, options) for label, options in methods.items()}
     instances = {}
     for label, options in methods.items():
-        method = get_absorb_method(method_name(label), **options)  # unknown names and options fail here, before any work
+        method = get_absorb_method(method_name(label), **{"progress": False, **options})  # unknown names and options fail here, before any work
         reason = method.unsupported(model)
         if reason is not None:
             records[label].status, records[label].reason = "n/a", reason

@@ -196,11 +196,9 @@ class ICLCAApprox(AbsorbMethod):
     name = "iclca-approx"
     Options = ICLCAApproxOptions
 
-    def __init__(self, n_features: int = 256, orthogonal: bool = True, seed: int = 0, exact_sinks: int = 1,
-                 features: str = "favor", layers: str = "all"):
-        self.n_features, self.orthogonal, self.seed, self.exact_sinks = n_features, orthogonal, seed, exact_sinks
-        self.layers = parse_layers(layers)
-        self.features = str(features)
+    def setup(self) -> None:
+        self.layers = parse_layers(self.layers)
+        self.features = str(self.features)
         self.maps = None if self.features == "favor" else load_feature_maps(Path(self.features))
 
     needs = "softmax attention (our Transformer, or a Hugging Face family that converts to it)"

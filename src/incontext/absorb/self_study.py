@@ -12,12 +12,9 @@ model's context, one chunk at a time: teacher_sequences); the student reads the 
 - with a tokenizer: questions the model itself writes about the document's sentences (a generic few-shot
   question writer), answered by the teacher as "Q: ...\nA:" and, where the tokenizer has a chat template, as a
   chat turn (the teacher reads the document and the question in the user turn, the student the question).
-- with a tokenizer and `n_foreign`: training queries and questions that name one of the document's subjects,
-  asked again about invented names (`foreign_queries`), answered by the teacher: what the document does with
-  people it does not hold (composition meets the other document's people).
 
 Every tensor is made on the model's device; all randomness comes from the caller's generator. Our Transformer
-decodes the continuations and answers on a cache of fixed size (STATIC_DECODE, models/static_decode.py): all the
+decodes the continuations and answers on a cache of fixed size (`static_decode`, models/static_decode.py): all the
 training queries in one batch of rows, each at its own position, whatever their lengths; on a GPU its one-token step
 is replayed as a CUDA graph. It equals the plain decode up to float rounding.
 """
@@ -32,35 +29,36 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..config import limit
 from ..models import Cache
 from ..models.lm import copy_cache
 from ..models.static_decode import StaticDecoder, bytes_per_row, supported
 from ..runtime import device_of
 
-# Where the continuations and the training queries' answers decode on a fixed-size cache (models/static_decode.py),
-# its step replayed as a CUDA graph on a GPU: "always" (with our Transformer on any device: eager on a CPU, where one
-# batch of every query cuts the data stage's CPU time to 0.63 of a decode per group of equal lengths at 165 tokens,
-# benchmarks/results/absorb_cost_static_cpu.md), "cuda" (on a CUDA device only) or "never" (the benchmarks' peer).
-STATIC_DECODE = "always"
 STATIC_BYTES = 1 << 30  # the static cache's buffers for the answers: fewer rows at a time for a long document
 
 
-@dataclass(frozen=True)
+@dataclass
 class StudyOptions:
-    window_tokens: int = 24
-    n_continuations: int = 2
-    continuation_tokens: int = 32
-    answer_tokens: int = 8
-    n_questions: int = 0
-    contrast: bool = False
-    n_foreign: int = 0  # training queries asked about invented names the document does not hold (composition)
-    chat_answer_tokens: int = 24
-    temperature: float = 1.0
-    n_conversations: int = 0  # self-study: messages the model writes from seed prompts, answered by the teacher
-    seed_prompts: tuple[str, ...] = ("structuring", "summarization", "question", "use-case", "creative")
-    message_tokens: int = 32
-    chunk_tokens: int = 0  # the teacher's window on the document (chunk_spans); 0: the whole document where it fits
-    wording_ensemble: bool = False  # one target for the wordings of one question (wording_ensemble below)
+    """The data stage's options (`--set study.OPTION=VALUE`)."""
+
+    window_tokens: int = limit(24, min=1)  # recall windows of this many tokens (stride half a window)
+    n_continuations: int = limit(2, min=0)  # continuations the teacher samples after the document
+    continuation_tokens: int = limit(32, min=1)  # tokens per continuation
+    answer_tokens: int = limit(8, min=0)  # the teacher's greedy answer tokens after each training query
+    n_questions: int = limit(0, min=0)  # questions the model writes about the document's sentences
+    n_conversations: int = limit(0, min=0)  # self-study: messages the model writes from the seed prompts
+    seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"  # their kinds
+    message_tokens: int = limit(32, min=1)  # tokens per written message
+    chat_answer_tokens: int = limit(24, min=1)  # the teacher's answer tokens in a chat turn
+    temperature: float = limit(1.0, gt=0)  # of the sampled continuations and messages
+    chunk_tokens: int = limit(0, min=0)  # the teacher reads the document in chunks of this many tokens (0: whole)
+    wording_ensemble: bool = False  # one target for the wordings of one training question
+    top_k: int | None = limit(20, min=1)  # the teacher's top-k log-probs per taught position (null: all)
+    cache: str = ""  # a folder where the stage is kept and reused for the same model, document and options
+
+    def __post_init__(self):
+        self.seed_prompts = seed_kinds(self.seed_prompts)  # a comma string from --set, or a sequence from Python
 
 
 # Seed prompts of self-study (the kinds Cartridges found to help, in our own words): the model, reading the
@@ -100,7 +98,8 @@ QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion:
 
 @torch.no_grad()
 def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
-                      generator: torch.Generator, groups: list[int] | None = None) -> tuple[list, dict[str, int]]:
+                      generator: torch.Generator, groups: list[int] | None = None,
+                      decode: str = "always") -> tuple[list, dict[str, int]]:
     """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L positions)
     pairs, and how many of each kind (see the module docstring). `codec` (encode/decode, chat) may be None.
 
@@ -114,7 +113,7 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     spans = chunk_spans(m, options.chunk_tokens, model.config.max_seq_len)
     groups = groups if options.wording_ensemble else None
     if len(spans) == 1:
-        return _chunk_sequences(model, prompt, queries, None, options, codec, generator, groups=groups)
+        return _chunk_sequences(model, prompt, queries, None, options, codec, generator, groups=groups, decode=decode)
     size = spans[0][1] - spans[0][0]
     width = max(1, min(options.window_tokens, size // 2, model.config.max_seq_len - size))  # each whole in a chunk
     k, starts = len(spans), window_starts(m, width)
@@ -135,12 +134,13 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
 
     for j, (a, b) in enumerate(spans):
         part = dataclasses.replace(options, n_continuations=share(options.n_continuations, j),
-                                   n_questions=share(options.n_questions, j), n_foreign=share(options.n_foreign, j),
+                                   n_questions=share(options.n_questions, j),
                                    n_conversations=share(options.n_conversations, j))
         mine = [s - a for s, home in zip(starts, windows) if home == j]
         out, seen = _chunk_sequences(model, prompt[a:b], [q for q, home in zip(queries, homes) if home == j], mine,
                                      part, codec, generator, width,
-                                     groups=None if groups is None else [g for g, home in zip(groups, homes) if home == j])
+                                     groups=None if groups is None else [g for g, home in zip(groups, homes) if home == j],
+                                     decode=decode)
         sequences += out
         for key, value in seen.items():
             counts[key] = counts.get(key, 0) + value
@@ -183,7 +183,7 @@ def assign_chunks(prompt: torch.Tensor, spans: list[tuple[int, int]], queries: l
 
 def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], starts: list[int] | None,
                      options: StudyOptions, codec, generator: torch.Generator, width: int | None = None,
-                     groups: list[int] | None = None):
+                     groups: list[int] | None = None, decode: str = "always"):
     """teacher_sequences for the teacher reading `prompt` (the document, or one chunk of it); `starts`: its recall
     windows' starts (None: every window of the prompt), of `width` tokens; `groups`: the training queries' question
     ids, for wording_ensemble (None: none)."""
@@ -197,24 +197,17 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
     counts["recall_windows"] = len(windows)
     if options.n_continuations:
         tokens, logits = _sample(model, cache, prompt_logits[-1], options.n_continuations,
-                                 min(options.continuation_tokens, room), options.temperature, generator)
+                                 min(options.continuation_tokens, room), options.temperature, generator, decode)
         sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
     counts["continuations"] = options.n_continuations
     questions = _questions(model, prompt, codec, options.n_questions) if codec is not None and options.n_questions else []
-    if options.contrast and questions:
-        questions += contrastive_questions(questions, subjects(codec.decode(prompt.tolist())), options.n_questions)
     device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
     plain = queries + [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in questions)
                        if q.shape[0] + options.answer_tokens < room]
-    if options.n_foreign and codec is not None:
-        names = subjects(codec.decode(prompt.tolist()))
-        foreign = foreign_queries([codec.decode(q.tolist()) for q in plain], names, options.n_foreign, generator)
-        plain += [q for q in (torch.tensor(codec.encode(text), device=device) for text in foreign)
-                  if q.shape[0] + options.answer_tokens < room]
-    answered = _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain])
+    answered = _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain], decode)
     if groups is not None:
         answered[: len(queries)], counts["ensembled"] = wording_ensemble(model, cache, queries, answered[: len(queries)],
-                                                                         groups)
+                                                                         groups, decode)
     sequences += answered
     counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
     messages = _seed_messages(model, prompt, codec, options, generator) if codec is not None and options.n_conversations else []
@@ -223,7 +216,8 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
     if messages and not templated:  # a base model: the messages as plain Q/A turns
         asked = [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in messages)
                  if q.shape[0] + options.answer_tokens < room]
-        sequences += _answer(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked])
+        sequences += _answer(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked],
+                             decode)
     asked = questions + (messages if templated else [])
     chat = _chat_turns(model, prompt, asked, room, codec, options.chat_answer_tokens) if asked and templated else []
     sequences += chat
@@ -336,51 +330,6 @@ def _sentences(text: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
 
 
-def subjects(text: str) -> list[str]:
-    """The names a passage is about: runs of two or more capitalised words that open at least two of its sentences
-    (in a facts passage, the people), in order of first appearance."""
-    opening = [m.group(0) for s in _sentences(text) if (m := re.match(r"(?:[A-Z][\w-]*[ ]+)+[A-Z][\w-]*", s))]
-    return [name for i, name in enumerate(opening) if opening.count(name) >= 2 and name not in opening[:i]]
-
-
-def contrastive_questions(questions: list[str], names: list[str], limit: int) -> list[str]:
-    """Each question that names one of `names` asked about each other name instead (up to `limit` new ones): the
-    same question with different answers per person, so the student binds each fact to its own person (the teacher,
-    reading the passage, answers every variant)."""
-    out = []
-    for question in questions:
-        for name in (n for n in names if n in question):
-            out += [question.replace(name, other) for other in names if other != name]
-    return list(dict.fromkeys(q for q in out if q not in questions))[:limit]
-
-
-def invented(name: str, generator: torch.Generator) -> str:
-    """`name` with the letters of each word shuffled (capitalised again): a name of the same look and length that
-    the document does not hold."""
-    words = []
-    for word in name.split(" "):
-        letters = list(word.lower())
-        for _ in range(8):  # a shuffle that leaves the word as it was is drawn again
-            shuffled = [letters[i] for i in torch.randperm(len(letters), generator=generator).tolist()]
-            if shuffled != letters or len(set(letters)) < 2:
-                break
-        words.append("".join(shuffled).capitalize())
-    return " ".join(words)
-
-
-def foreign_queries(texts: list[str], names: list[str], limit: int, generator: torch.Generator) -> list[str]:
-    """Up to `limit` of the texts that name one of `names`, each asked about an invented name instead (cycling
-    over the texts, a new name each round): the teacher, reading the document, answers questions about people it
-    does not hold, and the student learns to answer them as the document does (its facts bound to its own people,
-    which is what a prefix composed beside another document's needs)."""
-    asked = [(text, name) for text in texts for name in names if name in text]
-    out: list[str] = []
-    while asked and len(out) < limit:
-        for text, name in asked[: limit - len(out)]:
-            out.append(text.replace(name, invented(name, generator)))
-    return out
-
-
 def _wide(x: torch.Tensor) -> torch.Tensor:
     """x in float32 at least, float64 kept."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
@@ -396,19 +345,21 @@ def _copy(cache: Cache, batch: int = 1) -> Cache:
     return copy_cache(cache, batch)
 
 
-def _static(model, cache, rows: int, room: int) -> StaticDecoder | None:
-    """A StaticDecoder for `rows` rows and `room` new positions after `cache` where STATIC_DECODE asks for one
-    (captured on a CUDA device), else None (the plain decode)."""
+def _static(model, cache, rows: int, room: int, decode: str = "always") -> StaticDecoder | None:
+    """A StaticDecoder for `rows` rows and `room` new positions after `cache` where `decode` asks for one ("always":
+    with our Transformer on any device, where one batch of every query cuts the data stage's CPU time to 0.63 of a
+    decode per group of equal lengths at 165 tokens; "cuda": on a CUDA device only; "never": the benchmarks' peer),
+    captured on a CUDA device, else None (the plain decode)."""
     cuda = device_of(model).type == "cuda"
-    if STATIC_DECODE == "never" or (STATIC_DECODE == "cuda" and not cuda) or not supported(model, cache):
+    if decode == "never" or (decode == "cuda" and not cuda) or not supported(model, cache):
         return None
     return StaticDecoder(model, cache, rows, room, capture=cuda)
 
 
-def _sample(model, cache, last_logits, n, length, temperature, generator):
+def _sample(model, cache, last_logits, n, length, temperature, generator, decode: str = "always"):
     """n continuations of `length` tokens sampled from the model after the cached prompt, and the model's
     logits after each sampled token (n, length, V): the teacher's targets come with the sampling."""
-    static = _static(model, cache, n, length)
+    static = _static(model, cache, n, length, decode)
     cache = None if static is not None else _copy(cache, n)
     logits = last_logits.expand(n, -1)
     tokens, targets = [], []
@@ -548,7 +499,7 @@ def _answered_static(model, cache, queries: list[torch.Tensor], n_answers: list[
     return out
 
 
-def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], rows: int = 32) -> list:
+def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], decode: str = "always", rows: int = 32) -> list:
     """The teacher's greedy answers to the training queries: decode steps on a static cache (_static: our
     Transformer; replayed as a CUDA graph on a GPU), else full passes on a GPU (transformers' models) and incremental
     decoding elsewhere (see _answered_full_passes); all equal the one-query-at-a-time reference `_answered`."""
@@ -557,7 +508,7 @@ def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], row
     room = max(q.shape[0] for q in queries) + max(n_answers)
     if supported(model, cache):  # every row holds a copy of the document's K/V: at most STATIC_BYTES of buffers in all
         rows = max(1, min(rows, STATIC_BYTES // bytes_per_row(cache, room)))
-    static = _static(model, cache, min(rows, len(queries)), room)
+    static = _static(model, cache, min(rows, len(queries)), room, decode)
     if static is not None:
         return _answered_static(model, cache, queries, n_answers, static)
     if queries[0].is_cuda:
@@ -565,7 +516,8 @@ def _answer(model, cache, queries: list[torch.Tensor], n_answers: list[int], row
     return _answered_batched(model, cache, queries, n_answers)
 
 
-def wording_ensemble(model, cache, queries: list[torch.Tensor], answered: list, groups: list[int]) -> tuple[list, int]:
+def wording_ensemble(model, cache, queries: list[torch.Tensor], answered: list, groups: list[int],
+                     decode: str = "always") -> tuple[list, int]:
     """One target for the wordings of one question (the queries sharing a `groups` id; `answered`: their `_answer`
     sequences): the teacher often answers one fact right in one wording and wrong in another, and a student taught
     both learns neither. The consensus answer is the wording's greedy answer whose first token has the highest
@@ -590,7 +542,7 @@ def wording_ensemble(model, cache, queries: list[torch.Tensor], answered: list, 
             if not torch.equal(answer, best):
                 redo.append(torch.cat([queries[i], best[:-1]]))
                 where.append(i)
-    for i, item in zip(where, _answer(model, cache, redo, [0] * len(redo))):
+    for i, item in zip(where, _answer(model, cache, redo, [0] * len(redo), decode)):
         out[i] = item
     for g, best in chosen.items():
         rows = members[g]
@@ -623,75 +575,6 @@ def top_k_targets(sequences: list, k: int) -> list:
         values, index = logp.topk(min(k, logp.shape[-1]), dim=-1)
         out.append((ids, values, index))
     return out
-
-
-def _padded(batch, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sequences right-padded into (B, L) ids (causal: padding is unseen; L the longest, or `length`) and the mask
-    of each one's taught positions (its last n, n = rows of its teacher log-probs)."""
-    length = length or max(item[0].shape[0] for item in batch)
-    tokens = batch[0][0].new_zeros(len(batch), length)
-    mask = torch.zeros(len(batch), length, dtype=torch.bool, device=tokens.device)
-    for row, item in enumerate(batch):
-        end, n = item[0].shape[0], item[1].shape[0]
-        tokens[row, :end], mask[row, end - n: end] = item[0], True
-    return tokens, mask
-
-
-def distillation_batch(batch, length: int | None = None) -> dict[str, torch.Tensor]:
-    """A batch of the stage's sequences as the tensors distillation_loss reads: ids (B, L) right-padded to the
-    longest sequence (or to `length`, for a step of fixed shapes), the taught positions' mask, the teacher's
-    log-probs (B, L, k or V) and, for top-k targets, their token ids."""
-    tokens, mask = _padded(batch, length)
-    width = batch[0][1].shape[-1]
-    top_k = len(batch[0]) == 3
-    teacher = batch[0][1].new_zeros(len(batch), tokens.shape[1], width)
-    index = batch[0][2].new_zeros(len(batch), tokens.shape[1], width) if top_k else None
-    for row, item in enumerate(batch):
-        end, n = item[0].shape[0], item[1].shape[0]
-        teacher[row, end - n: end] = item[1]
-        if top_k:
-            index[row, end - n: end] = item[2]
-    out = {"tokens": tokens, "mask": mask, "teacher": teacher}
-    return out if index is None else {**out, "index": index}
-
-
-def distillation_loss(logits: torch.Tensor, tensors: dict[str, torch.Tensor], argmax_weight: float = 0.0) -> torch.Tensor:
-    """Mean over the taught positions of KL(teacher || student) from the student's logits (B, L, V) on
-    distillation_batch's ids; without a host sync (a CUDA graph can hold it). With `argmax_weight` w > 0, plus w times
-    the mean cross-entropy of the teacher's most likely token (what a greedy answer reads) at the same positions."""
-    log_q = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
-    log_p = tensors["teacher"].to(log_q.dtype)
-    top_k = "index" in tensors
-    if top_k:
-        log_q = log_q.gather(-1, tensors["index"])  # the top k, most likely first
-    kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
-    if argmax_weight:
-        kl = kl - argmax_weight * (log_q[..., 0] if top_k else log_q.gather(-1, log_p.argmax(-1, keepdim=True))[..., 0])
-    mask = tensors["mask"].to(kl.dtype)
-    return (kl * mask).sum() / mask.sum()
-
-
-def distillation_kl(student, batch, argmax_weight: float = 0.0) -> torch.Tensor:
-    """Mean over the taught positions of KL(teacher || student); `student` maps (B, L) ids to logits. Sequences are
-    right-padded (causal: padding is unseen) and each teaches its last n positions (n = rows of its teacher
-    log-probs). A sequence given as (ids, top-k log-probs, their ids) is taught on the teacher's top k tokens:
-    sum_i p_i (log p_i - log q_i) over them (the full KL when k = V; the gradient of the cross-entropy on the
-    teacher's top-k probabilities otherwise)."""
-    tensors = distillation_batch(batch)
-    return distillation_loss(student(tensors["tokens"]), tensors, argmax_weight)
-
-
-def next_token_loss(student, batch) -> torch.Tensor:
-    """The ablation of distillation_kl (Cartridges' next-token objective): the mean cross-entropy of the sequences'
-    own next tokens (the teacher's samples, the document's windows) at the taught positions that have one in the
-    sequence; the teacher's distributions are not used."""
-    tokens, mask = _padded(batch)
-    for row, item in enumerate(batch):
-        mask[row, item[0].shape[0] - 1] = False  # the last position's next token is not in the sequence
-    logits = student(tokens)[:, :-1]
-    nll = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).transpose(1, 2), tokens[:, 1:],
-                          reduction="none")
-    return nll[mask[:, :-1]].mean()
 
 
 # ----------------------------------------------------------------------------- the stage's cache on disk
@@ -781,25 +664,26 @@ def load_stage(folder, key: str, settings: dict, device) -> tuple[list, dict] | 
 
 
 def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
-          generator: torch.Generator, *, top_k: int | None, cache_dir=None, seed: int | None = None,
-          groups: list[int] | None = None) -> tuple[list, dict]:
-    """The data stage with its cache: the teacher's sequences (top-k targets unless top_k is None), read from
-    `cache_dir` when an entry with the same model, document, queries and settings is there, else built (from
-    `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it); `groups`
-    (the training queries' question ids) is read with `options.wording_ensemble`."""
+          generator: torch.Generator, *, seed: int | None = None, groups: list[int] | None = None,
+          static_decode: str = "always") -> tuple[list, dict]:
+    """The data stage with its cache: the teacher's sequences (top-k targets unless options.top_k is None), read
+    from `options.cache` when an entry with the same model, document, queries and settings is there, else built
+    (from `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it);
+    `groups` (the training queries' question ids) is read with `options.wording_ensemble`; `static_decode`: where
+    the decodes run on a fixed-size cache (_static; a speed switch, the same sequences)."""
     key = None
-    if cache_dir:  # the key (a pass over the weights, the tokenizer's fingerprint) only where there is a cache
-        settings = {"options": dataclasses.asdict(options), "top_k": top_k, "seed": seed,
-                    "tokenizer": tokenizer_fingerprint(codec)}
+    if options.cache:  # the key (a pass over the weights, the tokenizer's fingerprint) only where there is a cache
+        shaping = {k: v for k, v in dataclasses.asdict(options).items() if k not in ("cache", "top_k")}
+        settings = {"options": shaping, "top_k": options.top_k, "seed": seed, "tokenizer": tokenizer_fingerprint(codec)}
         if options.wording_ensemble:
             settings["groups"] = None if groups is None else list(map(int, groups))
         key = stage_key(model, prompt, queries, settings)
-        cached = load_stage(cache_dir, key, settings, prompt.device)
+        cached = load_stage(options.cache, key, settings, prompt.device)
         if cached is not None:
             return cached[0], {**cached[1], "cached": True}
-    sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator, groups)
-    if top_k is not None:
-        sequences = top_k_targets(sequences, top_k)
+    sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator, groups, static_decode)
+    if options.top_k is not None:
+        sequences = top_k_targets(sequences, options.top_k)
     if key is not None:
-        save_stage(cache_dir, key, sequences, counts, settings)
+        save_stage(options.cache, key, sequences, counts, settings)
     return sequences, {**counts, "cached": False}

@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..absorb.distill_lora import DistilledLoRA, LoRASpec, init_lora_factors
+from ..absorb.distill_lora import DistilledLoRA
+from ..absorb.lora import LoRASpec, init_lora_factors
 from ..config import check_choices, to_dict
 from ..models import CGTAdapter, CGTAdapterConfig, Transformer
 from ..outputs import Result, pyplot

@@ -120,7 +120,7 @@ def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from ..absorb.distill_lora import LoRASpec
+    from ..absorb.lora import LoRASpec
 
     folder = Path(folder)
     try:
@@ -162,7 +162,7 @@ def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
 
 def _hf_backend_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: int) -> dict[str, tuple]:
     """Module of the wrapped transformers model -> (A, B), from a PEFT folder saved for that family."""
-    from ..absorb.distill_lora import linear_shape
+    from ..absorb.lora import linear_shape
 
     pieces: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():

@@ -44,7 +44,7 @@ from .modules import (
 )
 
 
-def _check_auxiliary(model: Transformer) -> None:
+def check_auxiliary(model: Transformer) -> None:
     c = model.config
     problems = []
     if not c.tokens:
@@ -64,7 +64,7 @@ def _check_auxiliary(model: Transformer) -> None:
 class TinT(nn.Module):
     def __init__(self, model: Transformer, config: TintConfig | None = None):
         super().__init__()
-        _check_auxiliary(model)
+        check_auxiliary(model)
         config = config or TintConfig()
         c = model.config
         self.config, self.aux_config = config, c
