@@ -111,8 +111,8 @@ def test_the_wording_ensemble_stage_is_the_same_on_both_backends(seed):
     prompt = torch.randint(0, 61, (16,), generator=g)
     queries = [torch.randint(0, 61, (int(torch.randint(2, 6, (), generator=g)),), generator=g) for _ in range(6)]
     groups = [0, 1, 0, 1, 0, 2]
-    options = StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3, wording_ensemble=True)
-    stages = [study(model, prompt, queries, o, None, torch.Generator().manual_seed(0), top_k=None, groups=groups)
+    options = StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3, wording_ensemble=True, top_k=None)
+    stages = [study(model, prompt, queries, o, None, torch.Generator().manual_seed(0), groups=groups)
               for model in (ours, theirs) for o in (options, replace(options, wording_ensemble=False))]
     (a, counts_a), plain_a, (b, counts_b), plain_b = stages
     assert counts_a["ensembled"] == counts_b["ensembled"] == 2

@@ -36,16 +36,16 @@ def test_error_falls_with_the_number_of_features(positions):
     prompt, query = tokens(1, 4, 40), tokens(2, 4, 12)
     reference = model(torch.cat([prompt, query], 1))[:, 40:]
     without = rel_error(model(query, position_offset=40), reference)
-    errors = {m: rel_error(ICLCAApprox(m, seed=3).absorb(model, prompt)(query), reference) for m in (32, 512, 8192)}
+    errors = {m: rel_error(ICLCAApprox(n_features=m, seed=3).absorb(model, prompt)(query), reference) for m in (32, 512, 8192)}
     assert errors[8192] < errors[512] < errors[32] < without
     assert errors[8192] < errors[32] / 4  # Monte Carlo: 1/sqrt(m), 16x fewer -> ~4x smaller
-    all_exact = ICLCAApprox(32, exact_sinks=40).absorb(model, prompt)  # every prompt token exact: no error
+    all_exact = ICLCAApprox(n_features=32, exact_sinks=40).absorb(model, prompt)  # every prompt token exact: no error
     assert rel_error(all_exact(query), reference) < 1e-12
 
 
 def test_decoding_through_the_absorbed_prompt_matches_one_pass():
     model = softmax_model(2)
-    adapted = ICLCAApprox(64, seed=1).absorb(model, tokens(3, 2, 20))
+    adapted = ICLCAApprox(n_features=64, seed=1).absorb(model, tokens(3, 2, 20))
     query = tokens(4, 2, 11)
     state = adapted.state()
     pieces = [model(query[:, :6], cache=state), model(query[:, 6:7], cache=state), model(query[:, 7:], cache=state)]
@@ -59,7 +59,7 @@ def test_decoding_through_the_absorbed_prompt_matches_one_pass():
 
 def test_saves_loads_and_refuses_linear_models(tmp_path):
     model = softmax_model(3)
-    adapted = ICLCAApprox(32, exact_sinks=2).absorb(model, tokens(5, 1, 9))
+    adapted = ICLCAApprox(n_features=32, exact_sinks=2).absorb(model, tokens(5, 1, 9))
     adapted.save(tmp_path / "approx")
     loaded = AdaptedModel.load(tmp_path / "approx")
     assert isinstance(loaded, SoftmaxFeaturePrefix)
@@ -75,22 +75,22 @@ def test_a_hybrid_with_every_prompt_token_exact_is_the_prompted_model(layers):
     model = softmax_model(4, n_layer=2)
     prompt, query = tokens(7, 2, 13), tokens(8, 2, 6)
     reference = model(torch.cat([prompt, query], 1))[:, 13:]
-    adapted = ICLCAApprox(16, exact_sinks=13, layers=layers).absorb(model, prompt)
+    adapted = ICLCAApprox(n_features=16, exact_sinks=13, layers=layers).absorb(model, prompt)
     assert rel_error(adapted(query), reference) < 1e-12
 
 
 def test_unconverted_layers_keep_the_prompts_exact_keys_and_values(tmp_path):
     model = softmax_model(5, n_layer=3)
     prompt, query = tokens(9, 1, 17), tokens(10, 1, 7)
-    every = ICLCAApprox(32, seed=2).absorb(model, prompt).state()
+    every = ICLCAApprox(n_features=32, seed=2).absorb(model, prompt).state()
     exact = Cache.empty(3)
     model(prompt, cache=exact)
     mixed = Cache(layers=[exact.layers[0], every.layers[1], exact.layers[2]], position=17)
-    hybrid = ICLCAApprox(32, seed=2, layers="1").absorb(model, prompt)
+    hybrid = ICLCAApprox(n_features=32, seed=2, layers="1").absorb(model, prompt)
     assert torch.equal(hybrid(query), model(query, cache=mixed))
-    full = ICLCAApprox(32, seed=2).absorb(model, prompt)(query)
+    full = ICLCAApprox(n_features=32, seed=2).absorb(model, prompt)(query)
     assert not torch.equal(hybrid(query), full)
-    assert ICLCAApprox(32, seed=2, layers="0-2").absorb(model, prompt)(query).equal(full)
+    assert ICLCAApprox(n_features=32, seed=2, layers="0-2").absorb(model, prompt)(query).equal(full)
     hybrid.save(tmp_path / "hybrid")
     loaded = AdaptedModel.load(tmp_path / "hybrid")
     assert loaded.converted == [1] and torch.equal(loaded(query), hybrid(query))

@@ -1,13 +1,17 @@
 """The distillation data stage: deterministic, top-k targets (the full KL at k = V), and its cache on disk (reused
 only when model, document and settings match; an interrupted write leaves no file under the real name)."""
 
+import dataclasses
+
 import pytest
 import torch
 
 pytest.importorskip("peft")
 
 from incontext.absorb import get_absorb_method, self_study  # noqa: E402
-from incontext.absorb.self_study import StudyOptions, distillation_kl, study, top_k_targets  # noqa: E402
+from incontext.absorb.distill import distillation_kl  # noqa: E402
+from incontext.absorb.self_study import StudyOptions, top_k_targets  # noqa: E402
+from incontext.absorb.self_study import study as _study  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 from incontext.models.static_decode import StaticDecoder  # noqa: E402
 
@@ -22,6 +26,12 @@ def tiny(seed=0, vocab=61):
 
 
 PROMPT = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(1))
+
+
+def study(model, prompt, queries, options, codec, generator, top_k=20, cache_dir=None, **kw):
+    """self_study.study with the options' top_k and cache given apart."""
+    return _study(model, prompt, queries, dataclasses.replace(options, top_k=top_k, cache=str(cache_dir or "")), codec,
+                  generator, **kw)
 
 
 def run(model, tmp_path=None, seed=0, options=OPTIONS, top_k=8, prompt=PROMPT):
@@ -217,40 +227,6 @@ def test_train_groups_name_one_question_per_training_query():
         method.absorb(model, PROMPT, train_queries=[PROMPT[:3], PROMPT[3:6]], train_groups=[0])
 
 
-def test_foreign_queries_ask_about_invented_names():
-    """n_foreign: training queries that name one of the document's subjects, asked again about an invented name (the
-    name's letters shuffled: same look, not in the document); seeded; at most n_foreign; none without a subject."""
-    from incontext.absorb.self_study import foreign_queries, invented
-
-    names = ["Abe Lonn", "Bea Voss"]
-    name = invented("Abe Lonn", torch.Generator().manual_seed(0))
-    assert name != "Abe Lonn" and [sorted(w.lower()) for w in name.split()] == [sorted("abe"), sorted("lonn")]
-    assert name == invented("Abe Lonn", torch.Generator().manual_seed(0)) and name.split()[1][0].isupper()
-    texts = ["Q: Where was Abe Lonn born?\nA:", "Bea Voss works as a", "Q: What is the cat called?\nA:"]
-    out = foreign_queries(texts, names, 5, torch.Generator().manual_seed(1))
-    assert len(out) == 5 and out == foreign_queries(texts, names, 5, torch.Generator().manual_seed(1))
-    assert all(n not in q for q in out for n in names)
-    assert [q.startswith("Q: Where was ") for q in out] == [True, False, True, False, True]  # cycling, new names
-    assert len(set(out)) == 5 and foreign_queries(texts[2:], names, 5, torch.Generator()) == []
-
-
-def test_foreign_queries_join_the_taught_queries():
-    from test_distill_lora import CharCodec
-
-    model, codec = tiny(vocab=64), CharCodec()
-    prompt = torch.tensor(codec.encode("Abe Lonn was born in Rome.\nAbe Lonn is a baker.\nBea Voss is a potter.\n"
-                                       "Bea Voss has a cat.\n"))
-    queries = [torch.tensor(codec.encode("Q: Where was Abe Lonn born?\nA:"))]
-    options = StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3, n_foreign=2)
-    sequences, counts = study(model, prompt, queries, options, codec, torch.Generator().manual_seed(5), top_k=8)
-    plain, _ = study(model, prompt, queries, StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=3), codec,
-                     torch.Generator().manual_seed(5), top_k=8)
-    assert counts["questions"] == 2 and len(sequences) == len(plain) + 2
-    asked = [codec.decode(s[0][:-3].tolist()) for s in sequences[-2:]]
-    assert all(q.startswith("Q: Where was ") and "Abe Lonn" not in q for q in asked)
-    assert study(model, prompt, queries, options, None, torch.Generator().manual_seed(5), top_k=8)[1]["questions"] == 0
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_static_decode_gives_the_same_stage(seed, monkeypatch):
     """The whole stage (continuations sampled on the CPU from the logits of each step, training queries answered)
@@ -261,8 +237,8 @@ def test_the_static_decode_gives_the_same_stage(seed, monkeypatch):
     options = StudyOptions(window_tokens=6, n_continuations=3, continuation_tokens=6, answer_tokens=3)
 
     def stage(mode):
-        monkeypatch.setattr(self_study, "STATIC_DECODE", mode)
-        return study(model, PROMPT, queries, options, None, torch.Generator().manual_seed(seed), top_k=None)
+        return study(model, PROMPT, queries, options, None, torch.Generator().manual_seed(seed), top_k=None,
+                     static_decode=mode)
 
     (plain, counts), (static, again) = stage("never"), stage("always")
     assert counts == again and counts["continuations"] == 3 and counts["train_queries"] == 7
@@ -286,7 +262,6 @@ def test_the_static_answers_take_fewer_rows_for_a_long_document(monkeypatch):
         original(self, model, cache, rows, room, capture)
 
     monkeypatch.setattr(self_study.StaticDecoder, "__init__", spy)
-    monkeypatch.setattr(self_study, "STATIC_DECODE", "always")
     with torch.no_grad():
         cache = Cache.empty(model.config.n_layer)
         model(PROMPT[None], cache=cache)
@@ -360,7 +335,7 @@ def test_every_chunked_sequence_is_the_teacher_reading_its_chunk(seed):
         assert query.tolist() in [prompt[s: s + query.shape[0]].tolist() for s in range(a, b - query.shape[0] + 1)]
 
 
-@pytest.mark.parametrize("init", ["document", "document-spread", "random-vectors"])
+@pytest.mark.parametrize("init", ["document", "document-spread"])
 def test_kv_prefix_absorbs_a_document_longer_than_the_context(init):
     torch.manual_seed(0)
     config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61, max_seq_len=96,
@@ -374,7 +349,7 @@ def test_kv_prefix_absorbs_a_document_longer_than_the_context(init):
     assert adapted.position == 96 // 4 and adapted.history["pool"]["chunks"] == len(self_study.chunk_spans(150, 0, 96)) == 6
     assert torch.isfinite(adapted(prompt[None, :10])).all()
     with pytest.raises(ValueError, match="prefix_tokens=90 and the data stage's sequences of up to 24 tokens exceed") as error:
-        get_absorb_method("kv-prefix", prefix_tokens=90, init="random-vectors", steps=1, progress=False,
+        get_absorb_method("kv-prefix", prefix_tokens=90, init="document", steps=1, progress=False,
                           n_continuations=0).absorb(model, prompt)
     assert "\n" not in str(error.value)
 

@@ -125,7 +125,7 @@ def test_learned_conversion_beats_favor_at_equal_feature_count(trained):
     prompt, query = tokens(7, 6, 40), tokens(8, 6, 12)
     reference = model(torch.cat([prompt, query], 1))[:, 40:]
     learned = rel_error(ICLCAApprox(features=str(folder)).absorb(model, prompt)(query), reference)
-    favor = [rel_error(ICLCAApprox(config.n_features, seed=s).absorb(model, prompt)(query), reference) for s in range(3)]
+    favor = [rel_error(ICLCAApprox(n_features=config.n_features, seed=s).absorb(model, prompt)(query), reference) for s in range(3)]
     without = rel_error(model(query, position_offset=40), reference)
     assert learned < min(favor) and learned < without
     model.float()

@@ -98,7 +98,7 @@ def run(config: ApproxConfig, out_dir: Path) -> Result:
                                    config.orthogonal, config.learned)
 
     generations = []
-    converters = {"converted": ICLCAApprox(max(config.features), seed=config.seed, exact_sinks=max(config.exact_sinks))}
+    converters = {"converted": ICLCAApprox(n_features=max(config.features), seed=config.seed, exact_sinks=max(config.exact_sinks))}
     converters.update({f"converted, learned {folder}": ICLCAApprox(features=folder, exact_sinks=max(config.exact_sinks))
                        for folder in config.learned})
     with torch.no_grad():
