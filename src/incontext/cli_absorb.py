@@ -386,7 +386,7 @@ def absorb_many(args) -> int:
 def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
     """The distilled adapter as a PEFT folder for the family's own transformers class: directly on the Hugging Face
     backend, through the export of our Transformer (the first family in the table that takes it) otherwise."""
-    from .interop.families import export_family
+    from .interop.hf import export_family
     from .interop.lora_export import save_hf_backend_adapter, save_peft_adapter
 
     check_tensors(((f"{name}.lora_{ab}", t) for name, pair in adapted.lora_factors().items() for ab, t in zip("AB", pair)),
@@ -403,8 +403,8 @@ def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
             if folder.is_dir():
                 shutil.rmtree(folder)
             return {"written": False, "reason": str(error)}
-        save_peft_adapter(adapted, hf_base, folder, chosen.model_type)
-        family, cls = chosen.model_type, type(hf_base).__name__
+        save_peft_adapter(adapted, hf_base, folder, chosen)
+        family, cls = chosen, type(hf_base).__name__
     return {"written": True, "family": family, "folder": PEFT_FOLDER, "query_position": adapted.offset,
             "sha256": sha256_file(folder / "adapter_model.safetensors"),
             "load": f"PeftModel.from_pretrained(<the base as transformers' {cls}>, '{PEFT_FOLDER}'); "

@@ -154,12 +154,12 @@ def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
         return LoadedModel(transformer_from_llama_folder(folder, dtype).eval(), FolderCodec(folder), None,
                            "SmolLM2-135M-Instruct (pretrained, Llama architecture)", "llama")
     if str(spec) == "gemma3-270m":
-        from .hf_backend import HFCausalLM
+        from .hf import wrap_hf
         from .pretrained import gemma3_270m_folder, quiet_folder_model
 
         folder = gemma3_270m_folder()
         codec = FolderCodec(folder)  # transformers' Gemma tokenizer takes seconds to build; loaded when asked for
-        lm = HFCausalLM(quiet_folder_model(folder, dtype)).read_bos_first(codec.leading_bos()).eval()
+        lm = wrap_hf(quiet_folder_model(folder, dtype)).read_bos_first(codec.leading_bos()).eval()
         return LoadedModel(lm, codec, None, "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
     path = Path(spec)
     if not path.exists():
@@ -191,8 +191,8 @@ def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .families import FAMILIES
-    from .hf_backend import HFCausalLM
+    from ..models.families import FAMILIES
+    from .hf import wrap_hf
 
     try:
         config = json.loads((path / "config.json").read_text())
@@ -220,6 +220,6 @@ def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
     except (OSError, ValueError, TypeError):
         tokenizer, codec = None, None  # a model without tokenizer files: synthetic tasks only
     known = "" if model_type in FAMILIES else " (not in the families table: LoRA targets and conversion unknown)"
-    lm = HFCausalLM(hf_model.eval()).read_bos_first(leading_bos(tokenizer)).eval()
+    lm = wrap_hf(hf_model.eval()).read_bos_first(leading_bos(tokenizer)).eval()
     return LoadedModel(lm, codec, None,
                        f"Hugging Face {model_type} model {path}{known}", model_type)
