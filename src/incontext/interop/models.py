@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..runtime import Runtime, resolve_runtime
+
 MODEL_CHOICES = "smollm2 (the shipped pretrained SmolLM2-135M-Instruct), gemma3-270m (the shipped Gemma-3-270M), a run folder or checkpoint of ours " \
                 "(holding state.json), a linearize-smollm2 result folder (the linearized SmolLM2), " \
                 "or a local Hugging Face model folder (holding config.json)"
@@ -118,13 +120,16 @@ class LoadedModel:
     family: str | None = None  # the Hugging Face model_type the weights came from (families table), if any
 
 
-def load_model(spec: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = torch.float32) -> LoadedModel:
-    """Resolves a model name or folder (see MODEL_CHOICES) onto `device` in `dtype` (runtime.resolve_runtime
-    checks both); one-line errors for anything else. Hugging Face folders load on the Hugging Face backend
-    (transformers' own model and cache); `smollm2` and runs of ours on our Transformer."""
-    from ..runtime import resolve_runtime
-
-    runtime = resolve_runtime(device, dtype)
+def load_model(spec: str | Path, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None, *,
+               runtime: Runtime | None = None) -> LoadedModel:
+    """Resolves a model name or folder (see MODEL_CHOICES) onto a device in a dtype: `runtime`'s as it is (resolved
+    once by the caller: the CLI's, from --device / --dtype), else `device` (default cpu) in `dtype` (default float32),
+    both checked here (runtime.resolve_runtime); one-line errors for anything else. Hugging Face folders load on the
+    Hugging Face backend (transformers' own model and cache); `smollm2` and runs of ours on our Transformer."""
+    if runtime is None:
+        runtime = resolve_runtime("cpu" if device is None else device, torch.float32 if dtype is None else dtype)
+    elif device is not None or dtype is not None:
+        raise TypeError("load_model takes a runtime or a device and dtype, not both")
     loaded = _load(spec, runtime.dtype)
     check_vocabulary(loaded, spec)
     loaded.model = loaded.model.to(runtime.device)
