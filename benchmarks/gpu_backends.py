@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from incontext.absorb import get_absorb_method
 from incontext.absorb.harness import CostTimer, PeakMemory
 from incontext.interop.hf import to_hf_llama
-from incontext.interop.hf_backend import HFCausalLM
+from incontext.models.hf_backend import HFCausalLM
 from incontext.models import Cache, Transformer, TransformerConfig
 from incontext.runtime import resolve_runtime
 

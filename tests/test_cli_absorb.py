@@ -520,3 +520,32 @@ def test_an_adapted_folder_generates_in_another_dtype_of_the_same_model(method, 
         assert code == 0 and printed.strip(), err
     code, _, err = run(capsys, "generate", "--model", other_llama, "--adapted", str(out), "--dtype", "bfloat16", QUESTION)
     assert code == 2 and "was absorbed into" in err
+
+
+def test_each_command_resolves_its_device_once(llama, tmp_path, capsys, monkeypatch):
+    """The CLI builds one Runtime from --device / --dtype and passes it down: the model's load does not resolve the
+    device again (absorb, generate, generate --prompts-file, chat, compare)."""
+    import io
+
+    from incontext import runtime
+
+    calls = []
+    parse_device = runtime.parse_device
+    monkeypatch.setattr(runtime, "parse_device", lambda name: calls.append(name) or parse_device(name))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(QUESTION.replace("\n", "\\n") + "\n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Where was Ada born?\n"))
+    commands = {"absorb": ["absorb", "--model", llama, "--method", "keep-prompt", "--prompt", PROMPT,
+                           "--out", str(tmp_path / "absorbed")],
+                "generate": ["generate", "--model", llama, "--max-new-tokens", "2", QUESTION],
+                "generate --prompts-file": ["generate", "--model", llama, "--max-new-tokens", "2",
+                                            "--prompts-file", str(prompts)],
+                "chat": ["chat", "--model", llama, "--max-new-tokens", "2"],
+                "compare": ["compare", "--model", llama, "--task", "continuation", "--episodes", "1",
+                            "--set", "prompt_tokens=32", "--set", "query_tokens=8",
+                            "--methods", "keep-prompt,drop-prompt", "--out", str(tmp_path / "compare")]}
+    for name, argv in commands.items():
+        calls.clear()
+        code, _, err = run(capsys, *argv)
+        assert code == 0, (name, err)
+        assert calls == ["cpu"], name

@@ -69,19 +69,20 @@ DEMO = {"model": "smollm2", "task": "facts", "episodes": 5, "split": "test", "ta
         "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora", "kv-prefix"]}
 
 
-def _compare(spec, out: Path, owner: str = "compare") -> dict:
+def _compare(spec, out: Path, runtime, owner: str = "compare") -> dict:
     from .cli_compare import run_compare
     from .outputs import output_folder
 
     with output_folder(out, owner):  # a foreign or unwritable folder is refused before the model loads
-        results = run_compare(spec, out, owner=owner)
+        results = run_compare(spec, out, owner=owner, runtime=runtime)
     print((out / "table.md").read_text())
     print(f"results: {out / 'results.json'}\nplot:    {out / 'compare.png'}")
     return results
 
 
 def _runtime(args: argparse.Namespace):
-    """--device / --dtype checked once, before any file is written or model loaded (runtime.resolve_runtime)."""
+    """--device / --dtype checked once, before any file is written or model loaded (runtime.resolve_runtime): the
+    command's one Runtime, passed down to whatever loads the model or needs the device or dtype."""
     from .runtime import resolve_runtime
 
     return resolve_runtime(args.device, args.dtype)
@@ -90,11 +91,11 @@ def _runtime(args: argparse.Namespace):
 def cmd_demo(args: argparse.Namespace) -> int:
     from .cli_compare import CompareSpec
 
-    _runtime(args)
+    runtime = _runtime(args)
     spec = CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype)
     print("demo: absorbing documents of invented facts into SmolLM2-135M with every method that applies to a softmax "
           "LM, at their defaults, from the document alone, on the test split (about 5 minutes on 2 CPU cores)")
-    _compare(spec, args.out or DEFAULT_OUT / "demo", owner="demo")
+    _compare(spec, args.out or DEFAULT_OUT / "demo", runtime, owner="demo")
     return 0
 
 
@@ -108,12 +109,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
     if args.validation_episodes < 1:
         raise ValueError(f"--validation-episodes must be >= 1, got {args.validation_episodes}")
-    _runtime(args)
+    runtime = _runtime(args)
     spec = CompareSpec(model=args.model, task=args.task, methods=methods, episodes=args.episodes, seed=args.seed,
                        split=args.split,
                        task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),
                        validation_episodes=args.validation_episodes, device=args.device, dtype=args.dtype)
-    _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}")
+    _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}", runtime)
     return 0
 
 
@@ -135,10 +136,10 @@ def cmd_absorb(args: argparse.Namespace) -> int:
     missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out)) if not value]
     if missing:
         raise ValueError(f"absorb needs {', '.join(missing)} (or --list)")
-    _runtime(args)
+    runtime = _runtime(args)
     from .cli_absorb import absorb
 
-    return absorb(args)
+    return absorb(args, runtime)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -147,21 +148,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.prompts_file is not None:
         if args.text is not None:
             raise ValueError("give the text with exactly one of TEXT and --prompts-file")
-        _runtime(args)
+        runtime = _runtime(args)
         from .cli_chat import generate_many
 
-        return generate_many(args)
+        return generate_many(args, runtime)
     from .cli_absorb import generate
 
-    _runtime(args)
-    return generate(args)
+    runtime = _runtime(args)
+    return generate(args, runtime)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    _runtime(args)
+    runtime = _runtime(args)
     from .cli_chat import chat
 
-    return chat(args)
+    return chat(args, runtime)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from .config import parse_overrides, to_dict
 from .fileio import sha256_file, strict_json
 from .interop.models import load_model
 from .outputs import EXPERIMENT_MARKER, claim_output_folder
-from .runtime import device_of, generator_for
+from .runtime import Runtime, device_of, generator_for
 from .tasks.placement import chat_turn, placed_document, resolve_placement
 
 ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
@@ -167,8 +167,9 @@ def _prompt_ids(codec, text: str, model, spec: str, where: str) -> list[int]:
     return ids
 
 
-def _prepare(args, device: str):
-    """The method (options checked), the loaded model on `device` and its codec; one-line errors first."""
+def _prepare(args, runtime: Runtime):
+    """The method (options checked), the loaded model on `runtime`'s device in its dtype and its codec; one-line errors
+    first."""
     options = parse_overrides(args.set, flat=True)
     method = get_absorb_method(args.method, **options)  # names, types and ranges checked (config.parse_options)
     if getattr(args, "train_queries", None) is not None and not method.takes_codec:
@@ -179,7 +180,7 @@ def _prepare(args, device: str):
     nothing = method.learns_nothing()
     if nothing is not None:  # a no-op that would look like a result
         raise ValueError(f"{args.method}: {nothing}; nothing was written")
-    loaded = load_model(args.model, device, args.dtype)
+    loaded = load_model(args.model, runtime=runtime)
     method.check_options_fit(loaded.model)  # a float option the model's dtype cannot hold (absorb checks it again)
     reason = method.unsupported(loaded.model)
     if reason is not None:
@@ -188,13 +189,14 @@ def _prepare(args, device: str):
     return method, options, loaded, codec
 
 
-def absorb(args) -> int:
+def absorb(args, runtime: Runtime) -> int:
+    """`incontext absorb`, on the command's Runtime (its --device / --dtype, resolved once by cli.py)."""
     if getattr(args, "prompts", None) is not None:
-        return absorb_many(args)
+        return absorb_many(args, runtime)
     prompt_text = read_prompt(args.prompt, args.prompt_file)
     groups = None if args.train_queries is None else read_train_queries(args.train_queries)
     check_absorb_out(args.out)
-    method, options, loaded, codec = _prepare(args, args.device)
+    method, options, loaded, codec = _prepare(args, runtime)
     placement = resolve_placement(getattr(args, "placement", "raw"), codec)
     placed = placed_document(codec, prompt_text, placement)
     ids = _prompt_ids(codec, placed, loaded.model, args.model, "the prompt")
@@ -324,7 +326,7 @@ def check_many_out(out: Path, stems: list[str]) -> None:
         check_absorb_out(out / stem)
 
 
-def absorb_many(args) -> int:
+def absorb_many(args, runtime: Runtime) -> int:
     """One adapted model per prompt file of --prompts, into --out/<file stem>/; under torchrun each process takes
     every world_size-th file (its shard), on its own GPU where --device is cuda; the outputs are the files one
     process writes. The last step (rank 0, after all have finished) writes absorb-many.json."""
@@ -345,16 +347,15 @@ def absorb_many(args) -> int:
         texts[path.stem] = read_prompt(None, path)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = args.device
-    if world > 1 and device == "cuda":
-        device = f"cuda:{local_rank}"  # one GPU per process
-    if device.startswith("cuda"):
-        from .runtime import parse_device
+    if world > 1 and runtime.device == torch.device("cuda"):  # one GPU per process: its own, checked as --device was
+        from .runtime import resolve_runtime
 
-        torch.cuda.set_device(parse_device(device))  # nccl's barrier runs on the process's own GPU
-    info = init_distributed(torch.device(device))
+        runtime = resolve_runtime(f"cuda:{local_rank}", runtime.dtype)
+    if runtime.device.type == "cuda":
+        torch.cuda.set_device(runtime.device)  # nccl's barrier runs on the process's own GPU
+    info = init_distributed(runtime.device)
     try:
-        method, options, loaded, codec = _prepare(args, device)
+        method, options, loaded, codec = _prepare(args, runtime)
         placement = resolve_placement(getattr(args, "placement", "raw"), codec)
         ids = {stem: _prompt_ids(codec, placed_document(codec, text, placement), loaded.model, args.model,
                                  f"prompt file {stem}.txt")
@@ -386,7 +387,7 @@ def absorb_many(args) -> int:
 def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
     """The distilled adapter as a PEFT folder for the family's own transformers class: directly on the Hugging Face
     backend, through the export of our Transformer (the first family in the table that takes it) otherwise."""
-    from .interop.families import export_family
+    from .interop.hf import export_family
     from .interop.lora_export import save_hf_backend_adapter, save_peft_adapter
 
     check_tensors(((f"{name}.lora_{ab}", t) for name, pair in adapted.lora_factors().items() for ab, t in zip("AB", pair)),
@@ -403,8 +404,8 @@ def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
             if folder.is_dir():
                 shutil.rmtree(folder)
             return {"written": False, "reason": str(error)}
-        save_peft_adapter(adapted, hf_base, folder, chosen.model_type)
-        family, cls = chosen.model_type, type(hf_base).__name__
+        save_peft_adapter(adapted, hf_base, folder, chosen)
+        family, cls = chosen, type(hf_base).__name__
     return {"written": True, "family": family, "folder": PEFT_FOLDER, "query_position": adapted.offset,
             "sha256": sha256_file(folder / "adapter_model.safetensors"),
             "load": f"PeftModel.from_pretrained(<the base as transformers' {cls}>, '{PEFT_FOLDER}'); "
@@ -516,8 +517,9 @@ def composed_folders(folders: list[Path], model, spec: str) -> AdaptedModel:
     return method.compose(adapted)
 
 
-def check_generation_options(args) -> None:
-    """--max-new-tokens, --sample, --temperature and --top-k checked (generate, generate --prompts-file, chat)."""
+def check_generation_options(args, dtype: torch.dtype) -> None:
+    """--max-new-tokens, --sample, --temperature and --top-k checked (generate, generate --prompts-file, chat); `dtype`:
+    the model's (the command's Runtime)."""
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.sample and (args.temperature is not None or args.top_k is not None):
@@ -525,9 +527,7 @@ def check_generation_options(args) -> None:
     if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature > 0):
         raise ValueError(f"--temperature must be a finite number > 0, got {args.temperature}")
     if args.temperature is not None:
-        from .runtime import parse_dtype
-
-        tiny = torch.finfo(parse_dtype(args.dtype)).tiny
+        tiny = torch.finfo(dtype).tiny
         if args.temperature < tiny:
             raise ValueError(f"--temperature {args.temperature:g} underflows {args.dtype} (its smallest normal number is "
                              f"{tiny:g}): logits / temperature would overflow")
@@ -535,12 +535,13 @@ def check_generation_options(args) -> None:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
 
 
-def generate(args) -> int:
-    check_generation_options(args)
+def generate(args, runtime: Runtime) -> int:
+    """`incontext generate TEXT`, on the command's Runtime (its --device / --dtype, resolved once by cli.py)."""
+    check_generation_options(args, runtime.dtype)
     if not args.text:
         raise ValueError("TEXT is empty: give the text to continue")
     placement = adapted_placement(args.adapted or []) if args.chat else "raw"  # before the model loads
-    loaded = load_model(args.model, args.device, args.dtype)
+    loaded = load_model(args.model, runtime=runtime)
     codec = _codec(loaded, args.model)
     runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
     stop = set()

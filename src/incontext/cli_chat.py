@@ -20,7 +20,7 @@ from typing import TextIO
 from .absorb.generation import context_room, stream_tokens
 from .cli_absorb import END_OF_TURN, _codec, adapted_placement, check_generation_options, composed_folders
 from .interop.models import load_model
-from .runtime import device_of, generator_for
+from .runtime import Runtime, device_of, generator_for
 from .tasks.placement import chat_turn, conversation_after
 
 COMMANDS = "/reset (forget the conversation), /adapted DIR [DIR ...] (answer from absorb folders, composed), " \
@@ -127,14 +127,14 @@ def _say(message: str) -> None:
     print("incontext: " + " ".join(message.split()), file=sys.stderr)
 
 
-def chat(args, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    """An interactive conversation with the model (and --adapted folders); reads lines from stdin (a prompt on a
-    terminal), answers on stdout (read from a pipe: one line each, line breaks in an answer written as \\n); notes
-    and one-line complaints on stderr."""
+def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    """An interactive conversation with the model (and --adapted folders) on the command's Runtime (its --device /
+    --dtype, resolved once by cli.py); reads lines from stdin (a prompt on a terminal), answers on stdout (read from a
+    pipe: one line each, line breaks in an answer written as \\n); notes and one-line complaints on stderr."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
-    check_generation_options(args)
+    check_generation_options(args, runtime.dtype)
     placement = adapted_placement(args.adapted or [])
-    loaded = load_model(args.model, args.device, args.dtype)
+    loaded = load_model(args.model, runtime=runtime)
     codec = _codec(loaded, args.model)
     runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
     template = has_template(codec)
@@ -221,16 +221,16 @@ def read_prompts(file: Path) -> list[tuple[int, str]]:
     return prompts
 
 
-def generate_many(args, stdout: TextIO | None = None) -> int:
-    """Answer every prompt of --prompts-file with one model load: one output line per prompt (line breaks in an
-    answer written as \\n), or with --jsonl one JSON record ({"line", "prompt", "output", "tokens"}). Every prompt
-    is checked to fit the context before the first answer."""
+def generate_many(args, runtime: Runtime, stdout: TextIO | None = None) -> int:
+    """Answer every prompt of --prompts-file with one model load (on the command's Runtime): one output line per prompt
+    (line breaks in an answer written as \\n), or with --jsonl one JSON record ({"line", "prompt", "output",
+    "tokens"}). Every prompt is checked to fit the context before the first answer."""
     stdout = stdout or sys.stdout
     if args.text:
         raise ValueError("give the text with exactly one of TEXT and --prompts-file")
-    check_generation_options(args)
+    check_generation_options(args, runtime.dtype)
     prompts = read_prompts(args.prompts_file)
-    loaded = load_model(args.model, args.device, args.dtype)
+    loaded = load_model(args.model, runtime=runtime)
     codec = _codec(loaded, args.model)
     runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
     if args.chat and not hasattr(codec, "chat"):

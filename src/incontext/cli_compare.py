@@ -18,7 +18,7 @@ import yaml
 from .absorb import absorb_methods, get_absorb_method
 from .absorb.harness import compare, method_name
 from .outputs import Result, claim_output_folder, pyplot, save_result
-from .runtime import machine
+from .runtime import Runtime, machine, resolve_runtime
 from .tasks.episodes import get_episode_source, questions_label
 from .tasks.metrics import get_metric
 
@@ -86,9 +86,10 @@ def parse_tune(items: list[str]) -> dict[str, list[Any]]:
 
 
 def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progress: bool = True,
-                owner: str = "compare") -> dict[str, Any]:
+                owner: str = "compare", runtime: Runtime | None = None) -> dict[str, Any]:
     """Runs the comparison (loading the model unless `loaded` is given) and writes the result files into `out_dir`,
-    the output folder of `owner` (compare, or demo)."""
+    the output folder of `owner` (compare, or demo). `runtime`: spec's device and dtype as the caller resolved them
+    (the CLI's one Runtime); resolved here from the spec when None."""
     from .interop.models import load_model
 
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
@@ -112,7 +113,9 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         for value in values:
             get_absorb_method(method_name(name), **{**method_options[name], option: value})
     start = time.perf_counter()
-    loaded = loaded or load_model(spec.model, spec.device, spec.dtype)
+    if loaded is None:
+        runtime = resolve_runtime(spec.device, spec.dtype) if runtime is None else runtime
+        loaded = load_model(spec.model, runtime=runtime)
     load_s = time.perf_counter() - start
     tuning = {}
     metric = get_metric(source.metric)
@@ -141,7 +144,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         "mean_prompt_tokens": sum(e.prompt.shape[0] for e in episodes) / len(episodes),
         "tuning": tuning, "rows": rows, "model_load_s": load_s, "torch_threads": _threads(),
         "wall_s": time.perf_counter() - start,  # from the model's load to the last method's last query
-        "device": spec.device, "dtype": spec.dtype, "machine": machine(spec.device),
+        "device": spec.device, "dtype": spec.dtype, "machine": machine(spec.device if runtime is None else runtime.device),
         "backend": getattr(loaded.model, "backend", None),
         "command": command_line(spec),
     }

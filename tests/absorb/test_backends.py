@@ -13,8 +13,7 @@ pytest.importorskip("peft")
 
 import incontext.absorb as absorb_package  # noqa: E402
 from incontext.absorb import absorb_methods, get_absorb_method  # noqa: E402
-from incontext.interop.hf import to_hf_llama  # noqa: E402
-from incontext.interop.hf_backend import HFCausalLM  # noqa: E402
+from incontext.interop.hf import to_hf_llama, wrap_hf  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 from incontext.models.lm import is_causal_lm  # noqa: E402
 
@@ -46,7 +45,7 @@ def llama_like(seed: int, d_model: int, d_mlp: int, dtype: torch.dtype = torch.f
 @pytest.fixture(scope="module")
 def backends():
     ours = llama_like(0, 48, 96)
-    theirs = HFCausalLM(to_hf_llama(ours).eval()).eval()
+    theirs = wrap_hf(to_hf_llama(ours).eval()).eval()
     return ours, theirs
 
 
@@ -106,7 +105,7 @@ def test_the_wording_ensemble_stage_is_the_same_on_both_backends(seed):
     from incontext.absorb.self_study import StudyOptions, study
 
     ours = llama_like(seed, 32, 64, torch.float64)
-    theirs = HFCausalLM(to_hf_llama(ours).double().eval()).eval()
+    theirs = wrap_hf(to_hf_llama(ours).double().eval()).eval()
     g = torch.Generator().manual_seed(seed + 10)
     prompt = torch.randint(0, 61, (16,), generator=g)
     queries = [torch.randint(0, 61, (int(torch.randint(2, 6, (), generator=g)),), generator=g) for _ in range(6)]

@@ -14,7 +14,7 @@ from incontext.absorb import AdaptedModel, KeepPrompt, get_absorb_method, self_s
 from incontext.absorb.distill import training_steps  # noqa: E402
 from incontext.absorb.generation import stream_tokens  # noqa: E402
 from incontext.interop.hf import to_hf_llama  # noqa: E402
-from incontext.interop.hf_backend import HFCausalLM, prefix_cache  # noqa: E402
+from incontext.models.hf_backend import HFCausalLM, prefix_cache  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 
 FAST = {"progress": False, "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8, "passes": 0}

@@ -98,7 +98,7 @@ def no_plateau(monkeypatch):
 def test_kv_prefix_rolls_back_a_blown_up_prefix_and_ends_near_its_best(monkeypatch, backend):
     """On both backends: our Transformer, and transformers' LlamaForCausalLM with the same weights."""
     from incontext.interop.hf import to_hf_llama
-    from incontext.interop.hf_backend import HFCausalLM
+    from incontext.models.hf_backend import HFCausalLM
 
     model, document = tiny(), prompt()
     if backend == "hf":

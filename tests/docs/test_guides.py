@@ -147,21 +147,22 @@ def test_add_an_episode_task_and_a_metric(registries, capsys):
 
 def test_add_a_model_family(monkeypatch):
     transformers = pytest.importorskip("transformers")
-    from incontext.interop import families
-    from incontext.interop.hf_backend import HFCausalLM
+    from incontext.interop import hf as interop_hf
+    from incontext.models import families
 
-    table = dict(families.FAMILIES)
-    del table["mistral"]  # the table before the guide's row
+    table, conversions = dict(families.FAMILIES), dict(interop_hf.CONVERSIONS)
+    del table["mistral"], conversions["mistral"]  # the tables before the guide's rows
     monkeypatch.setattr(families, "FAMILIES", table)
+    monkeypatch.setattr(interop_hf, "CONVERSIONS", conversions)
     torch.manual_seed(0)
     hf = transformers.MistralForCausalLM(transformers.MistralConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128, sliding_window=None)).eval()
     with pytest.raises(ValueError, match="not in the families table"):
-        HFCausalLM(hf).as_transformer()
-    assert base.get_absorb_method("iclca-approx").unsupported(HFCausalLM(hf)) is not None
+        interop_hf.wrap_hf(hf).as_transformer()
+    assert base.get_absorb_method("iclca-approx").unsupported(interop_hf.wrap_hf(hf)) is not None
     run_python(GUIDES / "add-model-family.md")  # step 1: the row
-    lm = HFCausalLM(hf)
+    lm = interop_hf.wrap_hf(hf)
     ids = torch.randint(0, 64, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(lm.as_transformer()(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)

@@ -13,9 +13,10 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from incontext import cli  # noqa: E402
-from incontext.interop.families import FAMILIES, families_table  # noqa: E402
-from incontext.interop.hf_backend import HFCausalLM  # noqa: E402
+from incontext.interop.hf import CONVERSIONS, wrap_hf  # noqa: E402
 from incontext.interop.models import load_model  # noqa: E402
+from incontext.models.families import FAMILIES, families_table  # noqa: E402
+from incontext.models.hf_backend import HFCausalLM  # noqa: E402
 from incontext.models.lm import copy_cache  # noqa: E402
 
 SENTENCES = ["Ada Lovelace was born in London.", "Q: Where was Ada born?\nA: London", "Alan Turing works as a "
@@ -77,6 +78,20 @@ def test_the_table_names_every_family_of_the_issue():
     assert all(row["lora"].count("=") == 4 for row in families_table())
 
 
+def test_the_families_that_convert_are_the_ones_interop_converts():
+    """The architecture table (models/families.py) says which families convert; interop/hf.py holds the conversions."""
+    assert {name for name, f in FAMILIES.items() if f.converts} == set(CONVERSIONS)
+
+
+def test_a_backend_without_its_conversion_says_how_to_get_it():
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64)).eval()
+    with pytest.raises(ValueError, match="given no conversion.*wrap_hf"):
+        HFCausalLM(hf).as_transformer()
+    assert wrap_hf(hf).as_transformer().config.n_layer == 1
+
+
 def test_the_backend_cache_continues_exactly(family_folder):
     """prefill + query == the whole sequence at once, float64, also past a sliding window; the prompt's state is
     not changed by a query that continues it."""
@@ -103,7 +118,7 @@ def test_converted_families_match_transformers_logits(family_folder):
     model_type, folder = family_folder
     ids = torch.randint(0, 300, (2, 33), generator=torch.Generator().manual_seed(3))
     hf32 = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    lm = HFCausalLM(hf32)
+    lm = wrap_hf(hf32)
     if not FAMILIES[model_type].converts:
         with pytest.raises(ValueError, match="does not convert"):
             lm.as_transformer()
@@ -113,7 +128,7 @@ def test_converted_families_match_transformers_logits(family_folder):
         reference = hf32(ids).logits
         assert (ours(ids) - reference).abs().max() <= 1e-5 * max(1.0, float(reference.abs().max()))
     hf64 = randomize64(transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64), 4).eval()
-    ours64 = HFCausalLM(hf64).as_transformer()
+    ours64 = wrap_hf(hf64).as_transformer()
     if ours64.config.positions == "rope":
         without_float32_steps(hf64, ours64.config.rope_theta, ours64.config.dim_head)
     with torch.no_grad():

@@ -23,7 +23,7 @@ import torch
 from ..absorb.cgt_fold import fold, lora_factors
 from ..models.cgt import CGT
 from ..models.cgt_adapter import CGTAdapter
-from .families import FAMILIES, to_family_factors
+from ..models.families import FAMILIES, to_family_factors
 from .hf import to_hf_gpt2, to_hf_llama
 from .lora_export import Factors, attach_lora, save_adapter
 

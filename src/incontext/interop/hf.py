@@ -6,15 +6,22 @@ Llama keeps separate q/k/v and gate/up projections. RoPE uses the same "rotate h
 transformers' Llama, so no row permutation is needed. Every conversion is a pure copy in the source's
 dtype: float32 logits agree to float32 rounding (tests check 1e-5 both ways), float64 ones to ~1e-12, and
 export round trips are bit-exact.
+
+`CONVERSIONS` names each converting family's conversions (keyed by `model_type`, as the families table of
+models/families.py that holds the architecture); `wrap_hf` puts a transformers model on the Hugging Face backend
+with its family's conversion, `export_family` exports our Transformer to the first family that takes it.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
+from ..models.hf_backend import HFCausalLM
 from ..models.transformer import Transformer, TransformerConfig
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
@@ -346,3 +353,46 @@ def _load_strict(hf_model, state: dict[str, torch.Tensor]) -> None:
     hf_model.load_state_dict(state, strict=True)
     if getattr(hf_model.config, "tie_word_embeddings", False):
         hf_model.tie_weights()
+
+
+# ----------------------------------------------------------------------------- the conversions of the families table
+
+
+@dataclass(frozen=True)
+class Conversion:
+    to_ours: Callable  # transformers model -> our Transformer (exact)
+    to_hf: Callable | None = None  # our Transformer -> this family's transformers class (adapters of our own runs)
+
+
+# the families of models/families.py that convert (`Family.converts`; a test checks the two tables agree)
+CONVERSIONS: dict[str, Conversion] = {
+    "llama": Conversion(from_hf_llama, to_hf_llama),
+    "mistral": Conversion(from_hf_llama),
+    "qwen2": Conversion(from_hf_llama),
+    "phi3": Conversion(from_hf_llama),
+    "gpt2": Conversion(from_hf_gpt2, to_hf_gpt2),
+}
+
+
+def wrap_hf(hf_model: nn.Module) -> HFCausalLM:
+    """`hf_model` on the Hugging Face backend, with its family's conversion to our Transformer where it has one (the
+    model's `as_transformer`)."""
+    conversion = CONVERSIONS.get(hf_model.config.model_type)
+    return HFCausalLM(hf_model, to_ours=None if conversion is None else conversion.to_ours)
+
+
+def exported_families() -> list[str]:
+    """The families our Transformer exports to (those with a `to_hf`), in the table's order."""
+    return [name for name, c in CONVERSIONS.items() if c.to_hf is not None]
+
+
+def export_family(model: Transformer) -> tuple[str, nn.Module]:
+    """(model_type, transformers model) for the first family whose class our Transformer `model` exports to (its
+    options decide, not a guess); ValueError with every family's reason when none does."""
+    reasons = []
+    for name in exported_families():
+        try:
+            return name, CONVERSIONS[name].to_hf(model)
+        except ValueError as error:
+            reasons.append(f"{name}: {error}")
+    raise ValueError("no Hugging Face family takes this model (" + "; ".join(reasons) + ")")

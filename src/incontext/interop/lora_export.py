@@ -66,13 +66,13 @@ def save_adapter(peft_model, folder: str | Path) -> Path:
 def hf_lora_factors(adapted: DistilledLoRA, family: str | None = None) -> tuple[Factors, bool]:
     """The adapter's factors named as in the family's transformers class (families table; default: the first family
     our base exports to), and whether they need fan_in_fan_out."""
-    from .families import FAMILIES, export_family, to_family_factors
+    from ..models.families import FAMILIES, to_family_factors
+    from .hf import export_family, exported_families
 
     if family is None:
-        family = export_family(adapted.base)[0].model_type
-    if family not in FAMILIES or FAMILIES[family].to_hf is None:
-        raise ValueError(f"family must be one our Transformer exports to "
-                         f"({', '.join(f for f, v in FAMILIES.items() if v.to_hf)}), got {family!r}")
+        family = export_family(adapted.base)[0]
+    if family not in exported_families():
+        raise ValueError(f"family must be one our Transformer exports to ({', '.join(exported_families())}), got {family!r}")
     fused = {name: (b.detach(), a.detach(), None) for name, (a, b) in adapted.lora_factors().items()}
     return to_family_factors(family, adapted.base.config, fused), FAMILIES[family].fan_in_fan_out
 
@@ -192,9 +192,10 @@ def _hf_backend_factors(folder: Path, tensors: dict[str, torch.Tensor], model, r
 def _our_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: int) -> dict[str, tuple]:
     """Fused module of our Transformer -> (A, B), from a PEFT folder for its Llama or GPT-2 export (the adapter's
     own module names tell which)."""
-    from .families import FAMILIES, from_family_parts
+    from ..models.families import FAMILIES, from_family_parts
+    from .hf import exported_families
 
-    exported = [name for name, f in FAMILIES.items() if f.to_hf is not None]  # the layouts our exports write
+    exported = exported_families()  # the layouts our exports write
     family = next((name for name in exported if any(k.startswith(f"base_model.model.{FAMILIES[name].blocks}.")
                                                     for k in tensors)), exported[0])
     blocks, parts, parts_per_role = from_family_parts(family)

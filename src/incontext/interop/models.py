@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..runtime import Runtime, resolve_runtime
+
 MODEL_CHOICES = "smollm2 (the shipped pretrained SmolLM2-135M-Instruct), gemma3-270m (the shipped Gemma-3-270M), a run folder or checkpoint of ours " \
                 "(holding state.json), a linearize-smollm2 result folder (the linearized SmolLM2), " \
                 "or a local Hugging Face model folder (holding config.json)"
@@ -118,13 +120,16 @@ class LoadedModel:
     family: str | None = None  # the Hugging Face model_type the weights came from (families table), if any
 
 
-def load_model(spec: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = torch.float32) -> LoadedModel:
-    """Resolves a model name or folder (see MODEL_CHOICES) onto `device` in `dtype` (runtime.resolve_runtime
-    checks both); one-line errors for anything else. Hugging Face folders load on the Hugging Face backend
-    (transformers' own model and cache); `smollm2` and runs of ours on our Transformer."""
-    from ..runtime import resolve_runtime
-
-    runtime = resolve_runtime(device, dtype)
+def load_model(spec: str | Path, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None, *,
+               runtime: Runtime | None = None) -> LoadedModel:
+    """Resolves a model name or folder (see MODEL_CHOICES) onto a device in a dtype: `runtime`'s as it is (resolved
+    once by the caller: the CLI's, from --device / --dtype), else `device` (default cpu) in `dtype` (default float32),
+    both checked here (runtime.resolve_runtime); one-line errors for anything else. Hugging Face folders load on the
+    Hugging Face backend (transformers' own model and cache); `smollm2` and runs of ours on our Transformer."""
+    if runtime is None:
+        runtime = resolve_runtime("cpu" if device is None else device, torch.float32 if dtype is None else dtype)
+    elif device is not None or dtype is not None:
+        raise TypeError("load_model takes a runtime or a device and dtype, not both")
     loaded = _load(spec, runtime.dtype)
     check_vocabulary(loaded, spec)
     loaded.model = loaded.model.to(runtime.device)
@@ -154,12 +159,12 @@ def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
         return LoadedModel(transformer_from_llama_folder(folder, dtype).eval(), FolderCodec(folder), None,
                            "SmolLM2-135M-Instruct (pretrained, Llama architecture)", "llama")
     if str(spec) == "gemma3-270m":
-        from .hf_backend import HFCausalLM
+        from .hf import wrap_hf
         from .pretrained import gemma3_270m_folder, quiet_folder_model
 
         folder = gemma3_270m_folder()
         codec = FolderCodec(folder)  # transformers' Gemma tokenizer takes seconds to build; loaded when asked for
-        lm = HFCausalLM(quiet_folder_model(folder, dtype)).read_bos_first(codec.leading_bos()).eval()
+        lm = wrap_hf(quiet_folder_model(folder, dtype)).read_bos_first(codec.leading_bos()).eval()
         return LoadedModel(lm, codec, None, "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
     path = Path(spec)
     if not path.exists():
@@ -191,8 +196,8 @@ def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .families import FAMILIES
-    from .hf_backend import HFCausalLM
+    from ..models.families import FAMILIES
+    from .hf import wrap_hf
 
     try:
         config = json.loads((path / "config.json").read_text())
@@ -220,6 +225,6 @@ def _load_hf_folder(path: Path, dtype: torch.dtype) -> LoadedModel:
     except (OSError, ValueError, TypeError):
         tokenizer, codec = None, None  # a model without tokenizer files: synthetic tasks only
     known = "" if model_type in FAMILIES else " (not in the families table: LoRA targets and conversion unknown)"
-    lm = HFCausalLM(hf_model.eval()).read_bos_first(leading_bos(tokenizer)).eval()
+    lm = wrap_hf(hf_model.eval()).read_bos_first(leading_bos(tokenizer)).eval()
     return LoadedModel(lm, codec, None,
                        f"Hugging Face {model_type} model {path}{known}", model_type)

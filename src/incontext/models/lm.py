@@ -1,5 +1,5 @@
 """The causal-LM protocol every absorb method and the harness speak. Two backends implement it: our
-`Transformer` (models/transformer.py) and the Hugging Face wrapper `HFCausalLM` (interop/hf_backend.py).
+`Transformer` (models/transformer.py) and the Hugging Face wrapper `HFCausalLM` (models/hf_backend.py).
 
     logits = lm(ids)                                  # (B, T) ids -> (B, T, V) logits, positions 0..T-1
     cache = lm.prefill(prompt)                        # the prompt's state (K/V per layer)

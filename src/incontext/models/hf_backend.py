@@ -1,13 +1,15 @@
 """The Hugging Face backend: any `AutoModelForCausalLM` behind the causal-LM protocol (models/lm.py).
 
-    lm = HFCausalLM(AutoModelForCausalLM.from_pretrained(folder))
+    lm = HFCausalLM(AutoModelForCausalLM.from_pretrained(folder))  # interop.hf.wrap_hf: with the family's conversion
     cache = lm.prefill(prompt)                  # transformers' own DynamicCache, held per layer in our Cache
     logits = lm(query, cache=copy_cache(cache)) # tokens after the prompt; the prompt's state is not changed
     logits = lm(query, position_offset=M)       # positions M.. without a cache (updated-weights methods)
 
 The wrapped model is `lm.hf`; peft LoRA layers go onto its own modules (`lm.lora_modules(roles)` names them
 from the families table), so a distilled adapter saves as a plain PEFT folder for the family's own class.
-Methods that need our internals run on `lm.as_transformer()`, an exact conversion where the family allows.
+Methods that need our internals run on `lm.as_transformer()`, an exact conversion where the family allows: the
+conversion is given as `to_ours` (interop's, `interop.hf.wrap_hf` passes the family's; this layer knows only
+whether a family converts).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
-from ..models import Cache
-from .families import Family, family
+from . import families
+from .families import Family
+from .transformer import Cache
 
 
 @dataclass
@@ -52,11 +56,14 @@ class HFLayerState:
 class HFCausalLM(nn.Module):
     backend = "hf"
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: nn.Module, *, to_ours: Callable | None = None):
+        """`to_ours`: the family's exact conversion of `hf_model` into our Transformer, for `as_transformer` (the
+        loaders pass interop.hf.CONVERSIONS' one: `interop.hf.wrap_hf`); None: none is given."""
         super().__init__()
         self.hf = hf_model
+        self.to_ours = to_ours
         c = hf_model.config
-        self.family: Family | None = family(c.model_type)
+        self.family: Family | None = families.family(c.model_type)
         self.config = HFConfigView(model_type=c.model_type, n_layer=c.num_hidden_layers, vocab_size=c.vocab_size,
                                    max_seq_len=getattr(c, "max_position_embeddings", None))
         self._converted: dict[str, nn.Module] = {}
@@ -142,10 +149,8 @@ class HFCausalLM(nn.Module):
 
     def _family(self, what: str) -> Family:
         if self.family is None:
-            from .families import FAMILIES
-
             raise ValueError(f"{what}: model_type {self.config.model_type!r} is not in the families table "
-                             f"({', '.join(FAMILIES)})")
+                             f"({', '.join(families.FAMILIES)})")
         return self.family
 
     def lora_modules(self, roles: tuple[str, ...], layers: range | None = None) -> tuple[str, ...]:
@@ -165,7 +170,10 @@ class HFCausalLM(nn.Module):
             f = self._family("conversion to our Transformer")
             if not f.converts:
                 raise ValueError(f"model_type {f.model_type} does not convert to our Transformer: {f.no_conversion}")
-            self._converted["ours"] = f.to_ours(self.hf).eval()
+            if self.to_ours is None:
+                raise ValueError(f"model_type {f.model_type} converts to our Transformer, but this HFCausalLM was given "
+                                 f"no conversion (build it with incontext.interop.hf.wrap_hf)")
+            self._converted["ours"] = self.to_ours(self.hf).eval()
         return self._converted["ours"]
 
 
@@ -177,7 +185,7 @@ def prefix_cache(adapted, hf_config):
     after RoPE, as transformers'."""
     from transformers import DynamicCache
 
-    from ..models.lm import cache_kv
+    from .lm import cache_kv
 
     cache = DynamicCache(config=hf_config)
     state = adapted.state()

@@ -3,16 +3,14 @@
 For each family: where its blocks and final norm live, which of its modules play each LoRA role (attn.qkv,
 attn.out, mlp.fc_in, mlp.fc_out: the roles of our Transformer's fused linears), whether those are Conv1D
 (stored (in, out): peft's fan_in_fan_out), and whether it converts into our Transformer (exactly: the tests
-check logits to 1e-5 float32, 1e-10 float64) or why not. Every family runs on the Hugging Face backend;
-the ones that convert also run the methods that need our internals (iclca, iclca-approx, tint, cgt-fold).
+check logits to 1e-5 float32, 1e-10 float64) or why not. Every family runs on the Hugging Face backend
+(models/hf_backend.py); the ones that convert also run the methods that need our internals (iclca, iclca-approx,
+tint, cgt-fold). The conversions themselves are interop's (`CONVERSIONS` in interop/hf.py, keyed the same way).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
-from .hf import from_hf_gpt2, from_hf_llama, to_hf_gpt2, to_hf_llama
 
 _LLAMA_LORA = {"attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "attn.out": ("self_attn.o_proj",),
                "mlp.fc_in": ("mlp.gate_proj", "mlp.up_proj"), "mlp.fc_out": ("mlp.down_proj",)}
@@ -25,21 +23,19 @@ class Family:
     final_norm: str = "model.norm"
     lora: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(_LLAMA_LORA))  # role -> names in a block
     fan_in_fan_out: bool = False  # GPT-2's Conv1D stores weights (in, out)
-    to_ours: Callable | None = None  # transformers model -> our Transformer (exact)
-    no_conversion: str = ""  # why it does not convert (when to_ours is None)
-    to_hf: Callable | None = None  # our Transformer -> this family's transformers class (adapters of our own runs)
+    no_conversion: str = ""  # why it does not convert into our Transformer ("": it does, by interop.hf.CONVERSIONS)
     note: str = ""
 
     @property
     def converts(self) -> bool:
-        return self.to_ours is not None
+        return not self.no_conversion
 
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("llama", to_ours=from_hf_llama, to_hf=to_hf_llama),
-    Family("mistral", to_ours=from_hf_llama, note="sliding window: our context is capped at the window"),
-    Family("qwen2", to_ours=from_hf_llama, note="q/k/v biases; o_proj and MLP get zero biases"),
-    Family("phi3", to_ours=from_hf_llama,
+    Family("llama"),
+    Family("mistral", note="sliding window: our context is capped at the window"),
+    Family("qwen2", note="q/k/v biases; o_proj and MLP get zero biases"),
+    Family("phi3",
            lora={"attn.qkv": ("self_attn.qkv_proj",), "attn.out": ("self_attn.o_proj",),
                  "mlp.fc_in": ("mlp.gate_up_proj",), "mlp.fc_out": ("mlp.down_proj",)},
            note="fused qkv_proj and gate_up_proj, our row order"),
@@ -50,8 +46,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
                                         "local/global RoPE have no counterpart in our Transformer"),
     Family("gpt2", blocks="transformer.h", final_norm="transformer.ln_f", fan_in_fan_out=True,
            lora={"attn.qkv": ("attn.c_attn",), "attn.out": ("attn.c_proj",), "mlp.fc_in": ("mlp.c_fc",),
-                 "mlp.fc_out": ("mlp.c_proj",)},
-           to_ours=from_hf_gpt2, to_hf=to_hf_gpt2),
+                 "mlp.fc_out": ("mlp.c_proj",)}),
 )}
 
 
@@ -64,20 +59,6 @@ def families_table() -> list[dict[str, str]]:
     return [{"model_type": f.model_type, "converts": "yes" if f.converts else f"no: {f.no_conversion}",
              "lora": ", ".join(f"{role}={'+'.join(names)}" for role, names in f.lora.items()), "note": f.note}
             for f in FAMILIES.values()]
-
-
-def export_family(model):
-    """(family, transformers model) for the first family whose class our Transformer `model` exports to (its
-    options decide, not a guess); ValueError with every family's reason when none does."""
-    reasons = []
-    for f in FAMILIES.values():
-        if f.to_hf is None:
-            continue
-        try:
-            return f, f.to_hf(model)
-        except ValueError as error:
-            reasons.append(f"{f.model_type}: {error}")
-    raise ValueError("no Hugging Face family takes this model (" + "; ".join(reasons) + ")")
 
 
 # ----------------------------------------------------------------------------- LoRA factors between the layouts
