@@ -370,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Tokenize the prompt with the model's tokenizer, absorb it with METHOD and write the adapted "
         "model to --out (adapted.safetensors + adapted.json; for distill-lora only its PEFT adapter in "
-        "peft_adapter/, a few MB, when the base exports to Llama or GPT-2) and absorb.json (method, options, model, prompt "
+        "peft_adapter/, a few MB, when the base exports to Llama or GPT-2; for kv-prefix on a Hugging Face model also "
+        "the prefix as a PEFT CARTRIDGE adapter in peft_adapter/) and absorb.json (method, options, model, prompt "
         "sha256 and tokens, absorb seconds, files). Then: incontext generate --model MODEL --adapted DIR TEXT.\n\n"
         "methods (`incontext absorb --list` adds what each does and its options):\n" + _methods_help(14, what=False),
     )

@@ -23,6 +23,7 @@ from .absorb import AdaptedModel, get_absorb_method
 from .absorb.base import check_tensors, max_context
 from .absorb.distill_lora import DistilledLoRA
 from .absorb.generation import END_OF_TURN, context_room, stream_tokens
+from .absorb.kv_prefix import TrainedPrefix
 from .config import parse_overrides, to_dict
 from .fileio import sha256_file, strict_json
 from .interop.models import load_model
@@ -243,6 +244,11 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
         if not written:  # no low-rank update to save alone: the whole adapted model (safetensors + JSON)
             adapted.save(stage)
             written = list(ADAPTED_FILES)
+        if isinstance(adapted, TrainedPrefix) and getattr(model, "backend", "incontext") == "hf":
+            # beside it, the same prefix as a PEFT CARTRIDGE adapter for the family's own transformers class
+            peft_note = _save_cartridge(adapted, stage / PEFT_FOLDER, getattr(method, "freeze_first", True))
+            if peft_note["written"]:
+                written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (stage / PEFT_FOLDER).iterdir())
         if not peft_note or not peft_note["written"]:
             shutil.rmtree(stage / PEFT_FOLDER, ignore_errors=True)
         record = {
@@ -412,12 +418,36 @@ def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
                     f"queries at positions from query_position on"}
 
 
+def _save_cartridge(adapted: TrainedPrefix, folder: Path, freeze_first: bool) -> dict[str, Any]:
+    """A kv-prefix absorbed into a Hugging Face model as a PEFT CARTRIDGE folder (interop/cartridge.py), written by
+    peft; or why not (a family peft's CARTRIDGE cannot serve, no peft)."""
+    from .interop.cartridge import save_cartridge
+
+    try:
+        info = save_cartridge(adapted, folder, num_frozen_tokens=int(freeze_first))
+    except ValueError as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        return {"written": False, "reason": str(error)}
+    except (TypeError, AttributeError, KeyError, RuntimeError) as error:  # peft itself failed: the prefix is still saved
+        shutil.rmtree(folder, ignore_errors=True)
+        return {"written": False, "reason": f"peft could not write the CARTRIDGE ({type(error).__name__}: "
+                                            f"{str(error).splitlines()[0] if str(error) else ''})"}
+    n = info["num_virtual_tokens"]
+    return {"written": True, "peft_type": "CARTRIDGE", "family": info["family"], "folder": PEFT_FOLDER,
+            "num_virtual_tokens": n, "query_position": n, "sha256": sha256_file(folder / "adapter_model.safetensors"),
+            "load": f"PeftModel.from_pretrained(<the base as transformers' {info['class']}>, '{PEFT_FOLDER}'); queries "
+                    f"at positions from num_virtual_tokens = {n} on, as peft's forward gives them"
+                    + (" (the cartridge holds the BOS the model reads first: give the query without it)"
+                       if n != adapted.position else "")}
+
+
 # ----------------------------------------------------------------------------- generate
 
 
 def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     """The adapted model in `folder`, after checking it was absorbed into `model` (the one named `spec`): the whole
-    adapted model (adapted.safetensors + adapted.json) where it was saved, else the PEFT adapter on `model`."""
+    adapted model (adapted.safetensors + adapted.json) where it was saved, else the PEFT adapter on `model` (distill-lora's
+    LoRA; kv-prefix's CARTRIDGE, written beside adapted.safetensors on a Hugging Face model)."""
     if not folder.is_dir():
         raise FileNotFoundError(f"--adapted {folder}: no such folder")
     record_file = folder / ABSORB_RECORD
@@ -463,7 +493,8 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
 
 
 def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
-    """The distilled LoRA of `folder`'s PEFT adapter merged into a copy of `model` (checked against absorb.json)."""
+    """The distilled LoRA of `folder`'s PEFT adapter merged into a copy of `model`, or a kv-prefix's CARTRIDGE on
+    `model` (checked against absorb.json)."""
     from .interop.lora_export import load_peft_adapter
 
     weights = folder / PEFT_FOLDER / "adapter_model.safetensors"
@@ -472,6 +503,13 @@ def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
     if "sha256" in note and sha256_file(weights) != note["sha256"]:
         raise ValueError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is corrupt (its sha256 differs "
                          f"from the one in {ABSORB_RECORD})")
+    if note.get("peft_type") == "CARTRIDGE":  # a kv-prefix's cartridge: the prefix back on `model` itself
+        from .interop.cartridge import load_cartridge
+
+        try:
+            return load_cartridge(folder / PEFT_FOLDER, model)
+        except ValueError as error:
+            raise ValueError(f"--adapted {error}") from None
     offset = note.get("query_position")
     if not isinstance(offset, int) or offset < 0:
         raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} records no query_position for the PEFT adapter")

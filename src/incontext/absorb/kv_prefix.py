@@ -215,7 +215,8 @@ def spread_prefix(model, prompt: torch.Tensor, p: int, spans: list[tuple[int, in
 def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
     """Several documents absorbed separately, answered together: their prefixes concatenated (Cartridges composes
     cartridges the same way, without retraining). Each prefix keeps the positions it was trained at; queries start
-    after the sum of the prefixes' lengths."""
+    after every position the prefixes hold: the sum of their lengths, and on a model that reads its BOS first the
+    BOS each prefix holds after the first (as PEFT's compose_cartridge_adapters: interop/cartridge.py)."""
     if len(prefixes) < 2:
         raise ValueError("compose at least two prefixes")
     base = prefixes[0].base
@@ -230,4 +231,6 @@ def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
             layers.append(type(layer)(k, v, sum(state.layers[i].seen for state in states)))
         else:
             layers.append((k, v))
-    return TrainedPrefix(base, Cache(layers=layers, position=sum(state.position for state in states))).eval()
+    bos = int(getattr(base, "bos_id", None) is not None)  # each prefix holds its BOS; `position` leaves out the first
+    position = sum(state.position for state in states) + bos * (len(states) - 1)
+    return TrainedPrefix(base, Cache(layers=layers, position=position)).eval()
