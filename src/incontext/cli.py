@@ -118,6 +118,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_options(options: list[list[str]]) -> None:
+    """A method's options, one a line: name=default and its help."""
+    if not options:
+        print("      (no options)")
+    width = max((len(f"{n}={d}") if d != "" else len(n) for n, d, _ in options), default=0)
+    for name, default, text in options:
+        shown = f"{name}={default}" if default != "" else name
+        print(f"      {shown:{min(width, 34)}s}  {text}".rstrip())
+
+
 def cmd_absorb(args: argparse.Namespace) -> int:
     if args.list:
         missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out),
@@ -128,10 +138,14 @@ def cmd_absorb(args: argparse.Namespace) -> int:
             raise ValueError(f"--list takes no other options (got {', '.join(missing)})")
         from .cli_catalog import catalog
 
+        data = catalog()  # the catalog: listing needs no torch
         print("absorb methods (incontext absorb --method NAME; method options with --set OPTION=VALUE):")
-        for name, m in catalog()["methods"].items():  # the catalog: listing needs no torch
-            print(f"  {name:14s} needs {m['needs']}: {m['summary']}")
-            print(f"  {'':14s} options: {', '.join(m['options']) or '(none)'}")
+        for name, m in data["methods"].items():
+            print(f"\n  {name} needs {m['needs']}: {m['summary']}")
+            _print_options(m["options"])
+        for group, g in data["option_groups"].items():
+            print(f"\n  {group}.*: the options {', '.join(g['methods'])} share (--set {group}.OPTION=VALUE)")
+            _print_options(g["options"])
         return 0
     missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out)) if not value]
     if missing:

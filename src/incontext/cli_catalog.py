@@ -3,7 +3,8 @@ absorb methods (`compare --help`, `absorb --help`, `absorb --list`), the episode
 the metrics they score with.
 
     catalog()["experiments"][name] == [description, [[config key, type, default, comment], ...]]
-    catalog()["methods"][name] == {"summary": ..., "needs": ..., "options": [...]}
+    catalog()["methods"][name] == {"summary": ..., "needs": ..., "options": [[name, default, help], ...]}
+    catalog()["option_groups"][group] == {"methods": [...], "options": [[name, default, help], ...]}
     catalog()["tasks"][name] == {"description": ..., "metric": ..., "models": ..., "options": ["key=default", ...]}
     catalog()["metrics"][name] == {"label": ..., "higher_is_better": ..., "description": ...}
 
@@ -38,13 +39,20 @@ EXPERIMENTS = {name: (description, [tuple(field) for field in fields])
 
 
 def _field_comments(config_class: type) -> dict[str, str]:
-    """Field name -> the comment at the end of its line in the class source."""
-    source = textwrap.dedent(inspect.getsource(config_class))
-    comments = {token.start[0]: token.string.lstrip("#").strip()
-                for token in tokenize.generate_tokens(io.StringIO(source).readline)
-                if token.type == tokenize.COMMENT and not token.line.strip().startswith("#")}
-    return {node.target.id: comments.get(node.end_lineno, "") for node in ast.parse(source).body[0].body
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    """Field name -> the comment at the end of its line in the class source (a subclass's own line first, then the
+    classes it inherits from)."""
+    out: dict[str, str] = {}
+    for cls in config_class.__mro__:
+        if not dataclasses.is_dataclass(cls) or cls is object:
+            continue
+        source = textwrap.dedent(inspect.getsource(cls))
+        comments = {token.start[0]: token.string.lstrip("#").strip()
+                    for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if token.type == tokenize.COMMENT and not token.line.strip().startswith("#")}
+        for node in ast.parse(source).body[0].body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not out.get(node.target.id):
+                out[node.target.id] = comments.get(node.end_lineno, "")
+    return out
 
 
 def _default_value(field: dataclasses.Field):
@@ -82,15 +90,46 @@ def experiments_catalog() -> dict[str, list]:
     return out
 
 
+def _options(config_class: type) -> list[list[str]]:
+    """[[name, default as typed after --set name=, help], ...] for a method's options; a nested options class (the
+    distillers' `study`) as one "study.*" entry (its options: the catalog's option_groups)."""
+    comments = _field_comments(config_class)
+    inherited = {f.name for base in config_class.__mro__[1:] if dataclasses.is_dataclass(base)
+                 for f in dataclasses.fields(base)}
+    out = []
+    fields = dataclasses.fields(config_class)
+    for f in [f for f in fields if f.name not in inherited] + [f for f in fields if f.name in inherited]:  # own first
+        if dataclasses.is_dataclass(f.default_factory):
+            out.append([f"{f.name}.*", "", comments.get(f.name, "")])
+            continue
+        value = _default_value(f)
+        out.append([f.name, (value or '""') if isinstance(value, str) else _default_text(f), comments.get(f.name, "")])
+    return out
+
+
 def methods_catalog() -> dict[str, dict]:
-    """name -> summary, needs and option names of every registered absorb method (the two reference points,
-    keep-prompt and drop-prompt, first)."""
-    from .absorb.base import _METHODS, DropPrompt, KeepPrompt, absorb_methods, method_options
+    """name -> summary, needs and options ([name, default, help]) of every registered absorb method (the two
+    reference points, keep-prompt and drop-prompt, first)."""
+    from .absorb.base import _METHODS, DropPrompt, KeepPrompt, absorb_methods
 
     first = (KeepPrompt.name, DropPrompt.name)
     names = [*first, *(name for name in absorb_methods() if name not in first)]
-    return {name: {"summary": _METHODS[name].summary, "needs": _METHODS[name].needs, "options": method_options(name)}
-            for name in names}
+    return {name: {"summary": _METHODS[name].summary, "needs": _METHODS[name].needs,
+                   "options": _options(_METHODS[name].Options)} for name in names}
+
+
+def option_groups_catalog() -> dict[str, dict]:
+    """The nested options classes the methods share (`--set study.OPTION=VALUE`): name -> which methods take it and
+    its options."""
+    from .absorb.base import _METHODS, absorb_methods
+
+    groups: dict[str, dict] = {}
+    for name in absorb_methods():
+        for f in dataclasses.fields(_METHODS[name].Options):
+            if dataclasses.is_dataclass(f.default_factory):
+                group = groups.setdefault(f.name, {"methods": [], "options": _options(f.default_factory)})
+                group["methods"].append(name)
+    return groups
 
 
 def tasks_catalog() -> dict[str, dict]:
@@ -118,8 +157,8 @@ def metrics_catalog() -> dict[str, dict]:
 
 def build_catalog() -> dict[str, dict]:
     """Every registry's entries as JSON data (what cli_catalog.json holds)."""
-    return {"experiments": experiments_catalog(), "methods": methods_catalog(), "tasks": tasks_catalog(),
-            "metrics": metrics_catalog()}
+    return {"experiments": experiments_catalog(), "methods": methods_catalog(), "option_groups": option_groups_catalog(),
+            "tasks": tasks_catalog(), "metrics": metrics_catalog()}
 
 
 def write_catalog(path: Path | None = None) -> Path:

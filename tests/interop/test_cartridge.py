@@ -25,8 +25,8 @@ from incontext.absorb import AdaptedModel, get_absorb_method  # noqa: E402
 from incontext.absorb.generation import stream_tokens  # noqa: E402
 from incontext.absorb.kv_prefix import TrainedPrefix, compose_prefixes  # noqa: E402
 from incontext.interop.cartridge import cartridge_kv, is_cartridge, load_cartridge, save_cartridge  # noqa: E402
-from incontext.interop.families import FAMILIES  # noqa: E402
-from incontext.interop.hf_backend import HFCausalLM, HFLayerState  # noqa: E402
+from incontext.models.families import FAMILIES  # noqa: E402
+from incontext.models.hf_backend import HFCausalLM, HFLayerState  # noqa: E402
 from incontext.models import Cache  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*past_key_values.*:FutureWarning", "ignore:.*is_gradient_checkpointing.*:FutureWarning")

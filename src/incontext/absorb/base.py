@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import typing
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -163,6 +164,10 @@ class AdaptedModel(nn.Module, ABC):
         return model.eval()
 
 
+class ConversionError(ValueError):
+    """A model cannot be converted (iclca, iclca-approx): the message says why and what to use instead."""
+
+
 EXPLODED = 1e4  # an updated tensor whose largest |value| exceeds this many times what the base holds has exploded
 
 
@@ -210,6 +215,17 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
+@dataclasses.dataclass(frozen=True)
+class Speed:
+    """How fast, never what: each switch leaves the result the same up to float rounding (the benchmarks' peers)."""
+
+    cuda_graph: bool = True  # on a CUDA device, our Transformer: the training step captured once and replayed
+    tf32: bool = False  # on a CUDA device: float32 matmuls in TF32 (rounds inputs: a small change of the numbers)
+    static_decode: typing.Literal["always", "cuda", "never"] = "always"  # the data stage's decodes on a fixed-size cache
+    cast_once: bool = True  # under autocast: the frozen weights' half-precision copies made once, not per step
+    fixed_shapes: bool = False  # every batch padded to the longest sequence (what a CUDA graph needs; on with one)
+
+
 @dataclasses.dataclass
 class NoOptions:
     """The options of a method that takes none."""
@@ -237,9 +253,12 @@ class AbsorbMethod(ABC):
         through `Options` (config.parse_options: one-line errors naming the option), the defaults filled in and each
         set as an attribute (a nested options class, such as the distillers' `study`, as its instance); then `setup`.
         `progress`: the method's progress bars; `speed`: a method's speed switches (distill.Speed), never results."""
-        self.progress = progress
-        if speed is not None:
-            self.speed = speed
+        if not isinstance(progress, bool):
+            raise ValueError(f"{self.name}: progress must be true or false, got {progress!r}")
+        if speed is not None and not isinstance(speed, Speed):
+            raise ValueError(f"{self.name}: unknown option 'speed'; options: "
+                             f"{', '.join(f.name for f in dataclasses.fields(self.Options)) or '(none)'}")
+        self.progress, self.speed = progress, speed or Speed()
         self._set_options(options)
         self.setup()
 

@@ -32,7 +32,7 @@ from .base import AbsorbMethod, AdaptedModel, BaseAlone
 
 @dataclasses.dataclass
 class CGTFoldOptions:
-    adapter: str = ""
+    adapter: str = ""  # a folder of a CGT adapter trained on this model (a plain Transformer needs one)
 
 
 def _dtype(model: CGT | CGTAdapter) -> torch.dtype:

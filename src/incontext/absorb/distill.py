@@ -28,19 +28,8 @@ from tqdm.auto import tqdm
 
 from ..config import limit
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
-from .base import AbsorbMethod, AdaptedModel
+from .base import AbsorbMethod, AdaptedModel, Speed
 from .self_study import StudyOptions, study
-
-
-@dataclass(frozen=True)
-class Speed:
-    """How fast, never what: each switch leaves the result the same up to float rounding (the benchmarks' peers)."""
-
-    cuda_graph: bool = True  # on a CUDA device, our Transformer: the training step captured once and replayed
-    tf32: bool = False  # on a CUDA device: float32 matmuls in TF32 (rounds inputs: a small change of the numbers)
-    static_decode: Literal["always", "cuda", "never"] = "always"  # the data stage's decodes on a fixed-size cache
-    cast_once: bool = True  # under autocast: the frozen weights' half-precision copies made once, not per step
-    fixed_shapes: bool = False  # every batch padded to the longest sequence (what a CUDA graph needs; on with one)
 
 
 @dataclass
@@ -370,7 +359,6 @@ class Distiller(AbsorbMethod):
     absorbs (`join`) and, with compose_steps, trains the join on the union of their data stages."""
 
     takes_codec = True  # with the tokenizer the data stage also writes questions and chat turns
-    speed: Speed = Speed()  # the constructor's speed= replaces it
 
     def prepare(self, model, prompt: torch.Tensor) -> dict[str, Any]:
         """Checks before the data stage; returns what `student` needs (e.g. kv-prefix's p)."""

@@ -242,18 +242,18 @@ def check_lora_options(rank, alpha, targets) -> None:
 
 @dataclass
 class DynamicEvalOptions:
-    learning_rate: float = limit(3e-4, gt=0)
-    n_steps: int = limit(1, min=1)
-    reduction: Literal["sum", "mean"] = "sum"
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    n_top_layers: int | None = limit(None, min=1)
-    keep_prompt: bool = False
-    separator: list[int] | None = None
-    lora_rank: int | None = limit(None, min=1)
-    lora_alpha: float | None = limit(None, gt=0)
-    lora_targets: tuple[str, ...] | str = ("attn.qkv", "attn.out")
-    seed: int = limit(0, min=0)
-    params: str | list[str] | None = None
+    learning_rate: float = limit(3e-4, gt=0)  # the optimizer's rate
+    n_steps: int = limit(1, min=1)  # gradient steps on the prompt
+    reduction: Literal["sum", "mean"] = "sum"  # the loss over the prompt's tokens
+    optimizer: Literal["sgd", "adamw"] = "sgd"  # plain SGD (Krause et al., TinT's R-dyn) or AdamW
+    n_top_layers: int | None = limit(None, min=1)  # only the top n blocks descend (null: all)
+    keep_prompt: bool = False  # the prompt also stays in the context of the updated model
+    separator: list[int] | None = None  # token ids that split the prompt into training sequences
+    lora_rank: int | None = limit(None, min=1)  # the steps train a LoRA of this rank instead (merged)
+    lora_alpha: float | None = limit(None, gt=0)  # its alpha (null: twice the rank)
+    lora_targets: tuple[str, ...] | str = ("attn.qkv", "attn.out")  # its linears
+    seed: int = limit(0, min=0)  # the LoRA's initial draw
+    params: str | list[str] | None = None  # parameter groups that descend (e.g. tint, attention,mlp; our Transformer)
 
 
 class DynamicEval(AbsorbMethod):
@@ -351,8 +351,8 @@ def _tint_options() -> type:
 
     @dataclass
     class TintOptions(TintConfig):
-        keep_prompt: bool = False
-        separator: list[int] | None = None
+        keep_prompt: bool = False  # the prompt also stays in the context of the updated model
+        separator: list[int] | None = None  # token ids that split the prompt into training sequences
 
     return TintOptions
 

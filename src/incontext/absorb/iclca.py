@@ -30,11 +30,7 @@ from ..models.lm import is_causal_lm
 if TYPE_CHECKING:  # annotations only: the method runs on the model the protocol hands it
     from ..models import Transformer
 from ..ops import apply_rope, rope_cos_sin
-from .base import AbsorbMethod, AdaptedModel
-
-
-class ConversionError(ValueError):
-    """The model cannot be converted exactly (the message says why and what to use instead)."""
+from .base import AbsorbMethod, AdaptedModel, ConversionError
 
 
 def check_exactly_convertible(model: Transformer) -> None:

@@ -36,9 +36,8 @@ if TYPE_CHECKING:  # annotations only: the method runs on the model the protocol
 from ..ops.feature_maps import LearnedFeatures, draw_favor_projection
 from ..ops.prefix_attention import FeaturePrefix, absorb_layer
 from ..config import limit
-from .base import AbsorbMethod, AdaptedModel
+from .base import AbsorbMethod, AdaptedModel, ConversionError
 from ..train.attention_transfer import load_feature_maps
-from .iclca import ConversionError
 
 
 def convert_approximately(model: Transformer, prompt: torch.Tensor, *, n_features: int = 256,
@@ -180,12 +179,12 @@ def parse_layers(spec: str | int) -> list[int] | None:
 
 @dataclass
 class ICLCAApproxOptions:
-    n_features: int = limit(256, min=1)
-    orthogonal: bool = True
-    seed: int = limit(0, min=0)
-    exact_sinks: int = limit(1, min=0)
-    features: str = "favor"
-    layers: str | int = "all"
+    n_features: int = limit(256, min=1)  # FAVOR+ random features per head
+    orthogonal: bool = True  # orthogonal random features
+    seed: int = limit(0, min=0)  # their draw
+    exact_sinks: int = limit(1, min=0)  # the first n prompt tokens keep their exact keys and values
+    features: str = "favor"  # favor, or a folder of learned feature maps (train/attention_transfer.py)
+    layers: str | int = "all"  # the layers converted (e.g. 0-14); the others keep the prompt's exact K/V
 
 
 class ICLCAApprox(AbsorbMethod):

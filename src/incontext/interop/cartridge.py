@@ -58,7 +58,7 @@ def _check_model(model) -> None:
         raise ValueError("a PEFT CARTRIDGE serves a transformers model (the Hugging Face backend); a prefix of our "
                          "Transformer saves as adapted.safetensors")
     if model.family is None:
-        from .families import FAMILIES
+        from ..models.families import FAMILIES
 
         raise ValueError(f"model_type {model.config.model_type!r} is not in the families table ({', '.join(FAMILIES)})")
 

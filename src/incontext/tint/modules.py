@@ -45,20 +45,20 @@ class TintConfig:
     n_simulation_layers: int | None = limit(None, min=1)  # top layers updated; None = all
     # finite-difference steps of the LayerNorm (Def. A.3) and activation (Def. G.3) backward: error O(eps) +
     # rounding / eps; 1e-4 suits float64; in float32 use ~1e-2 (the update is then ~3e-4 off exact SGD's, 3% with 1e-4)
-    ln_eps: float = limit(1e-4, gt=0)
-    act_eps: float = limit(1e-4, gt=0)
+    ln_eps: float = limit(1e-4, gt=0)  # the LayerNorm backward's finite-difference step
+    act_eps: float = limit(1e-4, gt=0)  # the activation backward's finite-difference step
     # the paper's construction (and the released code) descends on every LayerNorm bias, the final one included;
     # False freezes the final norm (it is still back-propagated through)
-    update_final_norm: bool = True
+    update_final_norm: bool = True  # descend on the final LayerNorm too (the paper's construction)
     # compatibility with the released code's numbers, an artefact there: its MLP is split into sub-MLPs of
     # width D_aux that each carry b_out / n_chunks and each take the full bias step, so b_out moves n_chunks
     # times (4x for GPT-2); False stores b_out once and steps it once (faithful SGD)
-    released_mlp_out_bias: bool = False
+    released_mlp_out_bias: bool = False  # step the MLP output bias n_chunks times, as the released code does
     # how the Linear Forward / Backward / Descent attention layers are evaluated: True contracts their one-hot
     # values (or queries) and the sum over shards into one matmul with the rows read from the prefixes (the
     # same layer output, a fraction of the ops); False runs the attention as written, head by head (the
     # reference path the fast one is tested against)
-    fast: bool = True
+    fast: bool = True  # the linear layers' one-hot attention contracted into one matmul (the same output)
 
     def __post_init__(self):
         if self.rows_per_prefix < 1 or self.shards < 1 or self.n_steps < 1:
