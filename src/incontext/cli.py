@@ -92,7 +92,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .cli_compare import CompareSpec
 
     runtime = _runtime(args)
-    spec = CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype)
+    spec = CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype, tf32=args.tf32)
     print("demo: absorbing documents of invented facts into SmolLM2-135M with every method that applies to a softmax "
           "LM, at their defaults, from the document alone, on the test split (about 5 minutes on 2 CPU cores)")
     _compare(spec, args.out or DEFAULT_OUT / "demo", runtime, owner="demo")
@@ -113,7 +113,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     spec = CompareSpec(model=args.model, task=args.task, methods=methods, episodes=args.episodes, seed=args.seed,
                        split=args.split,
                        task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),
-                       validation_episodes=args.validation_episodes, device=args.device, dtype=args.dtype)
+                       validation_episodes=args.validation_episodes, device=args.device, dtype=args.dtype,
+                       tf32=args.tf32)
     _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}", runtime)
     return 0
 
@@ -318,10 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add_runtime(p: argparse.ArgumentParser) -> None:
+    def add_runtime(p: argparse.ArgumentParser, tf32: bool = False) -> None:
         p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"],
                        help="the model's weights and compute dtype (default float32)")
+        if tf32:
+            p.add_argument("--tf32", action="store_true", help="on a CUDA device, the trained methods' float32 matmuls in TF32 "
+                           "(faster; rounds their inputs)")
 
     def add_sampling(p: argparse.ArgumentParser, max_new_tokens: int, length_help: str) -> None:
         """generate's and chat's decoding options."""
@@ -347,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
         "The earlier regression demo is `incontext run regression-demo`.",
     )
     demo.add_argument("--out", type=Path, default=None, help="output folder (default: runs/demo)")
-    add_runtime(demo)
+    add_runtime(demo, tf32=True)
     demo.set_defaults(func=cmd_demo)
 
     comparer = sub.add_parser(
@@ -375,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="choose a method option on validation episodes, e.g. --tune dynamic-eval.learning_rate=1e-5,1e-4")
     comparer.add_argument("--validation-episodes", type=int, default=8, help="episodes for --tune (default 8)")
     comparer.add_argument("--out", type=Path, default=None, help="output folder (default: runs/compare-MODEL-TASK)")
-    add_runtime(comparer)
+    add_runtime(comparer, tf32=True)
     comparer.set_defaults(func=cmd_compare)
 
     absorber = sub.add_parser(
@@ -411,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     absorber.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                           help="a method option (repeatable), e.g. --set steps=32 --set learning_rate=1e-3")
     absorber.add_argument("--out", type=Path, default=None, help="output folder (new, empty, or an earlier absorb folder)")
-    add_runtime(absorber)
+    add_runtime(absorber, tf32=True)
     absorber.set_defaults(func=cmd_absorb)
 
     generator = sub.add_parser(

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .absorb import AdaptedModel, get_absorb_method
+from .absorb.base import Speed
 from .absorb.base import check_tensors, max_context
 from .absorb.distill_lora import DistilledLoRA
 from .absorb.generation import END_OF_TURN, context_room, stream_tokens
@@ -172,7 +173,7 @@ def _prepare(args, runtime: Runtime):
     """The method (options checked), the loaded model on `runtime`'s device in its dtype and its codec; one-line errors
     first."""
     options = parse_overrides(args.set, flat=True)
-    method = get_absorb_method(args.method, **options)  # names, types and ranges checked (config.parse_options)
+    method = get_absorb_method(args.method, speed=Speed(tf32=getattr(args, "tf32", False)), **options)  # checked
     if getattr(args, "train_queries", None) is not None and not method.takes_codec:
         raise ValueError(f"{args.method} does not learn from training queries (--train-queries: distill-lora, kv-prefix)")
     if method.needs_train_groups and getattr(args, "train_queries", None) is None:
@@ -246,7 +247,7 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
             written = list(ADAPTED_FILES)
         if isinstance(adapted, TrainedPrefix) and getattr(model, "backend", "incontext") == "hf":
             # beside it, the same prefix as a PEFT CARTRIDGE adapter for the family's own transformers class
-            peft_note = _save_cartridge(adapted, stage / PEFT_FOLDER, getattr(method, "freeze_first", True))
+            peft_note = _save_cartridge(adapted, stage / PEFT_FOLDER, True)  # kv-prefix's sink: its first position
             if peft_note["written"]:
                 written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (stage / PEFT_FOLDER).iterdir())
         if not peft_note or not peft_note["written"]:
@@ -265,6 +266,9 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
                                        "sha256": hashlib.sha256(text.encode()).hexdigest()}
         if peft_note is not None:
             record["peft_adapter"] = peft_note
+        record["python"] = (f"from pathlib import Path; from incontext.interop.models import load_model; "
+                            f"from incontext.cli_absorb import load_adapted; model = load_model({args.model!r}).model; "
+                            f"adapted = load_adapted(Path(FOLDER), model, {args.model!r}); logits = adapted(query_ids)")
         history = getattr(adapted, "history", None)
         if history:
             record["history"] = history

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from .absorb import absorb_methods, get_absorb_method
+from .absorb.base import Speed
 from .absorb.harness import compare, method_name
 from .outputs import Result, claim_output_folder, pyplot, save_result
 from .runtime import Runtime, machine, resolve_runtime
@@ -50,6 +51,7 @@ class CompareSpec:
     validation_episodes: int = 8
     device: str = "cpu"
     dtype: str = "float32"
+    tf32: bool = False  # the trained methods' float32 matmuls in TF32 on a CUDA device (absorb.Speed)
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -126,7 +128,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         scores = {}
         for value in values:
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
-                          progress=False, references=False, codec=loaded.tokenizer)[-1]
+                          progress=False, references=False, codec=loaded.tokenizer, speed=Speed(tf32=spec.tf32))[-1]
             scores[repr(value)] = row[metric.tune_by]["mean"] if row["status"] == "ok" else None  # e.g. exact: log-prob
         valid = [(s, v) for v, s in zip(values, scores.values()) if s is not None and math.isfinite(s)]
         if valid:
@@ -135,7 +137,8 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         tuning[key] = {"criterion": metric.tune_by, "validation_scores": scores, "chosen": method_options[name].get(option),
                        "validation_episodes": spec.validation_episodes, "validation_seed": episode_seed("validation", spec.seed)}
     episodes = source.episodes(spec.episodes, seed, tokenizer=loaded.tokenizer, task=loaded.task)
-    rows = compare(loaded.model, source, episodes, method_options, progress=progress, codec=loaded.tokenizer)
+    rows = compare(loaded.model, source, episodes, method_options, progress=progress, codec=loaded.tokenizer,
+                   speed=Speed(tf32=spec.tf32))
     results = {
         "model": spec.model, "model_description": loaded.description, "task": spec.task, "metric": source.metric,
         "higher_is_better": source.higher_is_better, "task_options": vars(source.config), "episodes": len(episodes),
@@ -165,7 +168,11 @@ def command_line(spec: CompareSpec) -> str:
     if spec.methods:
         parts.append("--methods " + ",".join(spec.methods))
     parts += [f"--set {k}={v}" for k, v in spec.task_options.items()]
-    parts += [f"--set {m}.{k}={v}" for m, options in spec.method_options.items() for k, v in options.items()]
+    def flat(prefix: str, options: dict) -> list[str]:  # nested options (study.*) as dotted keys
+        return [item for k, v in options.items()
+                for item in (flat(f"{prefix}.{k}", v) if isinstance(v, dict) else [f"--set {prefix}.{k}={v}"])]
+
+    parts += [item for m, options in spec.method_options.items() for item in flat(m, options)]
     parts += [f"--tune {k}=" + ",".join(map(str, v)) for k, v in spec.tune.items()]
     if spec.tune and spec.validation_episodes != CompareSpec.validation_episodes:
         parts.append(f"--validation-episodes {spec.validation_episodes}")
@@ -173,6 +180,8 @@ def command_line(spec: CompareSpec) -> str:
         parts.append(f"--device {spec.device}")
     if spec.dtype != "float32":
         parts.append(f"--dtype {spec.dtype}")
+    if spec.tf32:
+        parts.append("--tf32")
     return " ".join(parts)
 
 

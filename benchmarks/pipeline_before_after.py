@@ -1,0 +1,107 @@
+"""Absorb cost of kv-prefix and distill-lora before and after a code change, interleaved: the same absorbs (SmolLM2-135M,
+the demo's `facts` documents of the test split, each method at its defaults, the document alone) run by two source
+trees of this repository, `--before` (a commit, checked out into a temporary git worktree) and the working tree, one
+subprocess per absorb, alternating which tree goes first in each repeat. Each subprocess loads the model, then times
+one absorb as CPU time per thread (process CPU time / torch threads: a shared machine's load distorts it far less
+than wall-clock) and reports the adapted model's answers to the episode's queries, so "the same numbers" is checked
+beside the cost.
+
+    python benchmarks/pipeline_before_after.py --before 71a1566 --repeats 2 --out benchmarks/results/pipeline_before_after.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = ("kv-prefix", "distill-lora")
+
+def child_source() -> str:
+    """What each subprocess runs (the same text for both trees; it reads only APIs both share)."""
+    return r'''
+import json, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[3]))
+from incontext.absorb import get_absorb_method
+from incontext.interop.models import load_model
+from incontext.tasks.episodes import get_episode_source
+
+method, index = sys.argv[1], int(sys.argv[2])
+loaded = load_model("smollm2", "cpu", "float32")
+codec = loaded.tokenizer
+source = get_episode_source("facts", people=2)
+episode = source.episodes(index + 1, seed=1_000_000, tokenizer=codec)[index]
+absorber = get_absorb_method(method, progress=False)
+start = time.process_time()
+adapted = absorber.absorb(loaded.model, episode.prompt, train_queries=list(episode.train_queries) or None, codec=codec)
+cpu = (time.process_time() - start) / torch.get_num_threads()
+answers = []
+with torch.no_grad():
+    for query in episode.queries:
+        answers.append(adapted(query.inputs[None])[0].argmax(-1).tolist())
+print(json.dumps({"cpu_s": cpu, "answers": answers, "steps": adapted.history.get("steps")}))
+'''
+
+
+def run(tree: Path, method: str, index: int, threads: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    out = subprocess.run([sys.executable, "-c", child_source(), method, str(index), str(threads)], env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{tree.name} {method}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", required=True, help="the commit to compare the working tree against")
+    p.add_argument("--repeats", type=int, default=2, help="absorbs per method and tree [2]")
+    p.add_argument("--episodes", type=int, default=1, help="test-split episodes (documents) per repeat [1]")
+    p.add_argument("--threads", type=int, default=2, help="torch threads [2]")
+    p.add_argument("--out", type=Path, default=None, help="a JSON file for the rows (a new file)")
+    args = p.parse_args(argv)
+    if args.out is not None and args.out.exists():
+        raise SystemExit(f"{args.out} exists: give a new file")
+    with tempfile.TemporaryDirectory() as tmp:
+        before = Path(tmp) / "before"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before), args.before], check=True,
+                       capture_output=True)
+        try:
+            trees = {"before": before, "after": ROOT}
+            rows = []
+            for r in range(args.repeats):
+                for index in range(args.episodes):
+                    for method in METHODS:
+                        order = list(trees) if r % 2 == 0 else list(reversed(trees))
+                        for name in order:
+                            result = run(trees[name], method, index, args.threads)
+                            rows.append({"tree": name, "method": method, "episode": index, "repeat": r, **result})
+                            print(f"{name:6s} {method:12s} episode {index} repeat {r}: {result['cpu_s']:.1f} s CPU per thread",
+                                  flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False,
+                           capture_output=True)
+    summary = {}
+    for method in METHODS:
+        cost = {t: statistics.median(r["cpu_s"] for r in rows if r["tree"] == t and r["method"] == method) for t in ("before", "after")}
+        same = all(a["answers"] == b["answers"] for a in rows for b in rows if a["method"] == b["method"] == method
+                   and a["episode"] == b["episode"] and a["tree"] == "before" and b["tree"] == "after")
+        summary[method] = {"before_cpu_s": cost["before"], "after_cpu_s": cost["after"],
+                           "after_over_before": cost["after"] / cost["before"], "same_answers": same}
+        print(f"{method}: after / before = {cost['after'] / cost['before']:.3f} ({cost['after']:.1f} s vs {cost['before']:.1f} s), "
+              f"same answers: {same}")
+    if args.out is not None:
+        args.out.write_text(json.dumps({"command": "python benchmarks/pipeline_before_after.py " + " ".join(argv or sys.argv[1:]),
+                                        "before": args.before, "summary": summary, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
