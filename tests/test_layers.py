@@ -14,7 +14,7 @@ import pytest
 import incontext
 
 LAYER = {"ops": 0, "tasks": 0, "runtime": 0, "config": 0, "fileio": 0, "outputs": 0, "stats": 0, "models": 1, "tint": 2, "train": 2, "absorb": 3,
-         "interop": 4, "experiments": 5, "cli": 6, "cli_absorb": 6, "cli_compare": 6, "cli_chat": 6, "cli_catalog": 6, "docs": 6}
+         "interop": 4, "experiments": 5, "cli": 6, "cli_absorb": 6, "cli_compare": 6, "cli_chat": 6, "cli_catalog": 6, "cli_lm_eval": 6, "docs": 6}
 ROOT = Path(incontext.__file__).parent
 
 
