@@ -45,7 +45,10 @@ def _field_comments(config_class: type) -> dict[str, str]:
     for cls in config_class.__mro__:
         if not dataclasses.is_dataclass(cls) or cls is object:
             continue
-        source = textwrap.dedent(inspect.getsource(cls))
+        try:
+            source = textwrap.dedent(inspect.getsource(cls))
+        except (OSError, TypeError):  # a class without a source file (defined in exec'd code): no help lines
+            continue
         comments = {token.start[0]: token.string.lstrip("#").strip()
                     for token in tokenize.generate_tokens(io.StringIO(source).readline)
                     if token.type == tokenize.COMMENT and not token.line.strip().startswith("#")}

@@ -98,7 +98,7 @@ def test_add_an_absorb_method(registries, capsys, tmp_path):
     assert base.absorb_methods().count("keep-tail") == 1 and base.method_options("keep-tail") == ["tokens"]
     registries()  # step 2: python -m incontext.cli_catalog
     listed = help_text(capsys, ["absorb", "--list"])
-    assert "keep-tail" in listed and guide["KeepTail"].summary in listed and "options: tokens" in listed
+    assert "keep-tail" in listed and guide["KeepTail"].summary in listed and "tokens=32" in listed
     compare_help = " ".join(help_text(capsys, ["compare", "--help"]).split())
     assert "keep-tail needs a causal LM: keeps only the prompt's last `tokens` tokens" in compare_help
     assert "keep-tail" in help_text(capsys, ["absorb", "--help"])
