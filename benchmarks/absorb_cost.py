@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import time
@@ -31,6 +32,7 @@ import torch
 
 from incontext import runtime
 from incontext.absorb import get_absorb_method, self_study
+from incontext.absorb.base import Speed
 from incontext.absorb.harness import CostTimer
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
@@ -39,32 +41,43 @@ from incontext.tasks.episodes import get_episode_source
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("kv-prefix", "distill-lora")
 # data-stage peers: METHOD:VARIANT with one of these variants answers the training queries another way, measured in the
-# same run (self_study._answer picks full passes on a GPU and batched incremental decoding elsewhere)
+# same run (self_study._answer picks the static decode for our Transformer, else full passes on a GPU and batched
+# incremental decoding elsewhere)
 ANSWERS = {
-    "one-query-at-a-time": lambda model, cache, queries, n_answers: [
+    "one-query-at-a-time": lambda model, cache, queries, n_answers, decode="always", **_: [
         self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)],
-    "batched-decode": lambda model, cache, queries, n_answers: self_study._answered_batched(model, cache, queries, n_answers),
-    "full-passes": lambda model, cache, queries, n_answers: self_study._answered_full_passes(model, cache, queries, n_answers),
+    "batched-decode": lambda model, cache, queries, n_answers, decode="always", **_: self_study._answered_batched(
+        model, cache, queries, n_answers),
+    "full-passes": lambda model, cache, queries, n_answers, decode="always", **_: self_study._answered_full_passes(
+        model, cache, queries, n_answers),
 }
 
 
-# peers that switch a module flag: METHOD:VARIANT where VARIANT (or one of its "+"-joined parts) names one of these
-FLAGS = {
-    "plain-decode": (self_study, "STATIC_DECODE", "never"),  # decode on a growing cache: no CUDA graph in the data stage
-    "cast-per-step": (runtime, "CAST_ONCE", False),  # under autocast, the frozen weights cast at every step (autocast's)
+# peers that flip a speed switch (absorb.base.Speed, passed as get_absorb_method(..., speed=Speed(...))): METHOD:VARIANT
+# where VARIANT (or one of its "+"-joined parts) names one of these; `--set LABEL.FIELD=VALUE` with FIELD a Speed field
+# (cuda_graph, tf32, static_decode, cast_once, fixed_shapes) sets one for that label too
+SPEEDS = {
+    "plain-decode": {"static_decode": "never"},  # decode on a growing cache: no CUDA graph in the data stage
+    "cast-per-step": {"cast_once": False},  # under autocast, the frozen weights cast at every step (autocast's)
+    "eager": {"cuda_graph": False},  # the training step run eagerly, not replayed as a CUDA graph
 }
+SPEED_FIELDS = tuple(f.name for f in dataclasses.fields(Speed))
+
+
+def speed_of(label: str, options: dict) -> Speed:
+    """The speed switches of a label: its variant's SPEEDS parts, then the Speed fields its --set options name
+    (removed from `options`: they are no method options)."""
+    variant = label.partition(":")[2]
+    switches = {k: v for part in variant.split("+") for k, v in SPEEDS.get(part, {}).items()}
+    switches.update({name: options.pop(name) for name in SPEED_FIELDS if name in options})
+    return Speed(**switches)
 
 
 @contextlib.contextmanager
 def answers_by(label: str):
     """For a label METHOD:VARIANT with VARIANT in ANSWERS, the data stage's answers given that way instead (the
-    speed-up of batching measured in the same run); with VARIANT (or a "+"-joined part of it) in FLAGS, that
-    module flag set during the absorb."""
+    speed-up of batching measured in the same run)."""
     variant = label.partition(":")[2]
-    flags = [FLAGS[part] for part in variant.split("+") if part in FLAGS]
-    saved = [(module, name, getattr(module, name)) for module, name, _ in flags]
-    for module, name, value in flags:
-        setattr(module, name, value)
     chosen = self_study._answer
     if variant in ANSWERS:
         self_study._answer = ANSWERS[variant]
@@ -72,8 +85,6 @@ def answers_by(label: str):
         yield
     finally:
         self_study._answer = chosen
-        for module, name, value in saved:
-            setattr(module, name, value)
 
 
 def base(label: str) -> str:
@@ -113,8 +124,10 @@ def main() -> None:
                    help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
                         f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
                         "stage's queries that way; METHOD:plain-decode decodes on a growing cache (no CUDA graph); "
-                        "METHOD:cast-per-step lets autocast cast the frozen weights at every step; join variants with +")
-    p.add_argument("--set", action="append", default=[], type=option, help="METHOD.OPTION=VALUE")
+                        "METHOD:cast-per-step lets autocast cast the frozen weights at every step; METHOD:eager trains "
+                        "without a CUDA graph; join variants with +")
+    p.add_argument("--set", action="append", default=[], type=option,
+                   help=f"LABEL.OPTION=VALUE: a method option, or a speed switch ({', '.join(SPEED_FIELDS)}), or dtype")
     p.add_argument("--task-set", action="append", default=[], type=task_option, metavar="OPTION=VALUE",
                    help="a `facts` task option (as compare's --set gives it), e.g. questions=paraphrases:3; people comes from --people")
     p.add_argument("--random-weights", action="store_true", help="random weights of SmolLM2's shapes (see above)")
@@ -136,6 +149,12 @@ def main() -> None:
             options[m] = {**options.get(base(m), {}), **options.get(m, {})}
     # `--set LABEL.dtype=bfloat16` is the benchmark's, not the method's: that label runs on the model in that dtype
     dtypes = {m: options[m].pop("dtype", args.dtype) for m in methods}
+    try:  # speed switches are no method options: each label's Speed, bad options named before the model loads
+        speeds = {m: speed_of(m, options[m]) for m in methods}
+        for m in methods:
+            get_absorb_method(base(m), speed=speeds[m], **options[m])
+    except (ValueError, TypeError) as error:
+        p.error(str(error))
     models = {}
     for dtype in dict.fromkeys([args.dtype, *dtypes.values()]):
         if args.random_weights:
@@ -152,13 +171,13 @@ def main() -> None:
         if args.warmup and people == args.people[0]:
             for m in methods:
                 with answers_by(m):
-                    get_absorb_method(base(m), **options[m]).absorb(models[dtypes[m]], prompt, train_queries=train,
-                                                                     codec=codec)
+                    get_absorb_method(base(m), speed=speeds[m], **options[m]).absorb(
+                        models[dtypes[m]], prompt, train_queries=train, codec=codec)
         times = {m: [] for m in methods}
         splits = {m: [] for m in methods}
         for r in range(args.repeats):
             for m in methods[r % len(methods):] + methods[: r % len(methods)]:
-                method = get_absorb_method(base(m), **options[m])
+                method = get_absorb_method(base(m), speed=speeds[m], **options[m])
                 model = models[dtypes[m]]
                 wall = time.perf_counter()
                 with answers_by(m):
@@ -173,7 +192,7 @@ def main() -> None:
                 adapted = None
         for m in methods:
             rows.append({"prompt_tokens": int(prompt.shape[0]), "people": people, "method": m, "options": options[m],
-                         "dtype": dtypes[m],
+                         "speed": dataclasses.asdict(speeds[m]), "dtype": dtypes[m],
                          "absorb_s": statistics.median(times[m]), "absorb_s_all": times[m], "runs": splits[m]})
         write(rows, description, args)  # after each prompt length: a run cut short keeps what it measured
 

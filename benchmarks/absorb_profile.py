@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from absorb_cost import random_smollm2  # noqa: E402
 
-from incontext.absorb import get_absorb_method, kv_prefix, self_study  # noqa: E402
+from incontext.absorb import distill, get_absorb_method, self_study  # noqa: E402
+from incontext.absorb.base import Speed  # noqa: E402
 from incontext.models import Cache  # noqa: E402
 from incontext.tasks.episodes import get_episode_source  # noqa: E402
 
@@ -53,20 +54,19 @@ def data_stage_parts(model, codec, prompt, train, device: str) -> list[dict]:
     rows = []
     for name, fn in originals.items():
         setattr(self_study, name, timed(name, fn))
-    stage = get_absorb_method("kv-prefix", progress=False).stage
+    stage = get_absorb_method("kv-prefix", progress=False).study  # the method's data-stage options (top_k 20)
     try:
         for mode in ("cuda", "never", "cuda", "never"):
-            self_study.STATIC_DECODE = mode
             times.clear()
             sync(device)
             t = time.perf_counter()
-            _, counts = self_study.study(model, prompt, train, stage, codec, torch.Generator().manual_seed(0), top_k=20)
+            _, counts = self_study.study(model, prompt, train, stage, codec, torch.Generator().manual_seed(0),
+                                         static_decode=mode)
             sync(device)
             rows.append({"decode": "static" if mode == "cuda" else "plain", "study_s": time.perf_counter() - t,
                          **{k.strip("_"): v for k, v in times.items()}, "counts": counts})
             print("data stage", rows[-1], flush=True)
     finally:
-        self_study.STATIC_DECODE = "always"
         for name, fn in originals.items():
             setattr(self_study, name, fn)
     return rows
@@ -93,27 +93,25 @@ def kernels(fn, device: str) -> dict:
 
 
 def step_kernels(model, codec, prompt, train, device: str, cache_dir: str) -> dict:
-    """The kernels of one eager fixed-shape training step (the step a CUDA graph captures)."""
+    """The kernels of one eager fixed-shape training step (the step a CUDA graph captures): Speed(fixed_shapes=True,
+    cuda_graph=False), on a CPU too; the third step is profiled."""
     found = {}
-    original, warmup = kv_prefix._FixedShapeSteps._step, kv_prefix._FixedShapeSteps.warmup
-    graphed = kv_prefix.KVPrefix._graphed
+    original = distill._Steps._step
 
-    def step(self):
+    def step(self, tensors):
         self.seen = getattr(self, "seen", 0) + 1
         if self.seen == 3:
             out = {}
-            found.update(kernels(lambda: out.setdefault("r", original(self)), device))
+            found.update(kernels(lambda: out.setdefault("r", original(self, tensors)), device))
             return out["r"]
-        return original(self)
+        return original(self, tensors)
 
-    kv_prefix._FixedShapeSteps._step, kv_prefix._FixedShapeSteps.warmup = step, 10**9
-    kv_prefix.KVPrefix._graphed = lambda self, model, device: True  # the fixed-shape step, on a CPU too (never captured)
+    distill._Steps._step = step
     try:
-        get_absorb_method("kv-prefix", progress=False, steps=4, passes=0, data_cache=cache_dir).absorb(
-            model, prompt, train_queries=train, codec=codec)
+        get_absorb_method("kv-prefix", progress=False, speed=Speed(cuda_graph=False, fixed_shapes=True), steps=4,
+                          passes=0, study={"cache": cache_dir}).absorb(model, prompt, train_queries=train, codec=codec)
     finally:
-        kv_prefix._FixedShapeSteps._step, kv_prefix._FixedShapeSteps.warmup = original, warmup
-        kv_prefix.KVPrefix._graphed = graphed
+        distill._Steps._step = original
     return found
 
 
@@ -146,7 +144,7 @@ def main() -> None:
         record["replayed_step_ms"] = {}
         for batch in (int(b) for b in args.batches.split(",") if b):
             method = get_absorb_method("kv-prefix", progress=False, steps=48, passes=0, batch_size=batch, patience=1000,
-                                       data_cache=cache_dir)
+                                       study={"cache": cache_dir})
             adapted = method.absorb(model, prompt, train_queries=train, codec=codec)
             h = adapted.history
             record["replayed_step_ms"][batch] = {"train_s": h.get("train_seconds"), "steps": h.get("steps"),

@@ -62,7 +62,7 @@ def main() -> None:
     args = p.parse_args()
     source = facts_source(p, args)
     loaded = load_model("smollm2")
-    stage = get_absorb_method("kv-prefix", progress=False).stage
+    stage = get_absorb_method("kv-prefix", progress=False).study  # the method's data-stage options (top_k 20)
     sequences = differing = episodes_with = 0
     worst = 0.0
     for episode in source.episodes(args.episodes, seed=args.seed, tokenizer=loaded.tokenizer):
@@ -70,11 +70,9 @@ def main() -> None:
         queries = [q[0] if q.dim() == 2 else q for q in episode.train_queries]
         out = {}
         with torch.no_grad():
-            for mode in ("always", "never"):
-                self_study.STATIC_DECODE = mode
+            for mode in ("always", "never"):  # Speed(static_decode=...): the static cache, or the plain one
                 out[mode] = self_study.study(loaded.model, prompt, queries, stage, loaded.tokenizer,
-                                             torch.Generator().manual_seed(0), top_k=20)[0]
-        self_study.STATIC_DECODE = "always"
+                                             torch.Generator().manual_seed(0), static_decode=mode)[0]
         here = 0
         for static, plain in zip(out["always"], out["never"], strict=True):
             sequences += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -89,7 +90,9 @@ def main() -> None:
     after = scores(teacher, adapted, queries)
     result = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "set")},
-        "method_options": dict(vars(method)),
+        "method_options": {f.name: dataclasses.asdict(v) if dataclasses.is_dataclass(v := getattr(method, f.name)) else v
+                           for f in dataclasses.fields(method.Options)},  # the study options nested
+        "speed": dataclasses.asdict(method.speed),
         "pool": history["pool"],
         "absorb_seconds": seconds, "absorb_cpu_seconds": cpu_seconds,
         "teacher_seconds": history["teacher_seconds"], "train_seconds": history["train_seconds"],

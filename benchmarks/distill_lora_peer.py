@@ -5,9 +5,10 @@ AdamW on KL(teacher || student) over the same batches: the training sequences `d
 512-token Shakespeare prompt (recall windows and teacher-sampled continuations, default options; built once,
 outside the timing), the student reading them at positions M, M + 1, ... (the prompt's length M) as at query
 time. Ours: `DistilledLoRA` (our Transformer, the LoRA on the fused qkv projection and on the output
-projection, the method's own `_kl_loss`). Peer: `peft.get_peft_model` on `interop.to_hf_llama(model)` with
+projection, the pipeline's own loss `distill.distillation_kl`). Peer: `peft.get_peft_model` on `interop.to_hf_llama(model)` with
 LoRA on q_proj, k_proj, v_proj, o_proj (a separate A per projection, so the peer trains 7 factor pairs per layer to
-our 2 pairs with a fused A: slightly more arithmetic for the peer), position_ids given, the same KL.
+our 2 pairs with a fused A: slightly more arithmetic for the peer), position_ids given, the same KL
+(`distill.distillation_loss` on its logits, the teacher's top-k targets as the data stage gives them).
 
 The two run interleaved (their order alternates every repeat); each cell is the median over repeats of the CPU time
 per thread of `--steps` training steps (the absorb harness's CostTimer). Writes
@@ -25,10 +26,12 @@ import statistics
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from incontext.absorb import get_absorb_method
-from incontext.absorb.distill_lora import DistilledLoRA, _kl_loss, init_lora_factors, lora_spec
+from incontext.absorb.distill import distillation_batch, distillation_kl, distillation_loss
+from incontext.absorb.distill_lora import DistilledLoRA
+from incontext.absorb.lora import init_lora_factors, lora_spec
+from incontext.absorb.self_study import study
 from incontext.absorb.harness import CostTimer
 from incontext.interop import from_hf_llama, load_smollm2, to_hf_llama
 from incontext.tasks.corpora import shakespeare_plays
@@ -54,18 +57,11 @@ def peer_student(model, rank: int, alpha: float):
 
 
 def peer_kl(student, batch, m: int) -> torch.Tensor:
-    """The same loss as distill_lora._kl_loss, through transformers (right padding, positions from m)."""
-    length = max(tokens.shape[0] for tokens, _ in batch)
-    tokens = torch.zeros(len(batch), length, dtype=torch.long)
-    teacher = torch.zeros(len(batch), length, batch[0][1].shape[-1])
-    mask = torch.zeros(len(batch), length, dtype=torch.bool)
-    for row, (ids, logp) in enumerate(batch):
-        end = ids.shape[0]
-        tokens[row, :end] = ids
-        teacher[row, end - logp.shape[0]: end], mask[row, end - logp.shape[0]: end] = logp, True
-    positions = torch.arange(m, m + length).expand(len(batch), -1)
-    student = F.log_softmax(student(input_ids=tokens, position_ids=positions).logits.float(), -1)
-    return F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1)[mask].mean()
+    """The same loss as distill.distillation_kl, through transformers (right padding, positions from m)."""
+    tensors = distillation_batch(batch)
+    tokens = tensors["tokens"]
+    positions = torch.arange(m, m + tokens.shape[1]).expand(tokens.shape[0], -1)
+    return distillation_loss(student(input_ids=tokens, position_ids=positions).logits, tensors)
 
 
 def main() -> None:
@@ -84,12 +80,12 @@ def main() -> None:
     prompt, m = ids[4096: 4096 + args.prompt_tokens], args.prompt_tokens
     method = get_absorb_method("distill-lora", progress=False)
     with torch.no_grad():
-        sequences, pool = method._teacher_targets(model, prompt, [], torch.Generator().manual_seed(0))
+        sequences, pool = study(model, prompt, [], method.study, None, torch.Generator().manual_seed(0))
     batches = [sequences[i: i + method.batch_size] for i in range(0, len(sequences), method.batch_size)]
     batches = [b for b in batches if len(b) == method.batch_size]
 
     spec = lora_spec(model, method.rank, method.alpha, method.target_modules)
-    students = {"ours (Transformer + DistilledLoRA)": (*ours_student(model, spec, m, 0), lambda s, b: _kl_loss(s, b)),
+    students = {"ours (Transformer + DistilledLoRA)": (*ours_student(model, spec, m, 0), lambda s, b: distillation_kl(s, b)),
                 "peer (transformers Llama + peft)": (*peer_student(model, method.rank, method.alpha),
                                                      lambda s, b: peer_kl(s, b, m))}
     timer = CostTimer(torch.device("cpu"))

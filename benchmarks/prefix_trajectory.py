@@ -22,26 +22,26 @@ from data_stage_decodes import (add_facts_arguments, add_validation_arguments,  
                                 check_validation_arguments, facts_source)
 from training_record import option, write_new
 
-from incontext.absorb import get_absorb_method, kv_prefix
+from incontext.absorb import distill, get_absorb_method
 from incontext.interop.models import load_model
 from incontext.models.lm import copy_cache, with_kv
 
 
 @contextlib.contextmanager
 def each_step(hook):
-    """kv-prefix's eager training step followed by hook(flat prefix tensors, loss) after every step."""
-    step = kv_prefix._EagerSteps.__call__
+    """The training loop's step (distill._Steps) followed by hook(the trained prefix tensors, loss) after every step."""
+    step = distill._Steps.__call__
 
     def wrapped(self, batch):
         out = step(self, batch)
-        hook(self.flat, out[0])
+        hook(self.params, out[0])
         return out
 
-    kv_prefix._EagerSteps.__call__ = wrapped
+    distill._Steps.__call__ = wrapped
     try:
         yield
     finally:
-        kv_prefix._EagerSteps.__call__ = step
+        distill._Steps.__call__ = step
 
 
 @torch.no_grad()
@@ -85,8 +85,8 @@ def main() -> None:
                        for q in episode.queries]
         keep_prompt = sum(bool((t.argmax(-1) == q.targets[q.mask]).all()) for q, t in zip(episode.queries, teacher))
         method = get_absorb_method("kv-prefix", **options)
-        p_tokens = method.prefix_tokens or max(1, episode.prompt.shape[0] // 4)
-        template = method._initial(model, episode.prompt, p_tokens, torch.Generator().manual_seed(method.seed))
+        prompt = episode.prompt.reshape(-1).long()
+        template = method.start(model, prompt, method.prepare(model, prompt)["p"])  # the absorb's own start
         state = {"step": 0, "ema": {}, "swa": None, "n": 0, "trace": []}
 
         def hook(flat, loss):

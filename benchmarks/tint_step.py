@@ -245,7 +245,7 @@ def main() -> None:
     if args.smollm2:
         from incontext.interop.models import load_model
 
-        model = load_model("smollm2", torch.float32).model
+        model = load_model("smollm2", "cpu", "float32").model
         vocab = model.config.vocab_size
         smol_ids = torch.randint(0, vocab, (args.tokens,), generator=torch.Generator().manual_seed(0))
         for n_top in (1, 2):

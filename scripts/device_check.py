@@ -5,7 +5,11 @@ download). Needs only torch, transformers and peft (PYTHONPATH=src, no install).
     PYTHONPATH=src python3 scripts/device_check.py --device cuda --out benchmarks/results/device_check.json
     PYTHONPATH=src python3 scripts/device_check.py --device cpu --out device_check_cpu.json   # dry run
 
-tests/test_cuda.py runs the same checks under pytest (marked `cuda`, skipped without a GPU).
+tests/test_cuda.py runs the same checks under pytest (marked `cuda`, skipped without a GPU). Speed switches (CUDA
+graph, TF32, static decode, casts made once, fixed shapes) are passed as `speed=Speed(...)`, not as options.
+
+Dropped with the features the methods no longer have: kv-prefix's next-token objective and the data stage's
+n_foreign (their rows in the composition check).
 """
 
 from __future__ import annotations
@@ -101,11 +105,10 @@ def every_method_through_the_harness(device: str, work: Path) -> dict:
 
 
 @check
-def composition_and_the_next_token_objective(device: str, work: Path) -> dict:
+def composition_and_argmax_weight(device: str, work: Path) -> dict:
     """Two documents absorbed apart and composed (kv-prefix's prefixes, distill-lora's adapters; plain and trained
-    with compose_steps, the data stage with n_foreign), kv-prefix's next-token objective and distill-lora with
-    argmax_weight, on both backends on
-    `device`: every row ok, the composed rows with a score per document."""
+    with compose_steps) and distill-lora with argmax_weight, on both backends on `device`: every row ok, the composed
+    rows with a score per document."""
     from incontext.absorb.harness import compare
     from incontext.interop.models import load_model
     from incontext.tasks.episodes import get_episode_source
@@ -118,8 +121,8 @@ def composition_and_the_next_token_objective(device: str, work: Path) -> dict:
         model = loaded.model if backend == "hf" else loaded.model.as_transformer()
         source = get_episode_source("facts", people=2, documents=2)
         episodes = source.episodes(1, 0, tokenizer=loaded.tokenizer, task=None)
-        trained = {**fast, "compose_steps": 3, "n_foreign": 2}
-        rows = compare(model, source, episodes, {"kv-prefix": fast, "kv-prefix:next": {**fast, "objective": "next-token"},
+        trained = {**fast, "compose_steps": 3}
+        rows = compare(model, source, episodes, {"kv-prefix": fast,
                                                  "distill-lora": fast, "kv-prefix:co": trained, "distill-lora:co": trained,
                                                  "distill-lora:am": {**fast, "argmax_weight": 1.0}},
                        progress=False, codec=loaded.tokenizer)
@@ -151,10 +154,13 @@ def _tiny_transformer(device: str, sharpen: bool = False):
 
 @check
 def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
-    """kv-prefix's training step replayed as a CUDA graph (its default on a GPU) trains the same prefix as the eager
-    step, in float64 on our Transformer (1e-8), with several sequence lengths per batch and the argmax term in the
-    loss (argmax_weight); on a CPU both are eager."""
-    from incontext.absorb import get_absorb_method
+    """kv-prefix's training step replayed as a CUDA graph (its default on a GPU, Speed(cuda_graph=True)) trains the
+    same prefix as the same fixed-shape steps never captured (distill._Steps.warmup past the last step: the same
+    capturable AdamW, eager on the side stream) and close to the eager step (Speed(cuda_graph=False)), in float64 on
+    our Transformer, with several sequence lengths per batch and the argmax term in the loss (argmax_weight); on a CPU
+    all three are eager."""
+    from incontext.absorb import distill, get_absorb_method
+    from incontext.absorb.base import Speed
 
     model = _tiny_transformer(device)
     g = torch.Generator().manual_seed(1)
@@ -163,21 +169,21 @@ def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
     options = {"prefix_tokens": 4, "steps": 12, "learning_rate": 0.05, "patience": 50, "progress": False,
                "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 6, "answer_tokens": 2,
                "argmax_weight": 0.5, "autocast": "none"}
-    from incontext.absorb import kv_prefix
 
-    def absorb(graph: bool):
-        return get_absorb_method("kv-prefix", cuda_graph=graph, **options).absorb(model, prompt, train_queries=queries)
+    def absorb(speed: Speed):
+        return get_absorb_method("kv-prefix", speed=speed, **options).absorb(model, prompt, train_queries=queries)
 
     def gap(a, b) -> float:
         return max(float((x - y).abs().max()) for (x, _), (y, _) in zip(a._tensors(), b._tensors()))
 
-    graphed, eager = absorb(True), absorb(False)
-    warmup = kv_prefix._FixedShapeSteps.warmup
-    kv_prefix._FixedShapeSteps.warmup = 10**9  # the same fixed-shape steps, never captured: eager on the side stream
+    graphed, eager = absorb(Speed(cuda_graph=True)), absorb(Speed(cuda_graph=False))
+    warmup = distill._Steps.warmup
+    distill._Steps.warmup = 10**9  # the same fixed-shape steps, never captured: eager on the side stream
     try:
-        fixed = absorb(True)
+        fixed = absorb(Speed(cuda_graph=True))
     finally:
-        kv_prefix._FixedShapeSteps.warmup = warmup
+        distill._Steps.warmup = warmup
+    assert not eager.history["cuda_graph"], eager.history["cuda_graph"]
     assert graphed.history["cuda_graph"] == device.startswith("cuda"), graphed.history["cuda_graph"]
     out = {"graphed": graphed.history["cuda_graph"], "steps": graphed.history["steps"],
            "replayed_vs_same_step_eager": gap(graphed, fixed), "replayed_vs_eager_step": gap(graphed, eager)}
@@ -191,8 +197,9 @@ def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
 @check
 def data_stage_static_decode_graph(device: str, work: Path) -> dict:
     """The data stage's continuations and answers decoded on a static cache, the decode step replayed as a CUDA graph
-    (the default on a GPU with our Transformer), against the same steps eager and against the plain decode, in
-    float64 (1e-10); on a CPU all three are eager."""
+    (the default on a GPU with our Transformer), against the same steps eager and against the plain decode
+    (study(..., static_decode="never"), what Speed(static_decode="never") gives), in float64 (1e-10); on a CPU all
+    three are eager."""
     from incontext.absorb import self_study
     from incontext.absorb.self_study import StudyOptions, study
     from incontext.models import Transformer, TransformerConfig
@@ -204,17 +211,16 @@ def data_stage_static_decode_graph(device: str, work: Path) -> dict:
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, 61, (20,), generator=g).to(device)
     queries = [torch.randint(0, 61, (n,), generator=g).to(device) for n in (3, 5, 9, 2, 4)]
-    options = StudyOptions(window_tokens=6, n_continuations=3, continuation_tokens=9, answer_tokens=5)
+    options = StudyOptions(window_tokens=6, n_continuations=3, continuation_tokens=9, answer_tokens=5, top_k=None)
 
     def stage(mode: str, capture: bool = True):
-        chosen, captured = self_study.STATIC_DECODE, self_study.StaticDecoder.warmup
-        self_study.STATIC_DECODE = mode
+        captured = self_study.StaticDecoder.warmup
         if not capture:
             self_study.StaticDecoder.warmup = 10**9  # the same static steps, never captured
         try:
-            return study(model, prompt, queries, options, None, torch.Generator().manual_seed(0), top_k=None)[0]
+            return study(model, prompt, queries, options, None, torch.Generator().manual_seed(0), static_decode=mode)[0]
         finally:
-            self_study.STATIC_DECODE, self_study.StaticDecoder.warmup = chosen, captured
+            self_study.StaticDecoder.warmup = captured
 
     def gap(a, b) -> float:
         assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, b)), "the decoded tokens differ"
@@ -241,12 +247,12 @@ def wording_ensemble_stage_on_device(device: str, work: Path) -> dict:
     queries = [torch.randint(0, 61, (n,), generator=g) for n in (3, 5, 4, 2, 6, 3, 4)]
     groups = [0, 0, 0, 1, 1, 2, 1]
     options = StudyOptions(window_tokens=6, n_continuations=1, continuation_tokens=5, answer_tokens=3,
-                           wording_ensemble=True)
+                           wording_ensemble=True, top_k=None)
 
     def stage(where: str, chosen: StudyOptions = options):
         model = _tiny_transformer(where, sharpen=True)
         return study(model, prompt.to(where), [q.to(where) for q in queries], chosen, None,
-                     torch.Generator().manual_seed(0), top_k=None, groups=groups)
+                     torch.Generator().manual_seed(0), groups=groups)
 
     (here, counts), (cpu, _), (plain, _) = stage(device), stage("cpu"), stage("cpu", replace(options, wording_ensemble=False))
     assert counts["ensembled"] == 2 and len(here) == len(cpu), counts
@@ -276,23 +282,24 @@ def _tiny_prefix_run(device: str):
 def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
     """kv-prefix's divergence guard on the CUDA-graph step: a prefix blown up 50-fold after step 30 is rolled back
     (in-place copies into the graph's tensors), the graph is captured again at the halved rate, and training ends
-    finite and near its best window (float64, our Transformer; on a CPU the same fixed-shape steps run eagerly)."""
-    from incontext.absorb import get_absorb_method, kv_prefix
+    finite and near its best window (float64, our Transformer; Speed(fixed_shapes=True): on a CPU the same
+    fixed-shape steps run eagerly)."""
+    from incontext.absorb import distill, get_absorb_method
+    from incontext.absorb.base import Speed
 
     model = _tiny_transformer(device, sharpen=True)
     prompt = torch.randint(0, 61, (20,), generator=torch.Generator().manual_seed(1)).to(device)
     options = {"prefix_tokens": 5, "steps": 48, "learning_rate": 0.2, "patience": 4, "progress": False,
                "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8, "passes": 0}
     calls, resets = {"n": 0}, []
-    real_call, real_reset = kv_prefix._FixedShapeSteps.__call__, kv_prefix._FixedShapeSteps.reset
-    real_graphed, real_plateau = kv_prefix.KVPrefix._graphed, kv_prefix._plateau
+    real_call, real_reset, real_plateau = distill._Steps.__call__, distill._Steps.reset, distill.plateau
 
     def call(self, batch):
         out = real_call(self, batch)
         calls["n"] += 1
         if calls["n"] == 30:
             with torch.no_grad():
-                for t in self.flat:
+                for t in self.params:
                     t.mul_(50.0)
         return out
 
@@ -300,14 +307,12 @@ def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
         resets.append(calls["n"])
         real_reset(self)
 
-    kv_prefix._FixedShapeSteps.__call__, kv_prefix._FixedShapeSteps.reset = call, reset
-    kv_prefix.KVPrefix._graphed = lambda self, model, device: True  # the fixed-shape step on a CPU too
-    kv_prefix._plateau = lambda *args: False  # all 48 steps
-    try:
-        trained = get_absorb_method("kv-prefix", **options).absorb(model, prompt)
+    distill._Steps.__call__, distill._Steps.reset = call, reset
+    distill.plateau = lambda *args: False  # all 48 steps
+    try:  # the fixed-shape step on a CPU too
+        trained = get_absorb_method("kv-prefix", speed=Speed(fixed_shapes=True), **options).absorb(model, prompt)
     finally:
-        kv_prefix._FixedShapeSteps.__call__, kv_prefix._FixedShapeSteps.reset = real_call, real_reset
-        kv_prefix.KVPrefix._graphed, kv_prefix._plateau = real_graphed, real_plateau
+        distill._Steps.__call__, distill._Steps.reset, distill.plateau = real_call, real_reset, real_plateau
     history = trained.history
     kl = history["kl"]
     out = {"graphed": history["cuda_graph"], "rollbacks": history["rollbacks"], "resets_after_step": resets,
@@ -323,40 +328,40 @@ def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
 
 @check
 def kv_prefix_tf32(device: str, work: Path) -> dict:
-    """kv-prefix with tf32=true (float32 matmuls in TF32 on CUDA; nothing changes elsewhere) trains a finite prefix
-    close to the float32 one, and the matmul precision is the caller's again afterwards."""
+    """kv-prefix with Speed(tf32=True) (float32 matmuls in TF32 on CUDA; nothing changes elsewhere) trains a finite
+    prefix close to the float32 one, and the matmul precision is the caller's again afterwards."""
     from incontext.absorb import get_absorb_method
+    from incontext.absorb.base import Speed
 
     model, prompt, options = _tiny_prefix_run(device)
     before = torch.get_float32_matmul_precision()
-    tf32, plain = (get_absorb_method("kv-prefix", tf32=flag, **options).absorb(model, prompt) for flag in (True, False))
+    tf32, plain = (get_absorb_method("kv-prefix", speed=Speed(tf32=flag), **options).absorb(model, prompt)
+                   for flag in (True, False))
     gap = max(float((x - y).abs().max()) for (x, _), (y, _) in zip(tf32._tensors(), plain._tensors()))
     scale = max(float(y.abs().max()) for y, _ in plain._tensors())
     out = {"relative_gap": gap / scale, "precision_after": torch.get_float32_matmul_precision()}
     assert all(torch.isfinite(x).all() for pair in tf32._tensors() for x in pair), out
     assert out["precision_after"] == before and out["relative_gap"] < 0.05, out
     if not device.startswith("cuda"):
-        assert gap == 0.0, out  # off CUDA the option changes nothing
+        assert gap == 0.0, out  # off CUDA the switch changes nothing
     return out
 
 
 @check
 def distill_lora_autocast(device: str, work: Path) -> dict:
-    """distill-lora with autocast=true autocasts on the model's device (bf16 matmuls there; before, it named the CPU)
-    and trains the same finite LoRA factors on the frozen weights cast once as on autocast's own per-step casts."""
-    from incontext import runtime
+    """distill-lora with autocast=bfloat16 autocasts on the model's device (bf16 matmuls there; before, it named the
+    CPU) and trains the same finite LoRA factors on the frozen weights cast once (Speed(cast_once=True), the default)
+    as on autocast's own per-step casts (Speed(cast_once=False))."""
     from incontext.absorb import get_absorb_method
+    from incontext.absorb.base import Speed
 
     model, prompt, _ = _tiny_prefix_run(device)
     options = {"steps": 6, "passes": 0, "n_continuations": 1, "continuation_tokens": 4, "window_tokens": 6,
                "progress": False, "merge": False}
     runs = {}
-    for name, cast_once, autocast in (("once", True, True), ("per_step", False, True), ("plain", True, False)):
-        runtime.CAST_ONCE = cast_once
-        try:
-            runs[name] = get_absorb_method("distill-lora", autocast=autocast, **options).absorb(model, prompt).lora_factors()
-        finally:
-            runtime.CAST_ONCE = True
+    for name, cast_once, autocast in (("once", True, "bfloat16"), ("per_step", False, "bfloat16"), ("plain", True, "none")):
+        runs[name] = get_absorb_method("distill-lora", speed=Speed(cast_once=cast_once), autocast=autocast,
+                                       **options).absorb(model, prompt).lora_factors()
 
     def gap(a, b) -> float:
         return max(float((x - y).abs().max()) for key in runs[a] for x, y in zip(runs[a][key], runs[b][key]))
@@ -371,21 +376,18 @@ def distill_lora_autocast(device: str, work: Path) -> dict:
 def kv_prefix_autocast(device: str, work: Path) -> dict:
     """kv-prefix with autocast=bfloat16 (training's matmuls in bf16 under torch.autocast; on CUDA the step is then
     captured under autocast) trains a finite float32 prefix close to the float32 one; on CUDA the captured step and
-    the eager one (cuda_graph=false) land close to each other; the frozen weights cast once (runtime.frozen_casts,
-    read through functional_call, also inside the captured step) train the same prefix as autocast's own casts."""
-    from incontext import runtime
+    the eager one (Speed(cuda_graph=False)) land close to each other; the frozen weights cast once (runtime.frozen_casts,
+    read through functional_call, also inside the captured step) train the same prefix as autocast's own casts
+    (Speed(cast_once=False))."""
     from incontext.absorb import get_absorb_method
+    from incontext.absorb.base import Speed
 
     model, prompt, options = _tiny_prefix_run(device)
     options = {**options, "learning_rate": 0.02}
-    runs = {name: get_absorb_method("kv-prefix", **{**options, **extra}).absorb(model, prompt) for name, extra in
-            (("plain", {}), ("autocast", {"autocast": "bfloat16"}),
-             ("autocast_eager", {"autocast": "bfloat16", "cuda_graph": False}))}
-    runtime.CAST_ONCE = False
-    try:
-        runs["cast_per_step"] = get_absorb_method("kv-prefix", **{**options, "autocast": "bfloat16"}).absorb(model, prompt)
-    finally:
-        runtime.CAST_ONCE = True
+    runs = {name: get_absorb_method("kv-prefix", speed=speed, **{**options, **extra}).absorb(model, prompt)
+            for name, extra, speed in (("plain", {}, Speed()), ("autocast", {"autocast": "bfloat16"}, Speed()),
+                                       ("autocast_eager", {"autocast": "bfloat16"}, Speed(cuda_graph=False)),
+                                       ("cast_per_step", {"autocast": "bfloat16"}, Speed(cast_once=False)))}
     scale = max(float(y.abs().max()) for y, _ in runs["plain"]._tensors())
 
     def gap(a, b) -> float:
