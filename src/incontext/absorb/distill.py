@@ -43,6 +43,7 @@ class TrainOptions:
     patience: int = limit(16, min=1)  # the divergence guard's window in steps; the plateau's (at least one pass)
     min_improvement: float = limit(0.01, min=0, max=1)  # stop where a window's mean loss falls less than this share
     argmax_weight: float = limit(0.0, min=0)  # plus this times the cross-entropy of the teacher's top token
+    tail: bool = False  # the top-k KL plus one bucket for the rest of the mass (a true divergence, >= 0)
     autocast: Literal["none", "bfloat16", "float16"] = "bfloat16"  # training's matmuls in this dtype ("none": the model's)
     seed: int = limit(0, min=0)  # every draw of the data stage and of training
     compose_steps: int = limit(0, min=0)  # compose: train the combination this many steps on both data stages
@@ -81,27 +82,41 @@ def distillation_batch(batch, length: int | None = None) -> dict[str, torch.Tens
     return out if index is None else {**out, "index": index}
 
 
-def distillation_loss(logits: torch.Tensor, tensors: dict[str, torch.Tensor], argmax_weight: float = 0.0) -> torch.Tensor:
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x <= 0, stable at both ends (Maechler's split at -log 2)."""
+    x = x.clamp(max=0.0)
+    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def distillation_loss(logits: torch.Tensor, tensors: dict[str, torch.Tensor], argmax_weight: float = 0.0,
+                      tail: bool = False) -> torch.Tensor:
     """Mean over the taught positions of KL(teacher || student) from the student's logits (B, L, V) on
     distillation_batch's ids, without a host sync (a CUDA graph can hold it). Top-k targets are taught on the
-    teacher's top k tokens, sum_i p_i (log p_i - log q_i) over them (the full KL at k = V). With `argmax_weight`
-    w > 0, plus w times the mean cross-entropy of the teacher's most likely token at the same positions."""
+    teacher's top k tokens, sum_i p_i (log p_i - log q_i) over them (the full KL at k = V; below zero where the
+    student puts more mass on them than the teacher); with `tail`, plus one bucket for the rest of the mass,
+    p_rest (log p_rest - log q_rest): the KL of the two distributions coarsened to k + 1 outcomes, >= 0, and the full
+    KL at k = V. With `argmax_weight` w > 0, plus w times the mean cross-entropy of the teacher's most likely token at
+    the same positions."""
     log_q = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
     log_p = tensors["teacher"].to(log_q.dtype)
     top_k = "index" in tensors
     if top_k:
         log_q = log_q.gather(-1, tensors["index"])  # the top k, most likely first
     kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
+    if tail and top_k:
+        tiny = math.log(torch.finfo(log_q.dtype).tiny)  # a rest that rounds to 0 (k = V) adds 0, not 0 * inf
+        rest_p, rest_q = (_log1mexp(x.logsumexp(-1)).clamp(min=tiny) for x in (log_p, log_q))
+        kl = kl + rest_p.exp() * (rest_p - rest_q)
     if argmax_weight:
         kl = kl - argmax_weight * (log_q[..., 0] if top_k else log_q.gather(-1, log_p.argmax(-1, keepdim=True))[..., 0])
     mask = tensors["mask"].to(kl.dtype)
     return (kl * mask).sum() / mask.sum()
 
 
-def distillation_kl(student, batch, argmax_weight: float = 0.0) -> torch.Tensor:
+def distillation_kl(student, batch, argmax_weight: float = 0.0, tail: bool = False) -> torch.Tensor:
     """distillation_loss of `student` ((B, L) ids -> logits) on a batch of the stage's sequences."""
     tensors = distillation_batch(batch)
-    return distillation_loss(student(tensors["tokens"]), tensors, argmax_weight)
+    return distillation_loss(student(tensors["tokens"]), tensors, argmax_weight, tail)
 
 
 # ----------------------------------------------------------------------------- the training loop
@@ -149,8 +164,10 @@ class _Steps:
 
     warmup = 1
 
-    def __init__(self, forward, optimizer, params, argmax_weight: float, length: int | None = None, capture: bool = False):
+    def __init__(self, forward, optimizer, params, argmax_weight: float, length: int | None = None, capture: bool = False,
+                 tail: bool = False):
         self.forward, self.optimizer, self.params, self.argmax_weight = forward, optimizer, params, argmax_weight
+        self.tail = tail
         self.length, self.capture = length, capture
         self.static: dict[str, torch.Tensor] | None = None
         self.graph, self.calls = None, 0
@@ -158,7 +175,7 @@ class _Steps:
 
     def _step(self, tensors):
         self.optimizer.zero_grad(set_to_none=True)
-        loss = distillation_loss(self.forward(tensors["tokens"]), tensors, self.argmax_weight)
+        loss = distillation_loss(self.forward(tensors["tokens"]), tensors, self.argmax_weight, self.tail)
         loss.backward()
         self.optimizer.step()
         return loss.detach(), _finite(self.params)
@@ -228,7 +245,8 @@ def train(student: Student, sequences: list, options: TrainOptions, generator: t
 
     optimizer = torch.optim.AdamW(params, lr=options.learning_rate, weight_decay=0.0, capturable=graphed)
     length = max(item[0].shape[0] for item in sequences) if graphed or speed.fixed_shapes else None
-    steps = _Steps(forward, optimizer, params, options.argmax_weight, length, capture=graphed)
+    steps = _Steps(forward, optimizer, params, options.argmax_weight, length, capture=graphed,
+                   tail=getattr(options, "tail", False))
     window = max(options.patience, -(-len(sequences) // options.batch_size))  # the plateau's: at least one pass
     guard = Rollback(params, optimizer, options.patience)  # `patience` steps: blow-ups in the first pass too
     losses, order, stopped_early = [], [], False
