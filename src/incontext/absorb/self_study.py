@@ -11,7 +11,11 @@ model's context, one chunk at a time: teacher_sequences); the student reads the 
 - training queries a task provides (never evaluation queries), answered greedily by the teacher;
 - with a tokenizer: questions the model itself writes about the document's sentences (a generic few-shot
   question writer), answered by the teacher as "Q: ...\nA:" and, where the tokenizer has a chat template, as a
-  chat turn (the teacher reads the document and the question in the user turn, the student the question).
+  chat turn (the teacher reads the document and the question in the user turn, the student the question);
+- with a tokenizer: queries derived from the document's text by rules, no writer model (derived_queries: sentence
+  prefixes the teacher continues, and questions answered like the written ones);
+- `grounded`: a written or derived question, or a self-study message, is kept only where the teacher's answer is
+  grounded in the document (_grounded_rows).
 
 Every tensor is made on the model's device; all randomness comes from the caller's generator. Our Transformer
 decodes the continuations and answers on a cache of fixed size (`static_decode`, models/static_decode.py): all the
@@ -24,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +54,9 @@ class StudyOptions:
     n_questions: int = limit(0, min=0)  # questions the model writes about the document's sentences
     n_conversations: int = limit(0, min=0)  # self-study: messages the model writes from the seed prompts
     seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"  # their kinds
+    derived: int = limit(0, min=0)  # queries derived from the document's text by rules (no writer model)
+    derived_kinds: str | tuple[str, ...] = "prefix,about,qa"  # their kinds (derived_queries)
+    grounded: bool = False  # keep only questions and messages whose answers use the document's words, surer with it
     message_tokens: int = limit(32, min=1)  # tokens per written message
     chat_answer_tokens: int = limit(24, min=1)  # the teacher's answer tokens in a chat turn
     temperature: float = limit(1.0, gt=0)  # of the sampled continuations and messages
@@ -59,6 +67,7 @@ class StudyOptions:
 
     def __post_init__(self):
         self.seed_prompts = seed_kinds(self.seed_prompts)  # a comma string from --set, or a sequence from Python
+        self.derived_kinds = seed_kinds(self.derived_kinds, DERIVED_KINDS, "derived_kinds")
 
 
 # Seed prompts of self-study (the kinds Cartridges found to help, in our own words): the model, reading the
@@ -78,13 +87,17 @@ SEED_PROMPTS = {
 }
 
 
-def seed_kinds(value) -> tuple[str, ...]:
-    """seed_prompts as given to a method (a comma string or a sequence of kinds), checked against SEED_PROMPTS."""
+DERIVED_KINDS = ("prefix", "about", "qa")  # derived_queries' kinds
+GROUNDED_MARGIN = 1.0  # nats: a grounded answer's first token is this much likelier with the document than without
+
+
+def seed_kinds(value, known=SEED_PROMPTS, name: str = "seed_prompts") -> tuple[str, ...]:
+    """seed_prompts (or derived_kinds) as given to a method (a comma string or a sequence of kinds), checked."""
 
     kinds = tuple(k.strip() for k in value.split(",")) if isinstance(value, str) else tuple(value)
-    unknown = sorted(set(kinds) - set(SEED_PROMPTS))
+    unknown = sorted(set(kinds) - set(known))
     if not kinds or unknown:
-        raise ValueError(f"seed_prompts must be a comma-separated subset of {','.join(SEED_PROMPTS)}, got {value!r}")
+        raise ValueError(f"{name} must be a comma-separated subset of {','.join(known)}, got {value!r}")
     return kinds
 
 
@@ -106,7 +119,7 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     A document longer than a chunk (chunk_spans: `chunk_tokens`, or half the model's context for a document the
     context does not hold) is read by the teacher one chunk at a time: each recall window with the chunk that holds it
     most centrally, each training query with the chunk that shares most of its rare tokens (assign_chunks), and
-    the continuations, written questions, conversations and foreign queries shared out over the chunks (each chunk's
+    the continuations, written and derived questions, conversations and foreign queries shared out over the chunks (each chunk's
     own, in turn). `groups`: a question's id for each training query (its wordings share one; None: each query its
     own), read with `wording_ensemble`, which also sends all the wordings of one question to one chunk."""
     m = prompt.shape[0]
@@ -134,7 +147,7 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
 
     for j, (a, b) in enumerate(spans):
         part = dataclasses.replace(options, n_continuations=share(options.n_continuations, j),
-                                   n_questions=share(options.n_questions, j),
+                                   n_questions=share(options.n_questions, j), derived=share(options.derived, j),
                                    n_conversations=share(options.n_conversations, j))
         mine = [s - a for s, home in zip(starts, windows) if home == j]
         out, seen = _chunk_sequences(model, prompt[a:b], [q for q, home in zip(queries, homes) if home == j], mine,
@@ -200,28 +213,47 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
                                  min(options.continuation_tokens, room), options.temperature, generator, decode)
         sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
     counts["continuations"] = options.n_continuations
+    text = codec.decode(prompt.tolist()) if codec is not None else ""
     questions = _questions(model, prompt, codec, options.n_questions) if codec is not None and options.n_questions else []
+    derived = derived_queries(text, options.derived_kinds, options.derived, generator) if text and options.derived else []
     device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
-    plain = queries + [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in questions)
-                       if q.shape[0] + options.answer_tokens < room]
+
+    def encode(t):
+        return torch.tensor(codec.encode(t), device=device)
+
+    written = [("questions", encode(f"Q: {t}\nA:")) for t in questions] + [("derived", encode(t)) for t in derived]
+    written = [(kind, q) for kind, q in written if q.shape[0] + options.answer_tokens < room]
+    plain = queries + [q for _, q in written]
     answered = _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain], decode)
     if groups is not None:
         answered[: len(queries)], counts["ensembled"] = wording_ensemble(model, cache, queries, answered[: len(queries)],
                                                                          groups, decode)
-    sequences += answered
-    counts["train_queries"], counts["questions"] = len(queries), len(plain) - len(queries)
+    sequences += answered[: len(queries)]
+    counts.update(train_queries=len(queries), questions=0, derived=0, chat_turns=0)
+    counts.update({"ungrounded": 0} if options.grounded else {})
+
+    def keep(items, starts, kinds):  # the items (grounded ones only, with `grounded`) into sequences, counted by kind
+        ok = _grounded_rows(model, codec, text, items, starts) if options.grounded and items else [True] * len(items)
+        for item, tags, fine in zip(items, kinds, ok):
+            sequences.extend([item] * fine)
+            for tag in tags if fine else ("ungrounded",):
+                counts[tag] += 1
+
+    keep(answered[len(queries):], [q.shape[0] - 1 for _, q in written], [(kind,) for kind, _ in written])
     messages = _seed_messages(model, prompt, codec, options, generator) if codec is not None and options.n_conversations else []
     counts["conversations"] = len(messages)
     templated = codec is not None and _has_template(codec)  # a base model (Gemma-3-270M) has no chat template
     if messages and not templated:  # a base model: the messages as plain Q/A turns
-        asked = [q for q in (torch.tensor(codec.encode(f"Q: {text}\nA:"), device=device) for text in messages)
-                 if q.shape[0] + options.answer_tokens < room]
-        sequences += _answer(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked],
-                             decode)
-    asked = questions + (messages if templated else [])
-    chat = _chat_turns(model, prompt, asked, room, codec, options.chat_answer_tokens) if asked and templated else []
-    sequences += chat
-    counts["chat_turns"] = len(chat)
+        asked = [q for q in map(encode, (f"Q: {t}\nA:" for t in messages)) if q.shape[0] + options.answer_tokens < room]
+        keep(_answer(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked], decode),
+             [q.shape[0] - 1 for q in asked], [()] * len(asked))
+    if templated:  # the written and derived questions, and the messages, as chat turns
+        asked = ([(t, ("chat_turns",)) for t in questions] + [(t[3:-3], ("chat_turns",)) for t in derived
+                                                               if t.startswith("Q: ") and t.endswith("\nA:")]
+                 + [(t, ("chat_turns",)) for t in messages])
+        chat = _chat_turns(model, prompt, [t for t, _ in asked], room, codec, options.chat_answer_tokens) if asked else []
+        kept = [(turn, tags) for turn, (_, tags) in zip(chat, asked) if turn is not None]
+        keep([t for t, _ in kept], [t[0].shape[0] - t[1].shape[0] for t, _ in kept], [tags for _, tags in kept])
     return sequences, counts
 
 def _seed_messages(model, prompt, codec, options: StudyOptions, generator: torch.Generator) -> list[str]:
@@ -296,7 +328,8 @@ def _questions(model, prompt, codec, n_questions: int) -> list[str]:
 
 def _chat_turns(model, prompt, questions, room, codec, chat_answer_tokens: int) -> list:
     """Each question as a chat turn: the teacher reads the prompt and the question in the user turn and
-    answers greedily (to its end of turn); the student reads the question alone and learns the answer."""
+    answers greedily (to its end of turn); the student reads the question alone and learns the answer. One item
+    per question (None where the context has no room for it)."""
     eos = getattr(codec, "eos_token_id", None)
     marker = "\u0000QUESTION\u0000"
     template = codec.chat([{"role": "user", "content": f"{codec.decode(prompt.tolist()).strip()}\n\n{marker}"}],
@@ -304,7 +337,7 @@ def _chat_turns(model, prompt, questions, room, codec, chat_answer_tokens: int) 
     head, tail = template.split(marker)
     head_ids = torch.tensor(codec.encode(head), device=prompt.device)
     if head_ids.shape[0] + 64 > model.config.max_seq_len:
-        return []
+        return [None] * len(questions)
     head_cache = Cache.empty(model.config.n_layer)
     model(head_ids[None], cache=head_cache)
     out = []
@@ -315,11 +348,129 @@ def _chat_turns(model, prompt, questions, room, codec, chat_answer_tokens: int) 
         n = min(chat_answer_tokens, room - student.shape[0],
                 model.config.max_seq_len - head_ids.shape[0] - teacher.shape[0])
         if n < 1:
+            out.append(None)
             continue
         cache = _copy(head_cache)
         first = model(teacher[None], cache=cache)[0, -1]
         tokens, logits = _greedy(model, cache, first, n, eos)
         out.append((torch.cat([student, tokens[:-1]]), _log_probs(logits)))
+    return out
+
+
+# ----------------------------------------------------------------------------- queries derived from the text
+
+_STOP = set("a an the in on at of to for by with from as and or but if so then this that these those it its he she they "
+            "we you i his her their our my there here is are was were be been has have had do does did not no however "
+            "after before when while during each every some all what who which how where also than into about".split())
+_NAME = re.compile(r"[A-Z][\w-]*(?: [A-Z][\w-]*)*")  # a run of capitalised words
+_NUMBER = re.compile(r"\d(?:[\d,.:/-]*\d)?")  # a number, a time, a date
+_WHEN = re.compile(r"(?:(?:mon|tues|wednes|thurs|fri|satur|sun)day|january|february|march|april|may|june|july|august|"
+                   r"september|october|november|december|\d{1,2}:\d\d|\d{4}|noon|midnight)\b", re.I)
+_SUBJECT = r"(?P<x>[A-Z][\w'-]*(?: [\w'-]+){0,5}?)"  # a sentence's subject: up to six words
+_PARTICIPLE = r"(?P<p> (?:[a-z]+ed|born|held|built|made|found|kept|set|run|sold|seen|written|given))?"
+_RULES = [  # (pattern over a sentence without its last punctuation, the question it asks), tried in turn
+    (re.compile(_SUBJECT + r" (?P<v>has|have|had) (?:\d[\d,.]*|one|two|three|four|five|six|seven|eight|nine|ten|"
+                r"several|many) (?P<z>[a-z][a-z -]*?)(?:,.*| (?:in|on|at|of|named|called|with|and|for|who|which|that)\b.*)?"),
+     lambda m, x: f"How many {m['z']} {dict(has='does', have='do', had='did')[m['v']]} {x} have?"),
+    (re.compile(_SUBJECT + r" (?P<v>is|are|was|were)" + _PARTICIPLE + r" (?P<prep>on|at|in|during|since) (?P<y>.+)"),
+     lambda m, x: (f"When {m['v']} {x}{m['p'] or ''}?" if _WHEN.match(m["y"]) else
+                   f"Where {m['v']} {x}{m['p'] or ''}?" if m["y"][0].isupper() and m["prep"] in ("at", "in") else None)),
+    (re.compile(_SUBJECT + r" (?P<verb>[a-z]{2,}[^s\W]s)(?P<o>(?: [\w'-]+)*?) (?:on|at) (?P<y>.+)"),
+     lambda m, x: (f"When does {x} {re.sub(r'(?:(?<=[cs]h)|(?<=[xo]))es$|s$', '', m['verb'])}{m['o']}?"
+                   if _WHEN.match(m["y"]) else None)),
+    (re.compile(_SUBJECT + r" (?P<v>is|are|was|were) (?!not\b|(?:[a-z]+ed|born|on|at|in|during|since)\b)(?P<y>.+)"),
+     lambda m, x: f"What {m['v']} {x}?"),
+]
+
+
+def derived_queries(text: str, kinds, limit: int, generator: torch.Generator) -> list[str]:
+    """Up to `limit` distinct queries derived from the text alone, spread over its sentences (each sentence's in an
+    order drawn from `generator`, one per sentence in turn): "prefix", a sentence up to a name, a number (time, date)
+    or its last content word, which the teacher continues; "about", "Q: What does the text say about NAME?\nA:" for
+    each name; "qa", sentences turned into questions by rules (_RULES), "Q: ...?\nA:"."""
+    kinds = seed_kinds(kinds, DERIVED_KINDS, "derived_kinds")
+    sentences = _sentences(text)
+    if limit < 1 or not sentences:
+        return []
+    capitalised = Counter(re.findall(r"\b[A-Z][\w-]*", text))
+    spans = [_name_spans(s, capitalised) for s in sentences]
+    names = list(dict.fromkeys(s[a:b] for s, found in zip(sentences, spans) for a, b in found))
+    per, seen = [], set()
+    for s, found in zip(sentences, spans):
+        mine = []
+        if "prefix" in kinds:
+            content = [m.start() for m in re.finditer(r"[^\W\d_]{3,}", s) if m.group().lower() not in _STOP][-1:]
+            starts = sorted({a for a, _ in found} | {m.start() for m in _NUMBER.finditer(s)} | set(content))
+            mine += [s[:a].rstrip() for a in starts if s[:a].strip()]
+        if "about" in kinds:
+            mine += [f"Q: What does the text say about {s[a:b]}?\nA:" for a, b in found]
+        if "qa" in kinds:
+            mine += [f"Q: {q}\nA:" for q in _rule_questions(s, names)]
+        mine = [q for q in dict.fromkeys(mine) if q not in seen]
+        seen.update(mine)
+        per.append([mine[i] for i in torch.randperm(len(mine), generator=generator).tolist()])
+    picked = []
+    for r in range(max(map(len, per))):  # round r: the r-th query of every sentence that has one, while they fit
+        layer, need = [(i, r, qs[r]) for i, qs in enumerate(per) if len(qs) > r], limit - len(picked)
+        picked += layer if len(layer) <= need else [layer[k * len(layer) // need] for k in range(need)]
+        if len(picked) == limit:
+            break
+    return [q for *_, q in sorted(picked)]
+
+
+def _name_spans(sentence: str, capitalised: Counter) -> list[tuple[int, int]]:
+    """Where the sentence names something: runs of capitalised words, at its start without a leading stopword ("The")
+    and only as two or more words or a word the text capitalises twice or more."""
+    out = []
+    for m in _NAME.finditer(sentence):
+        a, run = m.start(), m.group()
+        first, _, rest = run.partition(" ")
+        if a == 0 and (first.lower() in _STOP or not rest and capitalised[first] < 2):
+            a, run = a + len(first) + 1, rest if first.lower() in _STOP else ""
+        if run and run.lower() not in _STOP:
+            out.append((a, a + len(run)))
+    return out
+
+
+def _rule_questions(sentence: str, names: list[str]) -> list[str]:
+    """The questions _RULES ask of one sentence, and "Who VERB ...?" where it starts with a name and a verb."""
+    s, out = sentence.rstrip(" .!?;:"), []
+    for pattern, ask in _RULES:
+        m = pattern.fullmatch(s)
+        x = m and m["x"]
+        if m and "," not in x and x.lower() not in _STOP and x.split()[0].lower() not in _STOP - {"the", "a", "an", "this"}:
+            question = ask(m, x[0].lower() + x[1:] if x.split()[0].lower() in _STOP else x)
+            out += [question] if question else []
+    who = max((n for n in names if s.startswith(n + " ")), key=len, default=None)
+    m = who and re.fullmatch(r"(?P<verb>[a-z]+(?:s|ed)) (?P<rest>[^,]+)", s[len(who) + 1:])
+    return out + ([f"Who {m['verb']} {m['rest']}?"] if m else [])
+
+
+def grounded(answer_text: str, document_text: str) -> bool:
+    """Whether one of the answer's content words (alphanumeric of >= 3 characters and no stopword, or any number) is a
+    word of the document, case-insensitive."""
+    document = set(re.findall(r"[^\W_]+", document_text.lower()))
+    return any(w in document for w in re.findall(r"[^\W_]+", answer_text.lower())
+               if w.isdigit() or len(w) >= 3 and w not in _STOP)
+
+
+@torch.no_grad()
+def _grounded_rows(model, codec, document_text: str, items: list, starts: list[int], rows: int = 16) -> list[bool]:
+    """For each teacher sequence (ids, log-probs on its last n positions) whose answer follows ids[start]: whether its
+    answer is grounded in the document's text and its first answer token GROUNDED_MARGIN nats likelier to the teacher
+    (the document in context) than to the model reading ids[: start + 1] alone (right-padded batches of `rows`)."""
+    eos = getattr(codec, "eos_token_id", None)
+    out = []
+    for j in range(0, len(items), rows):
+        part = list(zip(items[j: j + rows], starts[j: j + rows]))
+        batch = part[0][0][0].new_zeros(len(part), max(a + 1 for _, a in part))
+        for r, ((ids, _), a) in enumerate(part):
+            batch[r, : a + 1] = ids[: a + 1]
+        last = model(batch)[torch.arange(len(part), device=batch.device), [a for _, a in part]]
+        for ((ids, logp), a), bare in zip(part, _log_probs(last)):
+            answer = torch.cat([ids[a + 1:], logp[-1:].argmax(-1)]).tolist()
+            gain = float(logp[a - ids.shape[0] + logp.shape[0], answer[0]] - bare[answer[0]])
+            out.append(gain > GROUNDED_MARGIN and grounded(codec.decode([t for t in answer if t != eos]), document_text))
     return out
 
 

@@ -1,0 +1,136 @@
+"""Synthesis from the document alone: queries derived from its text by rules (seeded, spread, distinct, each kind as
+it should be) and the grounding filter (the answer's words in the document; the teacher's first answer token likelier
+with the document than without, against a plain loop)."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_distill_lora import CharCodec
+from test_self_study import tiny
+
+from incontext.absorb import self_study
+from incontext.absorb.self_study import StudyOptions, derived_queries, grounded, study
+from incontext.models import Cache
+
+DOC = "The meeting is on Tuesday at 10:30 in Room B. Alice Brown chairs it. The budget is 4,500 euros."
+
+
+def derive(text=DOC, kinds="prefix,about,qa", limit=100, seed=0):
+    return derived_queries(text, kinds, limit, torch.Generator().manual_seed(seed))
+
+
+def test_derived_queries_are_seeded_distinct_and_within_the_limit():
+    every = derive()
+    assert derive(seed=3) == derive(seed=3) and len(set(every)) == len(every) == 12
+    assert sorted(derive(seed=3)) == sorted(every)  # the seed orders, the limit chooses
+    for limit in range(1, 14):
+        assert len(derive(limit=limit, seed=limit)) == min(limit, 12)
+    own = [set(derive(sentence)) for sentence in self_study._sentences(DOC)]
+    picked = [next(i for i, queries in enumerate(own) if q in queries) for q in derive(limit=3, seed=5)]
+    assert picked == [0, 1, 2]  # three queries: one from each sentence, in the document's order
+    assert derive(limit=0) == [] and derive("") == []
+
+
+def test_each_kind_derives_what_it_should():
+    prefixes = {"The meeting is on": "Tuesday", "The meeting is on Tuesday at": "10:30",
+                "The meeting is on Tuesday at 10:30 in": "Room B", "Alice Brown": "chairs", "The budget is": "4,500",
+                "The budget is 4,500": "euros"}
+    assert set(derive(kinds="prefix")) == set(prefixes)
+    for prefix, span in prefixes.items():  # the query stops right before its span
+        assert any(s.startswith(prefix + " " + span) for s in self_study._sentences(DOC))
+    assert set(derive(kinds="about")) == {f"Q: What does the text say about {n}?\nA:" for n in
+                                          ("Tuesday", "Room B", "Alice Brown")}
+    assert set(derive(kinds="qa")) == {"Q: When is the meeting?\nA:", "Q: Who chairs it?\nA:", "Q: What is the budget?\nA:"}
+    rules = {"Bob has 3 cats named Tom.": "How many cats does Bob have?",
+             "The Eiffel Tower was completed in 1889.": "When was the Eiffel Tower completed?",
+             "Ada was born in London.": "Where was Ada born?", "The shop closes on Sunday.": "When does the shop close?"}
+    for text, question in rules.items():
+        assert f"Q: {question}\nA:" in derive(text, "qa")
+
+
+def test_no_query_without_a_matching_sentence():
+    assert derive("it rained all day. we stayed home.", "about,qa") == []
+    assert derive("Hi. Ok.", "prefix") == [] and derive("It is late. This is it.", "qa") == []
+
+
+def test_bad_kinds_are_refused_in_one_line():
+    for bad in ("prefix,poem", ""):
+        with pytest.raises(ValueError, match="derived_kinds must be a comma-separated subset of prefix,about,qa") as e:
+            StudyOptions(derived_kinds=bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="derived_kinds"):
+        derive(kinds="rhyme")
+
+
+def test_the_text_test_of_grounding():
+    for answer in (" Alice Brown.", "4,500", " on TUESDAY", " room", " 10"):
+        assert grounded(answer, DOC), answer
+    for answer in ("", " the", " is it", " Paris", " at 9", " euro", " Brownie"):
+        assert not grounded(answer, DOC), answer
+
+
+def reference_gains(model, rows):
+    """For each (ids with the document, ids without it): the greedy first answer token with the document and its
+    log-prob with the document minus without, by a plain loop."""
+    out = []
+    with torch.no_grad():
+        for teacher, student in rows:
+            with_doc = F.log_softmax(model(torch.tensor([teacher])), -1)[0, -1]
+            first = int(with_doc.argmax())
+            out.append((first, float(with_doc[first] - F.log_softmax(model(torch.tensor([student])), -1)[0, -1, first])))
+    return out
+
+
+def test_the_filter_keeps_answers_the_document_makes_likelier(monkeypatch):
+    """_grounded_rows on plain Q/A answers and chat turns: kept exactly where the gain of a plain loop exceeds the
+    margin (with the text test passed), and where the text test passes (any gain)."""
+    model, codec = tiny(vocab=64), CharCodec()
+    text = DOC.replace(",", "")
+    prompt = torch.tensor(codec.encode(text))
+    questions = ["Q: When is the meeting?\nA:", "Q: Who chairs it?\nA:", "Q: What is the budget?\nA:", "The budget is",
+                 "Q: Where is Room B?\nA:", "The meeting is on"]
+    queries = [torch.tensor(codec.encode(q)) for q in questions]
+    cache = Cache.empty(model.config.n_layer)
+    with torch.no_grad():
+        model(prompt[None], cache=cache)
+        plain = self_study._answer(model, cache, queries, [4] * len(queries))
+        chat = self_study._chat_turns(model, prompt, [q[3:-3] for q in questions[:3]], 200, codec, 5)
+    items = plain + chat
+    starts = [q.shape[0] - 1 for q in queries] + [ids.shape[0] - logp.shape[0] for ids, logp in chat]
+    rows = [(prompt.tolist() + q.tolist(), q.tolist()) for q in queries]
+    rows += [(codec.encode(codec.chat([{"role": "user", "content": f"{text}\n\n{q[3:-3]}"}], add_generation_prompt=True)),
+              codec.encode(codec.chat([{"role": "user", "content": q[3:-3]}], add_generation_prompt=True))) for q in questions[:3]]
+    reference = reference_gains(model, rows)
+    answers = [torch.cat([ids[a + 1:], logp[-1:].argmax(-1)]).tolist() for (ids, logp), a in zip(items, starts)]
+    assert [answer[0] for answer in answers] == [first for first, _ in reference]
+    gains = sorted(gain for _, gain in reference)
+    margin = (gains[len(gains) // 2 - 1] + gains[len(gains) // 2]) / 2
+    monkeypatch.setattr(self_study, "GROUNDED_MARGIN", margin)
+    monkeypatch.setattr(self_study, "grounded", lambda answer, document: True)
+    kept = self_study._grounded_rows(model, codec, text, items, starts)
+    assert kept == [gain > margin for _, gain in reference] and True in kept and False in kept
+    monkeypatch.undo()
+    monkeypatch.setattr(self_study, "GROUNDED_MARGIN", -float("inf"))
+    assert self_study._grounded_rows(model, codec, text, items, starts) == [
+        grounded(codec.decode([t for t in answer if t != codec.eos_token_id]), text) for answer in answers]
+
+
+def test_study_with_derived_queries_is_seeded_and_counts_them():
+    model, codec = tiny(vocab=64), CharCodec()
+    prompt = torch.tensor(codec.encode("The meeting is on Tuesday at 10:30 in Room B. Alice Brown chairs it. Bob has 3 cats."))
+    options = StudyOptions(window_tokens=8, n_continuations=0, answer_tokens=3, chat_answer_tokens=4, derived=6, top_k=None)
+
+    def run(o=options, seed=1):
+        return study(model, prompt, [], o, codec, torch.Generator().manual_seed(seed))
+
+    (first, counts), (again, _) = run(), run()
+    assert counts["derived"] == 6 and counts["chat_turns"] == 4  # the questions among them also as chat turns
+    assert len(first) == counts["recall_windows"] + counts["derived"] + counts["chat_turns"]
+    assert len(first) == len(again) and all(torch.equal(a, b) for x, y in zip(first, again) for a, b in zip(x, y))
+    kept, filtered = run(dataclasses.replace(options, grounded=True))
+    assert filtered["derived"] + filtered["chat_turns"] + filtered["ungrounded"] == counts["derived"] + counts["chat_turns"]
+    assert len(kept) + filtered["ungrounded"] == len(first)
+    assert run(dataclasses.replace(options, chunk_tokens=48))[1]["derived"] > 0  # shared out over the chunks
+    assert run(dataclasses.replace(options, derived=0))[1]["derived"] == 0
