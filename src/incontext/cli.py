@@ -92,7 +92,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .cli_compare import CompareSpec
 
     runtime = _runtime(args)
-    spec = CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype, tf32=args.tf32)
+    spec = CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype, tf32=args.tf32,
+                       writer=args.writer)
     print("demo: absorbing documents of invented facts into SmolLM2-135M with every method that applies to a softmax "
           "LM, at their defaults, from the document alone, on the test split (about 5 minutes on 2 CPU cores)")
     _compare(spec, args.out or DEFAULT_OUT / "demo", runtime, owner="demo")
@@ -114,7 +115,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                        split=args.split,
                        task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),
                        validation_episodes=args.validation_episodes, device=args.device, dtype=args.dtype,
-                       tf32=args.tf32)
+                       tf32=args.tf32, writer=args.writer)
     _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}", runtime)
     return 0
 
@@ -324,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"],
                        help="the model's weights and compute dtype (default float32)")
         if tf32:
+            p.add_argument("--writer", default="", metavar="MODEL",
+                           help="distill-lora and kv-prefix: another local model that writes the data stage's questions "
+                                "and messages (study.n_questions, study.n_conversations); default the model itself")
             p.add_argument("--tf32", action="store_true", help="on a CUDA device, the trained methods' float32 matmuls in TF32 "
                            "(faster; rounds their inputs)")
 

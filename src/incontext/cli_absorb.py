@@ -173,7 +173,10 @@ def _prepare(args, runtime: Runtime):
     """The method (options checked), the loaded model on `runtime`'s device in its dtype and its codec; one-line errors
     first."""
     options = parse_overrides(args.set, flat=True)
-    method = get_absorb_method(args.method, speed=Speed(tf32=getattr(args, "tf32", False)), **options)  # checked
+    method = get_absorb_method(args.method, speed=Speed(tf32=getattr(args, "tf32", False)),
+                               **options)  # names, types and ranges checked (config.parse_options)
+    if getattr(args, "writer", "") and not method.takes_codec:
+        raise ValueError(f"{args.method} writes no questions (--writer: distill-lora, kv-prefix)")
     if getattr(args, "train_queries", None) is not None and not method.takes_codec:
         raise ValueError(f"{args.method} does not learn from training queries (--train-queries: distill-lora, kv-prefix)")
     if method.needs_train_groups and getattr(args, "train_queries", None) is None:
@@ -188,6 +191,9 @@ def _prepare(args, runtime: Runtime):
     if reason is not None:
         raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
     codec = _codec(loaded, args.model)
+    if getattr(args, "writer", ""):  # the model that writes the data stage's questions (checked options first)
+        written_by = load_model(args.writer, runtime=runtime)
+        method.writer = (written_by.model, _codec(written_by, args.writer))
     return method, options, loaded, codec
 
 
@@ -256,7 +262,7 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
             "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
             "model_fingerprint": model_fingerprint(model), "model_fingerprint_bf16": model_fingerprint(model, rounded=True),
             "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
-            "prompt_tokens": len(ids), "placement": placement,
+            "prompt_tokens": len(ids), "placement": placement, "writer": getattr(args, "writer", "") or None,
             "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
             "files": [EXPERIMENT_MARKER] + written + [ABSORB_RECORD],
         }

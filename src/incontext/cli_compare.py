@@ -52,6 +52,7 @@ class CompareSpec:
     device: str = "cpu"
     dtype: str = "float32"
     tf32: bool = False  # the trained methods' float32 matmuls in TF32 on a CUDA device (absorb.Speed)
+    writer: str = ""  # a model (spec) that writes the data stages' questions and messages; "": the model itself
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -118,6 +119,10 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     if loaded is None:
         runtime = resolve_runtime(spec.device, spec.dtype) if runtime is None else runtime
         loaded = load_model(spec.model, runtime=runtime)
+    writer = None
+    if spec.writer:
+        written_by = load_model(spec.writer, runtime=runtime or resolve_runtime(spec.device, spec.dtype))
+        writer = (written_by.model, written_by.tokenizer)
     load_s = time.perf_counter() - start
     tuning = {}
     metric = get_metric(source.metric)
@@ -128,7 +133,8 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         scores = {}
         for value in values:
             row = compare(loaded.model, source, validation, {name: {**method_options[name], option: value}},
-                          progress=False, references=False, codec=loaded.tokenizer, speed=Speed(tf32=spec.tf32))[-1]
+                          progress=False, references=False, codec=loaded.tokenizer, speed=Speed(tf32=spec.tf32),
+                          writer=writer)[-1]
             scores[repr(value)] = row[metric.tune_by]["mean"] if row["status"] == "ok" else None  # e.g. exact: log-prob
         valid = [(s, v) for v, s in zip(values, scores.values()) if s is not None and math.isfinite(s)]
         if valid:
@@ -138,7 +144,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
                        "validation_episodes": spec.validation_episodes, "validation_seed": episode_seed("validation", spec.seed)}
     episodes = source.episodes(spec.episodes, seed, tokenizer=loaded.tokenizer, task=loaded.task)
     rows = compare(loaded.model, source, episodes, method_options, progress=progress, codec=loaded.tokenizer,
-                   speed=Speed(tf32=spec.tf32))
+                   speed=Speed(tf32=spec.tf32), writer=writer)
     results = {
         "model": spec.model, "model_description": loaded.description, "task": spec.task, "metric": source.metric,
         "higher_is_better": source.higher_is_better, "task_options": vars(source.config), "episodes": len(episodes),
@@ -182,6 +188,8 @@ def command_line(spec: CompareSpec) -> str:
         parts.append(f"--dtype {spec.dtype}")
     if spec.tf32:
         parts.append("--tf32")
+    if spec.writer:
+        parts.append(f"--writer {spec.writer}")
     return " ".join(parts)
 
 

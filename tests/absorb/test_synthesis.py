@@ -134,3 +134,32 @@ def test_study_with_derived_queries_is_seeded_and_counts_them():
     assert len(kept) + filtered["ungrounded"] == len(first)
     assert run(dataclasses.replace(options, chunk_tokens=48))[1]["derived"] > 0  # shared out over the chunks
     assert run(dataclasses.replace(options, derived=0))[1]["derived"] == 0
+
+
+def test_a_second_model_writes_the_questions_and_messages():
+    """writer=(model, tokenizer): the questions and self-study messages come from the writer's forward passes (the
+    model being adapted only answers them), seeded; without it the model writes its own; a writer in the cache key."""
+    model, writer, codec = tiny(seed=0, vocab=64), tiny(seed=7, vocab=64), CharCodec()
+    prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker. Bea has two cats."))
+    options = StudyOptions(window_tokens=6, n_continuations=0, answer_tokens=2, n_questions=2, n_conversations=2,
+                           message_tokens=6, top_k=8)
+    calls = {"model": 0, "writer": 0}
+    hooks = [m.tok_emb.register_forward_pre_hook(lambda module, args, name=name: calls.__setitem__(name, calls[name] + 1))
+             for name, m in (("model", model), ("writer", writer))]
+    try:
+        own = study(model, prompt, [], options, codec, torch.Generator().manual_seed(1))
+        assert calls["writer"] == 0
+        before = calls["model"]
+        written = study(model, prompt, [], options, codec, torch.Generator().manual_seed(1), writer=(writer, codec))
+        during = calls["model"] - before
+        again = study(model, prompt, [], options, codec, torch.Generator().manual_seed(1), writer=(writer, codec))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls["writer"] > 0 and during < before  # the writer did the writing; the model only answered
+    assert len(written[0]) == len(again[0]) and all(torch.equal(a[0], b[0]) for a, b in zip(written[0], again[0]))
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(own[0], written[0])) or len(own[0]) != len(written[0])
+    from incontext.absorb import get_absorb_method
+
+    with pytest.raises(ValueError, match="writer must be a \\(model, tokenizer\\) pair"):
+        get_absorb_method("kv-prefix", writer=writer)

@@ -248,17 +248,21 @@ class AbsorbMethod(ABC):
     long_prompts: ClassVar[bool] = False  # absorbs a prompt longer than the model's context (in chunks)
     takes_codec: ClassVar[bool] = False  # _absorb takes codec= (the model's tokenizer; its data stage writes text)
 
-    def __init__(self, *, progress: bool = True, speed=None, **options):
+    def __init__(self, *, progress: bool = True, speed=None, writer=None, **options):
         """The one constructor of every method: `options` (Python values, or YAML scalars from `--set`) checked
         through `Options` (config.parse_options: one-line errors naming the option), the defaults filled in and each
         set as an attribute (a nested options class, such as the distillers' `study`, as its instance); then `setup`.
-        `progress`: the method's progress bars; `speed`: a method's speed switches (distill.Speed), never results."""
+        `progress`: the method's progress bars; `speed`: a method's speed switches (Speed), never results; `writer`:
+        (model, tokenizer) that writes a data stage's questions and messages (the methods with `takes_codec`; None: the
+        model being adapted)."""
         if not isinstance(progress, bool):
             raise ValueError(f"{self.name}: progress must be true or false, got {progress!r}")
         if speed is not None and not isinstance(speed, Speed):
             raise ValueError(f"{self.name}: unknown option 'speed'; options: "
                              f"{', '.join(f.name for f in dataclasses.fields(self.Options)) or '(none)'}")
-        self.progress, self.speed = progress, speed or Speed()
+        if writer is not None and not (isinstance(writer, tuple) and len(writer) == 2 and hasattr(writer[1], "encode")):
+            raise ValueError(f"{self.name}: writer must be a (model, tokenizer) pair, got {type(writer).__name__}")
+        self.progress, self.speed, self.writer = progress, speed or Speed(), writer
         self._set_options(options)
         self.setup()
 

@@ -401,7 +401,8 @@ class Distiller(AbsorbMethod):
             model.eval()
             try:
                 sequences, counts = study(model, prompt, queries, self.study, codec, generator, seed=self.seed,
-                                          groups=train_groups, static_decode=self.speed.static_decode)
+                                          groups=train_groups, static_decode=self.speed.static_decode,
+                                          writer=self.writer)
                 student = self.student(model, prompt, generator, sequences, queries=queries, **prepared)
             finally:
                 model.train(was_training)

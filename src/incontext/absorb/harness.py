@@ -224,12 +224,13 @@ def _on_model(query: Query, model: nn.Module) -> Query:
 
 def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], methods: dict[str, dict[str, Any]], *,
             progress: bool = True, max_failures: int = 3, references: bool = True,
-            per_episode: bool = False, codec=None, speed=None) -> list[dict[str, Any]]:
+            per_episode: bool = False, codec=None, speed=None, writer=None) -> list[dict[str, Any]]:
     """Runs every method on every episode; returns one summary row per method, in the order given, after
     keep-prompt and drop-prompt (always included unless `references=False`, which also skips agreement).
     `per_episode` adds each episode's scores and scored positions to the rows. `codec` (the model's tokenizer) goes
     to every absorb (`absorb(..., codec=)`: a data stage writes questions with it), as `incontext absorb`
-    gives it, so both run the same algorithm. `speed`: the methods' speed switches (base.Speed; None: the defaults).
+    gives it, so both run the same algorithm. `speed`: the methods' speed switches (base.Speed; None: the defaults); `writer`: (model, tokenizer) that writes the
+    data stages' questions and messages (None: the model itself).
     `methods` maps a row label (a method name, or "name:variant" for several settings of one method) to the
     method's options. See the module docstring for the fields."""
     if not episodes:
@@ -247,7 +248,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     records = {label: MethodRecord(label, options) for label, options in methods.items()}
     instances = {}
     for label, options in methods.items():
-        method = get_absorb_method(method_name(label), **{"progress": False, "speed": speed, **options})  # unknown names and options fail here, before any work
+        method = get_absorb_method(method_name(label), **{"progress": False, "speed": speed, "writer": writer, **options})  # unknown names and options fail here, before any work
         reason = method.unsupported(model)
         if reason is not None:
             records[label].status, records[label].reason = "n/a", reason

@@ -112,7 +112,7 @@ QUESTION_WRITER = ("Sentence: The Eiffel Tower was completed in 1889.\nQuestion:
 @torch.no_grad()
 def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
                       generator: torch.Generator, groups: list[int] | None = None,
-                      decode: str = "always") -> tuple[list, dict[str, int]]:
+                      decode: str = "always", writer=None) -> tuple[list, dict[str, int]]:
     """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L positions)
     pairs, and how many of each kind (see the module docstring). `codec` (encode/decode, chat) may be None.
 
@@ -126,7 +126,8 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     spans = chunk_spans(m, options.chunk_tokens, model.config.max_seq_len)
     groups = groups if options.wording_ensemble else None
     if len(spans) == 1:
-        return _chunk_sequences(model, prompt, queries, None, options, codec, generator, groups=groups, decode=decode)
+        return _chunk_sequences(model, prompt, queries, None, options, codec, generator, groups=groups, decode=decode,
+                                writer=writer)
     size = spans[0][1] - spans[0][0]
     width = max(1, min(options.window_tokens, size // 2, model.config.max_seq_len - size))  # each whole in a chunk
     k, starts = len(spans), window_starts(m, width)
@@ -153,7 +154,7 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
         out, seen = _chunk_sequences(model, prompt[a:b], [q for q, home in zip(queries, homes) if home == j], mine,
                                      part, codec, generator, width,
                                      groups=None if groups is None else [g for g, home in zip(groups, homes) if home == j],
-                                     decode=decode)
+                                     decode=decode, writer=writer)
         sequences += out
         for key, value in seen.items():
             counts[key] = counts.get(key, 0) + value
@@ -196,10 +197,11 @@ def assign_chunks(prompt: torch.Tensor, spans: list[tuple[int, int]], queries: l
 
 def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], starts: list[int] | None,
                      options: StudyOptions, codec, generator: torch.Generator, width: int | None = None,
-                     groups: list[int] | None = None, decode: str = "always"):
+                     groups: list[int] | None = None, decode: str = "always", writer=None):
     """teacher_sequences for the teacher reading `prompt` (the document, or one chunk of it); `starts`: its recall
     windows' starts (None: every window of the prompt), of `width` tokens; `groups`: the training queries' question
-    ids, for wording_ensemble (None: none)."""
+    ids, for wording_ensemble (None: none); `writer`: (model, tokenizer) that writes the questions and self-study
+    messages (None: the model itself)."""
     m, max_len = prompt.shape[0], model.config.max_seq_len
     cache = Cache.empty(model.config.n_layer)
     prompt_logits = model(prompt[None], cache=cache)[0]
@@ -214,7 +216,8 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
         sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
     counts["continuations"] = options.n_continuations
     text = codec.decode(prompt.tolist()) if codec is not None else ""
-    questions = _questions(model, prompt, codec, options.n_questions) if codec is not None and options.n_questions else []
+    writer, pen = writer if writer is not None else (model, codec)  # who writes the questions and messages
+    questions = _questions(writer, text, pen, options.n_questions) if codec is not None and options.n_questions else []
     derived = derived_queries(text, options.derived_kinds, options.derived, generator) if text and options.derived else []
     device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
 
@@ -240,7 +243,7 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
                 counts[tag] += 1
 
     keep(answered[len(queries):], [q.shape[0] - 1 for _, q in written], [(kind,) for kind, _ in written])
-    messages = _seed_messages(model, prompt, codec, options, generator) if codec is not None and options.n_conversations else []
+    messages = _seed_messages(writer, text, pen, options, generator) if codec is not None and options.n_conversations else []
     counts["conversations"] = len(messages)
     templated = codec is not None and _has_template(codec)  # a base model (Gemma-3-270M) has no chat template
     if messages and not templated:  # a base model: the messages as plain Q/A turns
@@ -256,14 +259,14 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
         keep([t for t, _ in kept], [t[0].shape[0] - t[1].shape[0] for t, _ in kept], [tags for _, tags in kept])
     return sequences, counts
 
-def _seed_messages(model, prompt, codec, options: StudyOptions, generator: torch.Generator) -> list[str]:
-    """`n_conversations` messages the model writes about the document, cycling through the seed-prompt kinds: it
-    reads the document and the seed instruction (in a user turn where there is a chat template) and samples a
-    message to its end of turn or line (seeded, drawn on the CPU)."""
+def _seed_messages(model, document: str, codec, options: StudyOptions, generator: torch.Generator) -> list[str]:
+    """`n_conversations` messages the model (the writer) writes about the document's text, cycling through the
+    seed-prompt kinds: it reads the document and the seed instruction (in a user turn where there is a chat template)
+    and samples a message to its end of turn or line (seeded, drawn on the CPU)."""
     unknown = sorted(set(options.seed_prompts) - set(SEED_PROMPTS))
     if unknown or not options.seed_prompts:
         raise ValueError(f"seed_prompts must be a non-empty subset of {', '.join(SEED_PROMPTS)}, got {options.seed_prompts}")
-    document = codec.decode(prompt.tolist()).strip()
+    document, device = document.strip(), device_of(model)
     chat = hasattr(codec, "chat") and _has_template(codec)
     stops = {getattr(codec, "eos_token_id", None)}
     messages = []
@@ -271,7 +274,7 @@ def _seed_messages(model, prompt, codec, options: StudyOptions, generator: torch
         instruction = SEED_PROMPTS[options.seed_prompts[i % len(options.seed_prompts)]]
         text = (codec.chat([{"role": "user", "content": f"{document}\n\n{instruction}"}], add_generation_prompt=True)
                 if chat else f"{document}\n\n{instruction}\nRequest:")
-        ids = torch.tensor(codec.encode(text), device=prompt.device)
+        ids = torch.tensor(codec.encode(text), device=device)
         if model.config.max_seq_len is not None and ids.shape[0] + options.message_tokens > model.config.max_seq_len:
             continue
         cache = Cache.empty(model.config.n_layer)
@@ -284,7 +287,7 @@ def _seed_messages(model, prompt, codec, options: StudyOptions, generator: torch
             if token in stops or piece.strip() in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>") or (not chat and "\n" in piece):
                 break
             out.append(token)
-            logits = model(torch.tensor([[token]], device=prompt.device), cache=cache)[0, -1]
+            logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]
         message = codec.decode(out).strip()
         if message and message not in messages:
             messages.append(message)
@@ -301,15 +304,16 @@ def _has_template(codec) -> bool:
     return True
 
 
-def _questions(model, prompt, codec, n_questions: int) -> list[str]:
-    """Questions the base model (without the prompt) writes about up to n_questions of the prompt's
-    sentences, spread evenly over the prompt."""
-    sentences = [s for s in _sentences(codec.decode(prompt.tolist())) if len(s.split()) >= 3]
+def _questions(model, document: str, codec, n_questions: int) -> list[str]:
+    """Questions the model (the writer; without the document) writes about up to n_questions of the document's
+    sentences, spread evenly over it."""
+    device = device_of(model)
+    sentences = [s for s in _sentences(document) if len(s.split()) >= 3]
     if len(sentences) > n_questions:
         sentences = [sentences[round(i * len(sentences) / n_questions)] for i in range(n_questions)]
     questions = []
     for sentence in sentences:
-        ids = torch.tensor(codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nQuestion:"), device=prompt.device)
+        ids = torch.tensor(codec.encode(f"{QUESTION_WRITER}Sentence: {sentence}\nQuestion:"), device=device)
         if ids.shape[0] + 24 > model.config.max_seq_len:
             continue
         cache = Cache.empty(model.config.n_layer)
@@ -320,7 +324,7 @@ def _questions(model, prompt, codec, n_questions: int) -> list[str]:
             if "\n" in codec.decode([token]):
                 break
             out.append(token)
-            logits = model(torch.tensor([[token]], device=prompt.device), cache=cache)[0, -1]
+            logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]
         question = codec.decode(out).strip()
         if question.endswith("?") and question not in questions:
             questions.append(question)
@@ -816,23 +820,27 @@ def load_stage(folder, key: str, settings: dict, device) -> tuple[list, dict] | 
 
 def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
           generator: torch.Generator, *, seed: int | None = None, groups: list[int] | None = None,
-          static_decode: str = "always") -> tuple[list, dict]:
+          static_decode: str = "always", writer=None) -> tuple[list, dict]:
     """The data stage with its cache: the teacher's sequences (top-k targets unless options.top_k is None), read
     from `options.cache` when an entry with the same model, document, queries and settings is there, else built
     (from `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it);
     `groups` (the training queries' question ids) is read with `options.wording_ensemble`; `static_decode`: where
-    the decodes run on a fixed-size cache (_static; a speed switch, the same sequences)."""
+    the decodes run on a fixed-size cache (_static; a speed switch, the same sequences); `writer`: (model, tokenizer)
+    that writes the questions and self-study messages, e.g. a larger local model (None: the model itself)."""
     key = None
     if options.cache:  # the key (a pass over the weights, the tokenizer's fingerprint) only where there is a cache
         shaping = {k: v for k, v in dataclasses.asdict(options).items() if k not in ("cache", "top_k")}
         settings = {"options": shaping, "top_k": options.top_k, "seed": seed, "tokenizer": tokenizer_fingerprint(codec)}
         if options.wording_ensemble:
             settings["groups"] = None if groups is None else list(map(int, groups))
+        if writer is not None:  # another writer, other questions: its weights' sample and tokenizer name the stage
+            settings["writer"] = [stage_key(writer[0], prompt[:0], [], {}), tokenizer_fingerprint(writer[1])]
         key = stage_key(model, prompt, queries, settings)
         cached = load_stage(options.cache, key, settings, prompt.device)
         if cached is not None:
             return cached[0], {**cached[1], "cached": True}
-    sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator, groups, static_decode)
+    sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator, groups, static_decode,
+                                          writer)
     if options.top_k is not None:
         sequences = top_k_targets(sequences, options.top_k)
     if key is not None:
