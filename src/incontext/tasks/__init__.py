@@ -5,7 +5,7 @@
     metrics = task.evaluate(model(batch.inputs), batch)
 """
 
-from . import arithmetic, jsonl, regression  # noqa: F401  (importing registers the tasks; jsonl the "jsonl" episodes)
+from . import arithmetic, documents, jsonl, regression  # noqa: F401  (importing registers the tasks; documents and jsonl their episodes)
 from .amicl import AMICLConfig, AMICLTask  # importing registers "amicl"
 from .arithmetic import Arithmetic, ArithmeticConfig
 from .base import Batch, Predictor, Task

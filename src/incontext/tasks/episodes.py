@@ -14,10 +14,10 @@ positions that are scored; the source's `metric` names how (a registered object 
 - `generated`: the greedy answer generated from the question (`Query.answers`), normalised, contains a gold answer;
   also its token F1 (the `jsonl` task: your own documents and questions, `tasks/jsonl.py`).
 
-Sources come in two kinds. Text sources (`facts`, `topics`, `continuation`) produce text and need the model's
-tokenizer (anything with `encode(text) -> list[int]`; `chat(messages) -> str` for the chat format). Task
-sources (`induction`, `linear_regression`, `arithmetic`) cut sequences of a registered training task in two, so
-they need a model trained on that task (the task object is passed in).
+Sources come in two kinds. Text sources (`facts`, `documents` in tasks/documents.py, `topics`, `continuation`)
+produce text and need the model's tokenizer (anything with `encode(text) -> list[int]`; `chat(messages) -> str` for
+the chat format). Task sources (`induction`, `linear_regression`, `arithmetic`) cut sequences of a registered
+training task in two, so they need a model trained on that task (the task object is passed in).
 
     source = get_episode_source("facts", people=3)
     episodes = source.episodes(20, seed=0, tokenizer=codec)
@@ -297,27 +297,37 @@ class Facts(EpisodeSource):
 
     @staticmethod
     def _chat(codec, text: str, pairs, example, placement: str = "system") -> tuple[str, list[Query]]:
-        """The facts as a chat: the document placed as the template places one (system: a system turn, which the
-        template folds into the first user turn where it has no system role; user: a "Remember these facts" turn
-        and its acknowledgement), then the worked example as a user/assistant exchange; each query is the next user
-        question and the assistant's turn."""
-        facts = text[: text.index("\n\nQ:")]
-        question, answer = example[0].question(example[1])
-        document = ([{"role": "system", "content": facts}] if placement == "system" else
-                    [{"role": "user", "content": f"Remember these facts:\n{facts}"},
-                     {"role": "assistant", "content": "I will remember them."}])
-        turns = document + [{"role": "user", "content": question.removeprefix("Q: ").removesuffix("\nA:")},
-                            {"role": "assistant", "content": answer.strip()}]
-        prompt = codec.chat(turns, add_generation_prompt=False)
-        queries = []
-        for person, attribute in pairs:
-            q, a = person.question(attribute)
-            full = codec.chat(turns + [{"role": "user", "content": q.removeprefix("Q: ").removesuffix("\nA:")}],
-                              add_generation_prompt=True)
-            if not full.startswith(prompt):
-                raise ValueError("the chat template does not extend a conversation by appending to it")
-            queries.append(text_query(codec, full[len(prompt):], a.strip()))
-        return prompt, queries
+        """The facts as a chat (chat_document): the facts without the plain prompt's worked example, which becomes
+        the chat's first exchange; each query asks one pair."""
+        return chat_document(codec, text[: text.index("\n\nQ:")], example[0].question(example[1]),
+                             [person.question(attribute) for person, attribute in pairs], placement)
+
+
+def _bare(question: str) -> str:
+    """A plain-format question ("Q: ...\nA:") as a chat user's message."""
+    return question.removeprefix("Q: ").removesuffix("\nA:")
+
+
+def chat_document(codec, document: str, example: tuple[str, str], asked: list[tuple[str, str]],
+                  placement: str = "system", remember: tuple[str, str] = ("Remember these facts:", "I will remember them.")
+                  ) -> tuple[str, list[Query]]:
+    """(prompt text, queries) of a document as a chat, for the text sources' format=chat: the document placed as the
+    template places one (system: a system turn, which the template folds into the first user turn where it has no
+    system role; user: a `remember[0]` turn and its acknowledgement `remember[1]`), then the worked example (a
+    plain-format (question, answer) pair) as a user/assistant exchange; each query is the next user question (an
+    `asked` pair's) and the assistant's turn, scored on the answer."""
+    question, answer = example
+    placed = ([{"role": "system", "content": document}] if placement == "system" else
+              [{"role": "user", "content": f"{remember[0]}\n{document}"}, {"role": "assistant", "content": remember[1]}])
+    turns = placed + [{"role": "user", "content": _bare(question)}, {"role": "assistant", "content": answer.strip()}]
+    prompt = codec.chat(turns, add_generation_prompt=False)
+    queries = []
+    for q, a in asked:
+        full = codec.chat(turns + [{"role": "user", "content": _bare(q)}], add_generation_prompt=True)
+        if not full.startswith(prompt):
+            raise ValueError("the chat template does not extend a conversation by appending to it")
+        queries.append(text_query(codec, full[len(prompt):], a.strip()))
+    return prompt, queries
 
 
 @dataclass
