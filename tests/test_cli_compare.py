@@ -46,7 +46,7 @@ def test_compare_on_a_linear_induction_run(induction_run, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "no-such-model", "--task", "facts"], "unknown model 'no-such-model': give smollm2"),
-    (["--model", "smollm2", "--task", "no-such-task"], "tasks with episodes: arithmetic, continuation, facts"),
+    (["--model", "smollm2", "--task", "no-such-task"], "tasks with episodes: arithmetic, continuation, documents, facts"),
     (["--model", "smollm2", "--task", "facts", "--methods", "iclca,magic"], "unknown method 'magic'; methods:"),
     (["--model", "smollm2", "--task", "facts", "--set", "people=-1"], "people must be a positive integer"),
     (["--model", "smollm2", "--task", "facts", "--set", "questions=paraphrases:7"], "paraphrases:7: the task has 6 wordings"),

@@ -173,8 +173,8 @@ def _prepare(args, runtime: Runtime):
     """The method (options checked), the loaded model on `runtime`'s device in its dtype and its codec; one-line errors
     first."""
     options = parse_overrides(args.set, flat=True)
-    method = get_absorb_method(args.method, speed=Speed(tf32=getattr(args, "tf32", False)),
-                               **options)  # names, types and ranges checked (config.parse_options)
+    method = get_absorb_method(args.method, **{"speed": Speed(tf32=getattr(args, "tf32", False)),
+                                               **options})  # names, types and ranges checked (config.parse_options)
     if getattr(args, "writer", "") and not method.takes_codec:
         raise ValueError(f"{args.method} writes no questions (--writer: distill-lora, kv-prefix)")
     if getattr(args, "train_queries", None) is not None and not method.takes_codec:

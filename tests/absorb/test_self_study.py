@@ -122,13 +122,13 @@ def test_seed_prompts_write_messages_the_teacher_answers():
     prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker."))
     options = StudyOptions(window_tokens=6, n_continuations=0, n_questions=0, n_conversations=3, message_tokens=6,
                            seed_prompts=("question", "creative"))
-    messages = [self_study._seed_messages(model, prompt, codec, options, torch.Generator().manual_seed(5))
+    messages = [self_study._seed_messages(model, codec.decode(prompt.tolist()), codec, options, torch.Generator().manual_seed(5))
                 for _ in range(2)]
     assert messages[0] == messages[1] and 1 <= len(messages[0]) <= 3
     sequences, counts = study(model, prompt, [], options, codec, torch.Generator().manual_seed(5), top_k=8)
     assert counts["conversations"] == len(messages[0]) and counts["chat_turns"] == counts["conversations"]
     with pytest.raises(ValueError, match="seed_prompts must be"):
-        self_study._seed_messages(model, prompt, codec, StudyOptions(n_conversations=1, seed_prompts=("poetry",)),
+        self_study._seed_messages(model, codec.decode(prompt.tolist()), codec, StudyOptions(n_conversations=1, seed_prompts=("poetry",)),
                                   torch.Generator())
 
 
