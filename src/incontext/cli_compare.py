@@ -206,7 +206,11 @@ def _interval(cell: dict | None, percent: bool) -> str:
 
 
 def _options(row: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in row["options"].items())
+    def flat(prefix: str, options: dict) -> list[str]:  # nested options (study.*) as dotted keys
+        return [item for k, v in options.items()
+                for item in (flat(f"{prefix}{k}.", v) if isinstance(v, dict) else [f"{prefix}{k}={v}"])]
+
+    return ", ".join(flat("", row["options"]))
 
 
 def table(results: dict[str, Any]) -> str:
