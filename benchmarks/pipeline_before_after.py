@@ -59,6 +59,29 @@ def run(tree: Path, method: str, index: int, threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def differ(a: list, b: list) -> int:
+    """Greedy tokens (the argmax at every query position) that two runs' answers disagree on."""
+    return sum(x != y for p, q in zip(a, b) for x, y in zip(p, q))
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Per method: median CPU s per thread of each tree, their ratio, and how many greedy tokens differ between the
+    trees' runs (the most over pairs) and between runs of one tree (run-to-run noise), of how many."""
+    out = {}
+    for method in METHODS:
+        mine = [r for r in rows if r["method"] == method]
+        cost = {t: statistics.median(r["cpu_s"] for r in mine if r["tree"] == t) for t in ("before", "after")}
+        within = {t: max([differ(a["answers"], b["answers"]) for a in mine for b in mine if a is not b
+                          and a["tree"] == b["tree"] == t and a["episode"] == b["episode"]], default=0)
+                  for t in ("before", "after")}
+        across = max([differ(a["answers"], b["answers"]) for a in mine for b in mine if a["tree"] == "before"
+                      and b["tree"] == "after" and a["episode"] == b["episode"]], default=0)
+        out[method] = {"before_cpu_s": cost["before"], "after_cpu_s": cost["after"],
+                       "after_over_before": cost["after"] / cost["before"], "tokens_differ_across": across,
+                       "tokens_differ_within": within, "tokens": sum(len(a) for a in mine[0]["answers"])}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=True, help="the commit to compare the working tree against")
@@ -88,15 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False,
                            capture_output=True)
-    summary = {}
-    for method in METHODS:
-        cost = {t: statistics.median(r["cpu_s"] for r in rows if r["tree"] == t and r["method"] == method) for t in ("before", "after")}
-        same = all(a["answers"] == b["answers"] for a in rows for b in rows if a["method"] == b["method"] == method
-                   and a["episode"] == b["episode"] and a["tree"] == "before" and b["tree"] == "after")
-        summary[method] = {"before_cpu_s": cost["before"], "after_cpu_s": cost["after"],
-                           "after_over_before": cost["after"] / cost["before"], "same_answers": same}
-        print(f"{method}: after / before = {cost['after'] / cost['before']:.3f} ({cost['after']:.1f} s vs {cost['before']:.1f} s), "
-              f"same answers: {same}")
+    summary = summarise(rows)
+    for method, row in summary.items():
+        print(f"{method}: after / before = {row['after_over_before']:.3f} ({row['after_cpu_s']:.1f} s vs "
+              f"{row['before_cpu_s']:.1f} s); greedy tokens that differ: after vs before {row['tokens_differ_across']}, "
+              f"within before {row['tokens_differ_within']['before']}, within after {row['tokens_differ_within']['after']} "
+              f"of {row['tokens']}")
     if args.out is not None:
         args.out.write_text(json.dumps({"command": "python benchmarks/pipeline_before_after.py " + " ".join(argv or sys.argv[1:]),
                                         "before": args.before, "summary": summary, "rows": rows}, indent=1))
