@@ -47,3 +47,14 @@ def test_the_tail_bucket_trains_a_prefix(monkeypatch):
     trained = get_absorb_method("kv-prefix", prefix_tokens=5, steps=10, learning_rate=0.05, tail=True, patience=50,
                                 **FAST).absorb(model, prompt)
     assert all(x >= 0 for x in trained.history["kl"]) and trained.history["kl"][-1] < trained.history["kl"][0]
+
+
+def test_the_tail_bucket_has_a_finite_gradient_where_the_student_holds_all_the_top_k_mass():
+    """A student whose top k hold all its mass (the rest rounds to 0): the loss and its gradient stay finite (the
+    documents sweep's first run of tail=true ended non-finite there)."""
+    for dtype in (torch.float32, torch.float64):
+        teacher = torch.tensor([[[3.0, 2.0, 0.0, -1.0]]], dtype=dtype)
+        student = torch.tensor([[[60.0, 59.0, -60.0, -60.0]]], dtype=dtype, requires_grad=True)
+        loss = distillation_loss(student, targets(teacher, 2), tail=True)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(student.grad).all() and float(loss) > 0

@@ -84,8 +84,10 @@ def distillation_batch(batch, length: int | None = None) -> dict[str, torch.Tens
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     """log(1 - exp(x)) for x <= 0, stable at both ends (Maechler's split at -log 2)."""
-    x = x.clamp(max=0.0)
-    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    x = x.clamp(max=-torch.finfo(x.dtype).eps)  # below 0: each branch's input kept where its gradient is finite
+    near = x > -0.6931471805599453
+    return torch.where(near, torch.log(-torch.expm1(torch.where(near, x, -1.0))),
+                       torch.log1p(-torch.exp(torch.where(near, -1.0, x))))
 
 
 def distillation_loss(logits: torch.Tensor, tensors: dict[str, torch.Tensor], argmax_weight: float = 0.0,
