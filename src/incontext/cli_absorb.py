@@ -253,7 +253,7 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
             written = list(ADAPTED_FILES)
         if isinstance(adapted, TrainedPrefix) and getattr(model, "backend", "incontext") == "hf":
             # beside it, the same prefix as a PEFT CARTRIDGE adapter for the family's own transformers class
-            peft_note = _save_cartridge(adapted, stage / PEFT_FOLDER, True)  # kv-prefix's sink: its first position
+            peft_note = _save_cartridge(adapted, stage / PEFT_FOLDER)
             if peft_note["written"]:
                 written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (stage / PEFT_FOLDER).iterdir())
         if not peft_note or not peft_note["written"]:
@@ -428,13 +428,13 @@ def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
                     f"queries at positions from query_position on"}
 
 
-def _save_cartridge(adapted: TrainedPrefix, folder: Path, freeze_first: bool) -> dict[str, Any]:
+def _save_cartridge(adapted: TrainedPrefix, folder: Path) -> dict[str, Any]:
     """A kv-prefix absorbed into a Hugging Face model as a PEFT CARTRIDGE folder (interop/cartridge.py), written by
     peft; or why not (a family peft's CARTRIDGE cannot serve, no peft)."""
     from .interop.cartridge import save_cartridge
 
     try:
-        info = save_cartridge(adapted, folder, num_frozen_tokens=int(freeze_first))
+        info = save_cartridge(adapted, folder)  # num_frozen_tokens=1: kv-prefix's sink, its first position
     except ValueError as error:
         shutil.rmtree(folder, ignore_errors=True)
         return {"written": False, "reason": str(error)}
