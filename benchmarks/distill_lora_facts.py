@@ -1,10 +1,15 @@
 """distill-lora (or kv-prefix) as `incontext absorb` runs it (the model's tokenizer given: questions written about the
 passage, chat turns), scored the way `incontext generate --chat` is used: on VALIDATION episodes of the `facts` task
-(--test: once, on the test episodes, after the choice).
+(--split test: once, on the test episodes, after the choice).
 
-An episode's passage is the `facts` prompt (people=2, seeds 10000 + i as `incontext compare --tune` uses; --test:
-the episodes of `incontext compare --seed 0`, in order). The method reads the passage alone: the questions asked below never reach it. Each
-question the task would ask is put in the chat template and answered greedily (up to 24 tokens); per answer:
+An episode's passage is the `facts` prompt (people=2; --split validation, the default: seeds 10000 + i as `incontext
+compare --tune` uses; dev: the episodes of `incontext compare --split dev`, in order, the old test passages; test: those
+of `incontext compare` on its test split, in order). --placement (default system, where `incontext absorb
+--placement auto` puts a chat model's document): the passage is absorbed as the system turn of a chat, and each
+question follows it as the user's turn, as `incontext generate --chat --adapted` renders it; raw: the passage alone,
+each question a conversation of its own (the rows before the option). The method reads the passage alone: the
+questions asked below never reach it. Each question the task would ask is put in the chat template and answered
+greedily (up to 24 tokens); per answer:
 
 - right: the true answer appears in it;
 - wrong person: not right, and the same fact of another person of the passage appears (a binding error).
@@ -21,8 +26,8 @@ cut before its answer and three other wordings of its question, never the questi
 cut before its answer read as it is, the questions as "Q: LINE\nA:"; checked below); without it the method reads the
 passage alone, as `incontext absorb` without the option. --covered F: only the first round(F * 7) facts of each
 passage get training queries; the row then counts right answers on the covered and the other facts apart.
---test: the passages of the harness's test episodes (`incontext compare --task facts --seed 0`, the demo's) instead,
-for one run after the settings are chosen on validation.
+--split dev|test: the passages of the harness's episodes of that split (`incontext compare --task facts --split S
+--seed N`, with --seed N) instead; test once, after the settings are chosen on validation.
 
 Writes benchmarks/results/distill_lora_facts.json (one row per config, appended to what is there) and prints a table.
 """
@@ -39,10 +44,12 @@ import torch
 
 from incontext.absorb import get_absorb_method
 from incontext.absorb.generation import stream_tokens
-from incontext.cli_absorb import train_query_text
+from incontext.cli_compare import episode_seed
+from incontext.cli_absorb import train_query_ids, train_query_text
 from incontext.config import parse_overrides
 from incontext.interop.models import load_model
 from incontext.tasks.facts import facts_prompt, make_people
+from incontext.tasks.placement import chat_turn, placed_document
 
 RESULTS = Path(__file__).resolve().parent / "results" / "distill_lora_facts.json"
 VALIDATION_SEED = 10_000  # as cli_compare.VALIDATION_SEED_OFFSET with --seed 0
@@ -52,13 +59,13 @@ TEACHER = "teacher"  # --config teacher: the base model reading the passage in t
 PARAPHRASES = 3  # --train-queries: the wordings per question beside its cloze, as the README's short rows
 
 
-def episodes(n: int, people: int, test: bool = False):
+def episodes(n: int, people: int, split: str = "validation", seed: int = 0):
     """(passage, [(question, answer, other people's answers to the same question)], [each question's training
     query texts]) as the facts task draws them (its _train_queries with paraphrases=3: the cloze, then wordings)."""
     out = []
-    stream = random.Random("facts-0")  # --test: the passages of `incontext compare --seed 0` (the demo's), in order
+    stream = random.Random(f"facts-{episode_seed(split, seed)}")  # dev, test: the harness's passages, in order
     for i in range(n):
-        rng = stream if test else random.Random(f"facts-{VALIDATION_SEED + i}")
+        rng = random.Random(f"facts-{VALIDATION_SEED + seed + i}") if split == "validation" else stream
         persons = make_people(people, rng)
         text, pairs, _ = facts_prompt(persons, rng)
         asked = []
@@ -72,9 +79,14 @@ def episodes(n: int, people: int, test: bool = False):
 
 
 @torch.no_grad()
-def chat_answer(runner, codec, question: str, stop: set[int]) -> str:
-    ids = codec.encode(codec.chat([{"role": "user", "content": question}], add_generation_prompt=True))
-    return codec.decode(list(stream_tokens(runner, ids, 24, stop_ids=stop))).strip()
+def chat_answer(runner, codec, question: str, stop: set[int], placement: str = "raw", document: str = "") -> str:
+    """The greedy reply to `question` in the chat template: after an absorbed `placement` document (the text of
+    `incontext generate --chat --adapted`), or with `document` itself in front (the teacher)."""
+    text = chat_turn(codec, question, placement)
+    if document:
+        text = placed_document(codec, document, placement) + text if placement == "system" else \
+            chat_turn(codec, document.strip() + "\n\n" + question, "raw")
+    return codec.decode(list(stream_tokens(runner, codec.encode(text), 24, stop_ids=stop))).strip()
 
 
 def main() -> None:
@@ -88,19 +100,23 @@ def main() -> None:
     p.add_argument("--covered", type=float, default=1.0, help="the share of each passage's facts given training queries")
     p.add_argument("--config", nargs="+", action="append", required=True, metavar="NAME [key=value ...]")
     p.add_argument("--show", action="store_true", help="print every question and answer")
-    p.add_argument("--test", action="store_true",
-                   help="the test passages (compare --seed 0's episodes) instead of validation: once, after choosing")
+    p.add_argument("--split", choices=["validation", "dev", "test"], default="validation",
+                   help="the passages: validation (choose here), dev (the old test passages) or test (once, at the end)")
+    p.add_argument("--seed", type=int, default=0, help="the split's passages from this seed on (as compare's --seed)")
+    p.add_argument("--placement", choices=["system", "raw"], default="system",
+                   help="where the passage goes: a system turn (as `incontext absorb` on a chat model) or raw text")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model("smollm2")
     model, codec = loaded.model, loaded.tokenizer
     vocab = codec.tokenizer.get_vocab()
     stop = {codec.eos_token_id} | {vocab[t] for t in ("<|im_end|>",) if t in vocab}
-    data = episodes(args.episodes, args.people, args.test)
-    if args.test:  # the same passages as the harness's test episodes
+    data = episodes(args.episodes, args.people, args.split, args.seed)
+    if args.split != "validation":  # the same passages as the harness's episodes of that split
         from incontext.tasks.episodes import get_episode_source
 
-        harness = get_episode_source("facts", people=args.people).episodes(args.episodes, seed=0, tokenizer=codec)
+        harness = get_episode_source("facts", people=args.people).episodes(
+            args.episodes, seed=episode_seed(args.split, args.seed), tokenizer=codec)
         assert all(e.prompt.tolist() == codec.encode(text) for e, (text, *_) in zip(harness, data))
     rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
     for name, *settings in args.config:
@@ -113,19 +129,23 @@ def main() -> None:
             # the lines a --train-queries file would hold, read as `incontext absorb` reads them: the same texts
             lines = [[t.removeprefix("Q: ").removesuffix("\nA:") for t in w] for w in wordings]
             assert [[train_query_text(t) for t in w] for w in lines] == wordings
-            given = {"train_queries": [torch.tensor(codec.encode(t)) for w in wordings for t in w],
-                     "train_groups": [g for g, w in enumerate(wordings) for _ in w]} if covered else {}
-            if name == TEACHER:  # no absorb: the base model with the passage in the user turn (what is distilled)
-                adapted, prefix = model, text.strip() + "\n\n"
+            placed = placed_document(codec, text, args.placement)
+            if covered:  # as `incontext absorb --train-queries` reads the lines after the placed passage
+                ids, groups = train_query_ids(lines, codec, model, placed, len(codec.encode(placed)), args.placement)
+                given = {"train_queries": [torch.tensor(i) for i in ids], "train_groups": groups}
+            else:
+                given = {}
+            if name == TEACHER:  # no absorb: the base model reading the passage (what is distilled)
+                adapted, document = model, text
                 seconds.append(0.0)
             else:
                 method = get_absorb_method(args.method, **options)
                 start = time.perf_counter()
-                adapted, prefix = method.absorb(model, torch.tensor(codec.encode(text)), codec=codec, **given), ""
+                adapted, document = method.absorb(model, torch.tensor(codec.encode(placed)), codec=codec, **given), ""
                 seconds.append(time.perf_counter() - start)
                 pools.append(adapted.history["pool"])
             for i, (question, answer, others) in enumerate(questions):
-                said = chat_answer(adapted, codec, prefix + question, stop)
+                said = chat_answer(adapted, codec, question, stop, args.placement, document)
                 ok = answer in said
                 right += ok
                 covered_right += ok and i < covered
@@ -139,8 +159,9 @@ def main() -> None:
                "train_queries": None if name == TEACHER else args.train_queries,
                "covered": args.covered if args.train_queries and name != TEACHER else None,
                "covered_right": covered_right, "covered_questions": covered_asked, "options": options,
-               "episodes": args.episodes, "validation_seed": None if args.test else VALIDATION_SEED,
-               "test": args.test,
+               "episodes": args.episodes, "validation_seed": VALIDATION_SEED if args.split == "validation" else None,
+               "split": args.split, "seed": args.seed, "test": args.split == "dev",  # "test": the dev split's old name
+               "placement": args.placement,
                "questions": asked, "right": right, "wrong_person": wrong_person,
                "absorb_seconds_mean": sum(seconds) / len(seconds), "threads": args.threads, "pools": pools,
                "transcript": transcript}

@@ -148,6 +148,8 @@ def cmd_absorb(args: argparse.Namespace) -> int:
         for group, g in data["option_groups"].items():
             print(f"\n  {group}.*: the options {', '.join(g['methods'])} share (--set {group}.OPTION=VALUE)")
             _print_options(g["options"])
+            for name, own in g.get("defaults", {}).items():
+                print(f"      {name}'s own defaults: {' '.join(f'{k}={v}' for k, v in own.items())}")
         return 0
     missing = [flag for flag, value in (("--model", args.model), ("--method", args.method), ("--out", args.out)) if not value]
     if missing:

@@ -129,9 +129,14 @@ def option_groups_catalog() -> dict[str, dict]:
     groups: dict[str, dict] = {}
     for name in absorb_methods():
         for f in dataclasses.fields(_METHODS[name].Options):
-            if dataclasses.is_dataclass(f.default_factory):
-                group = groups.setdefault(f.name, {"methods": [], "options": _options(f.default_factory)})
+            if dataclasses.is_dataclass(f.default_factory):  # the shared class's defaults, then a method's own
+                root = [c for c in f.default_factory.__mro__ if dataclasses.is_dataclass(c)][-1]
+                group = groups.setdefault(f.name, {"methods": [], "options": _options(root), "defaults": {}})
                 group["methods"].append(name)
+                shared = {option: default for option, default, _ in group["options"]}
+                own = {option: default for option, default, _ in _options(f.default_factory) if shared.get(option) != default}
+                if own:
+                    group["defaults"][name] = own
     return groups
 
 

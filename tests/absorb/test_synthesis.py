@@ -163,3 +163,16 @@ def test_a_second_model_writes_the_questions_and_messages():
 
     with pytest.raises(ValueError, match="writer must be a \\(model, tokenizer\\) pair"):
         get_absorb_method("kv-prefix", writer=writer)
+
+
+def test_the_rules_read_the_document_without_special_tokens():
+    class Marked:  # a chat template's markers around a system-placed document are special ids, not text
+        tokenizer = type("T", (), {"all_special_ids": [0, 1]})()
+        words = {0: "<|im_start|>", 1: "<|im_end|>", 2: "system\n", 3: DOC, 4: "\n"}
+
+        def decode(self, ids):
+            return "".join(self.words[i] for i in ids)
+
+    text = self_study.document_text(Marked(), [0, 2, 3, 1, 4])
+    assert text == "system\n" + DOC + "\n" and derive(text) == derive(DOC)
+    assert self_study.document_text(CharCodec(), [5, 6]) == CharCodec().decode([5, 6])  # no special ids: all of it

@@ -20,7 +20,7 @@ With p = M and init "document" and no training steps the prefix is the document'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Literal
 
@@ -33,7 +33,7 @@ from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
 from .base import AdaptedModel
 from .distill import Distiller, Student, TrainOptions
-from .self_study import chunk_spans
+from .self_study import StudyOptions, chunk_spans
 
 
 class TrainedPrefix(AdaptedModel):
@@ -84,6 +84,14 @@ class TrainedPrefix(AdaptedModel):
 
 
 @dataclass
+class KVPrefixStudy(StudyOptions):
+    """kv-prefix's data stage: the recall windows and continuations, plus 16 queries derived from the document by
+    rules (chosen on validation episodes of `facts` and `documents`, the document alone: docs/absorb-methods.md)."""
+
+    derived: int = limit(16, min=0)  # queries derived from the document's text by rules (no writer model)
+
+
+@dataclass
 class KVPrefixOptions(TrainOptions):
     prefix_tokens: int | None = limit(None, min=1)  # p, the prefix's length (default: a quarter of the document)
     init: Literal["document", "document-spread"] = "document"  # the start: the first p tokens' K/V, or p spread over all
@@ -91,6 +99,7 @@ class KVPrefixOptions(TrainOptions):
     passes: int = limit(8, min=0)  # and at least this many passes over the data stage
     learning_rate: float = limit(0.05, gt=0)  # AdamW's rate on the prefix (halved at each rollback)
     autocast: Literal["none", "bfloat16", "float16"] = "bfloat16"  # training's matmuls in this dtype ("none": the model's)
+    study: KVPrefixStudy = field(default_factory=KVPrefixStudy)  # the data stage (--set study.OPTION=VALUE)
 
 
 class KVPrefix(Distiller):

@@ -215,7 +215,7 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
                                  min(options.continuation_tokens, room), options.temperature, generator, decode)
         sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
     counts["continuations"] = options.n_continuations
-    text = codec.decode(prompt.tolist()) if codec is not None else ""
+    text = document_text(codec, prompt.tolist()) if codec is not None else ""
     writer, pen = writer if writer is not None else (model, codec)  # who writes the questions and messages
     questions = _questions(writer, text, pen, options.n_questions) if codec is not None and options.n_questions else []
     derived = derived_queries(text, options.derived_kinds, options.derived, generator) if text and options.derived else []
@@ -258,6 +258,13 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
         kept = [(turn, tags) for turn, (_, tags) in zip(chat, asked) if turn is not None]
         keep([t for t, _ in kept], [t[0].shape[0] - t[1].shape[0] for t, _ in kept], [tags for _, tags in kept])
     return sequences, counts
+
+def document_text(codec, ids: list[int]) -> str:
+    """The document's text as the writer and the rules read it: the ids decoded without the tokenizer's special
+    tokens (a chat template's markers around a system-placed document, a BOS), which are no text to ask about."""
+    special = set(getattr(getattr(codec, "tokenizer", None), "all_special_ids", None) or ())
+    return codec.decode([i for i in ids if i not in special])
+
 
 def _seed_messages(model, document: str, codec, options: StudyOptions, generator: torch.Generator) -> list[str]:
     """`n_conversations` messages the model (the writer) writes about the document's text, cycling through the
