@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 # (column, folder): 4 validation episodes each; --seed 0 is run.sh's episodes (with the -tail and -gemma rows of run2.sh)
 BLOCKS = [("facts 0-3", ["facts", "facts-gemma"]), ("facts 4-7", ["facts-seed4"]),
           ("documents 0-3", ["documents", "documents-tail", "documents-gemma"]), ("documents 4-7", ["documents-seed4"])]
-LABELS = {"kv-prefix": "today's: recall windows and two continuations"}
+LABELS = {"kv-prefix": "the default then: recall windows and two continuations"}
 
 
 def rows() -> list[dict]:

@@ -176,3 +176,12 @@ def test_the_rules_read_the_document_without_special_tokens():
     text = self_study.document_text(Marked(), [0, 2, 3, 1, 4])
     assert text == "system\n" + DOC + "\n" and derive(text) == derive(DOC)
     assert self_study.document_text(CharCodec(), [5, 6]) == CharCodec().decode([5, 6])  # no special ids: all of it
+
+
+def test_kv_prefix_derives_queries_by_default_and_distill_lora_does_not():
+    from incontext.absorb import get_absorb_method
+
+    prefix, lora = get_absorb_method("kv-prefix"), get_absorb_method("distill-lora")
+    assert prefix.study.derived == 16 and lora.study.derived == 0  # the sweep's choice is kv-prefix's alone
+    assert get_absorb_method("kv-prefix", **{"study.n_questions": 8}).study.derived == 16  # other study options keep it
+    assert get_absorb_method("kv-prefix", derived=0).study.derived == 0

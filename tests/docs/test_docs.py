@@ -12,7 +12,7 @@ from incontext import docs
 ROOT = docs.repo_root()
 README = ROOT / "README.md"
 SETUP = ("# incontext\n\n```bash\n"
-         "bash scripts/env.sh incontext demo          # main job: absorb documents into SmolLM2 with each method, one table (~5 min, CPU)\n"
+         "bash scripts/env.sh incontext demo          # main job: absorb documents into SmolLM2 with each method, one table (~7 min, CPU)\n"
          "bash scripts/env.sh python -m pytest        # tests (what CI runs: .ci/run)\n```\n")
 
 
@@ -60,6 +60,11 @@ def absorb_s(method: str, tokens: int, name: str = "absorb_cost_cuda_h100_tf32")
 DEMO = "demo"  # the main job: 5 test episodes, the document alone, the defaults
 FACTS = "compare-smollm2-facts-test"  # 20 test episodes, the document alone
 CONT = "compare-smollm2-continuation-test"  # 5 test passages, the document alone
+TEST, TEST_DOCS, TEST_CONT = (f"self-study-test/{t}" for t in ("facts", "documents", "continuation"))  # issue 62's one run
+
+
+def COVERAGE() -> dict:  # what the derived queries ask on the sweep's validation episodes
+    return json.loads((ROOT / "results/self-study-validation/coverage.json").read_text())
 QUESTIONS = "compare-smollm2-facts-test-questions"  # 20 test episodes with training questions (a labelled setting)
 CONSENSUS = "keep-prompt (wording consensus)"
 VALIDATION = "document-alone-validation"  # the sweep that chose the defaults
@@ -135,8 +140,9 @@ HEADLINES = [
      lambda: tuple(chat(c, 35)["right"] for c in ("s26-test-lora-queries-ensemble", "s26-test-prefix-queries-ensemble",
                                                   "s26-test-lora-bare", "s26-test-prefix-bare", "teacher"))),
     # the main job and the systems table
-    ("The prompted model answers {} of the {} questions; the two trained methods, which keep a quarter to a third of its\n"
-     "bytes, answer {} each", lambda: (answers(DEMO, "keep-prompt"), result(DEMO)["queries"], answers(DEMO, "kv-prefix"))),
+    ("The prompted model answers {} of the {} questions; kv-prefix, which keeps a quarter of its bytes and now also trains\n"
+     "on queries it derives from the document, answers {}, distill-lora (a third of the bytes) {};",
+     lambda: (answers(DEMO, "keep-prompt"), result(DEMO)["queries"], answers(DEMO, "kv-prefix"), answers(DEMO, "distill-lora"))),
     ("{:.1f}% exact match, SmolLM2 + `facts`, the document alone (demo)", lambda: 100 * row(DEMO, "keep-prompt")["score"]["mean"]),
     ("{:.1f}% exact match (demo) |", lambda: 100 * row(DEMO, "drop-prompt")["score"]["mean"]),
     ("{:.1f}% exact match vs keep-prompt's {:.1f}% from the document alone (demo)",
@@ -148,21 +154,28 @@ HEADLINES = [
     ("{:.1f}% exact match on `facts` (demo, FAVOR+); {:.1f}% vs keep-prompt's {:.1f}% with learned maps",
      lambda: (100 * row(DEMO, "iclca-approx")["score"]["mean"], 100 * row(LEARNED, "iclca-approx")["score"]["mean"],
               100 * row(LEARNED, "keep-prompt")["score"]["mean"])),
-    ("(demo); {:.0f}% of keep-prompt's answers on 20 test episodes at {:.0f}% of its bytes | [below]",
-     lambda: (share(FACTS, "distill-lora"), bytes_share(FACTS, "distill-lora"))),
-    ("21.6 s to absorb on 2 CPU cores); {:.0f}% of keep-prompt's answers on 20 test episodes at {:.0f}% of its bytes |",
-     lambda: (share(FACTS, "kv-prefix"), bytes_share(FACTS, "kv-prefix"))),
-    # the document-alone table's reading
-    ("keep {:.0f}% (distill-lora, {} right) and {:.0f}% (kv-prefix, {} right) of keep-prompt's {} right answers of {}",
-     lambda: (share(FACTS, "distill-lora"), answers(FACTS, "distill-lora"), share(FACTS, "kv-prefix"),
-              answers(FACTS, "kv-prefix"), answers(FACTS, "keep-prompt"), result(FACTS)["queries"])),
-    ("at {:.0f}% and {:.0f}% of its bytes", lambda: (bytes_share(FACTS, "distill-lora"), bytes_share(FACTS, "kv-prefix"))),
-    ("On `continuation` ({} test passages: {} tokens of a held-out play in the prompt, the cross-entropy of the next {};",
-     lambda: (result(CONT)["episodes"], result(CONT)["task_options"]["prompt_tokens"], result(CONT)["task_options"]["query_tokens"])),
-    ("kv-prefix keeps {:.0f}% of the {:.3f} nats the passage gives and distill-lora {:.0f}%",
-     lambda: (ce_share(CONT, "kv-prefix"), row(CONT, "drop-prompt")["score"]["mean"] - row(CONT, "keep-prompt")["score"]["mean"],
-              ce_share(CONT, "distill-lora"))),
-    ("dynamic-eval {:.0f}% and iclca-approx {:.0f}%", lambda: (ce_share(CONT, "dynamic-eval"), ce_share(CONT, "iclca-approx"))),
+    ("(demo); {:.0f}% of keep-prompt's answers on {} test episodes at {:.0f}% of its bytes | [below]",
+     lambda: (share(TEST, "distill-lora"), result(TEST)["episodes"], bytes_share(TEST, "distill-lora"))),
+    ("to absorb on 2 CPU cores); {:.0f}% of keep-prompt's answers on {} test episodes at {:.0f}% of its bytes ({:.0f}% on `documents`) |",
+     lambda: (share(TEST, "kv-prefix"), result(TEST)["episodes"], bytes_share(TEST, "kv-prefix"), share(TEST_DOCS, "kv-prefix"))),
+    # the document-alone table's reading (issue 62's one test run)
+    ("kv-prefix now keeps {:.0f}% of keep-prompt's right answers ({} of its {}) at {:.0f}% of its bytes, against {:.0f}% with its old\n"
+     "data stage and {:.0f}% for distill-lora; on `documents`",
+     lambda: (share(TEST, "kv-prefix"), answers(TEST, "kv-prefix"), answers(TEST, "keep-prompt"), bytes_share(TEST, "kv-prefix"),
+              share(TEST, "kv-prefix:windows"), share(TEST, "distill-lora"))),
+    ("12 test episodes) {:.0f}% ({} of keep-prompt's {}), against {:.0f}% and {:.0f}%",
+     lambda: (share(TEST_DOCS, "kv-prefix"), answers(TEST_DOCS, "kv-prefix"), answers(TEST_DOCS, "keep-prompt"),
+              share(TEST_DOCS, "kv-prefix:windows"), share(TEST_DOCS, "distill-lora"))),
+    ("(on validation only {} of {} `facts` questions and\nnone of {} `documents` questions are among the derived queries",
+     lambda: (COVERAGE()["facts"]["asked_verbatim_among_derived"], COVERAGE()["facts"]["asked"],
+              COVERAGE()["documents"]["asked"] if COVERAGE()["documents"]["asked_verbatim_among_derived"] == 0 else "<some>")),
+    ("kv-prefix reaches {:.0f}% of its reference", lambda: share_of(QUESTIONS, "kv-prefix", CONSENSUS)),
+    ("cost time: {:.1f} s per absorb against {:.1f} s", lambda: (seconds(TEST, "kv-prefix"), seconds(TEST, "kv-prefix:windows"))),
+    ("On `continuation` ({} test passages of a held-out play) kv-prefix keeps\n{:.0f}% of the {:.3f} nats the passage gives ({:.0f}% before) "
+     "and distill-lora {:.0f}%",
+     lambda: (result(TEST_CONT)["episodes"], ce_share(TEST_CONT, "kv-prefix"),
+              row(TEST_CONT, "drop-prompt")["score"]["mean"] - row(TEST_CONT, "keep-prompt")["score"]["mean"],
+              ce_share(TEST_CONT, "kv-prefix:windows"), ce_share(TEST_CONT, "distill-lora"))),
     ("keep-prompt answers {:.1f}% of the questions asked as chat turns with the facts as the system turn, {:.1f}% with "
      "them in a\n\"Remember these facts\" user turn, and {:.1f}% as plain text",
      lambda: tuple(100 * row(PLACEMENT.format(p), "keep-prompt")["score"]["mean"] for p in ("chat-system", "chat-user", "plain"))),
@@ -171,6 +184,7 @@ HEADLINES = [
      "the same wordings' consensus",
      lambda: (answers(QUESTIONS, "distill-lora"), answers(QUESTIONS, "kv-prefix"), result(QUESTIONS)["queries"],
               answers(QUESTIONS, "keep-prompt"), answers(QUESTIONS, CONSENSUS))),
+    ("without them, {} and {} (the demo)", lambda: (answers(DEMO, "distill-lora"), answers(DEMO, "kv-prefix"))),
     ("({:.0f}% and {:.0f}% of the consensus reference's)",
      lambda: (share_of(QUESTIONS, "distill-lora", CONSENSUS), share_of(QUESTIONS, "kv-prefix", CONSENSUS))),
     ("489-token document took {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
@@ -237,6 +251,28 @@ def chunked() -> tuple:
     return bench("chunked_teacher_facts_long")["prompt_tokens"], min(chunks), max(chunks), whole["queries"], whole["hits"]
 
 
+def sweep(variant: str) -> dict:
+    """Issue 62's validation sweep, one row of results/self-study-validation/summary.json."""
+    return next(r for r in result_file("results/self-study-validation/summary.json") if r["variant"] == variant)
+
+
+def late(variant: str) -> int:
+    """A sweep row's right answers on run2.sh's episodes (validation seeds 10004-10007, both tasks)."""
+    return sweep(variant)["blocks"]["facts 4-7"] + sweep(variant)["blocks"]["documents 4-7"]
+
+
+def chat_test(config: str) -> dict:
+    """Issue 62's chat check: distill_lora_facts.json's row `config` on the test split (--seed 1, 35 questions)."""
+    rows = json.loads((ROOT / "benchmarks" / "results" / "distill_lora_facts.json").read_text())
+    return next(r for r in rows if r["config"] == config and r.get("split") == "test" and r.get("seed") == 1)
+
+
+def data_share(method: str) -> float:
+    """The data stage's share of the absorb's wall time, in percent, over a self-study absorb_cost run's repeats."""
+    row = next(r for r in bench("absorb_cost_self_study_cpu")["rows"] if r["method"] == method)
+    return 100 * sum(r["teacher_wall_s"] for r in row["runs"]) / sum(r["wall_s"] for r in row["runs"])
+
+
 def absorb_tokens(name: str) -> tuple:
     """A CPU absorb_cost run's kv-prefix:quality rows: (seconds, tokens) for each prompt length, in order."""
     return tuple(x for r in bench(name)["rows"] if r["method"] == "kv-prefix:quality" for x in (r["absorb_s"], r["prompt_tokens"]))
@@ -245,6 +281,37 @@ def absorb_tokens(name: str) -> tuple:
 # prose numbers of docs pages (the page, its text with {} for the number, the number from its file); whitespace and
 # line breaks are compared as one space, so a reflowed paragraph still matches
 DOC_NUMBERS = [
+    (PAGE, "the model reading the passage answers {}, kv-prefix {} and distill-lora {}. {} of kv-prefix's misses give another "
+           "person's fact of the passage (distill-lora {}, the model reading it {})",
+     lambda: (*(chat_test(c)["right"] for c in ("teacher", "s29-test-kv-prefix", "s29-test-distill-lora")),
+              *(chat_test(c)["wrong_person"] for c in ("s29-test-kv-prefix", "s29-test-distill-lora", "teacher")))),
+    (PAGE, "kv-prefix {:.1f} s, against {:.1f} s with the old data stage and {:.1f} s for distill-lora; the goal, 30 s, is not met. "
+           "The data stage takes {:.0f}% of kv-prefix's wall time ({:.0f}% before)",
+     lambda: (*(absorb_s(m, 165, "absorb_cost_self_study_cpu") for m in ("kv-prefix", "kv-prefix:windows", "distill-lora")),
+              data_share("kv-prefix"), data_share("kv-prefix:windows"))),
+    (PAGE, "At its new default kv-prefix keeps {:.0f}% of keep-prompt's right answers on `facts` ({} of its {}) and {:.0f}% on "
+           "`documents` ({} of its {}) at a quarter of its bytes, where the data stage it had keeps {:.0f}% and {:.0f}%; "
+           "distill-lora, whose data stage did not change, {:.0f}% and {:.0f}%.",
+     lambda: (share(TEST, "kv-prefix"), answers(TEST, "kv-prefix"), answers(TEST, "keep-prompt"), share(TEST_DOCS, "kv-prefix"),
+              answers(TEST_DOCS, "kv-prefix"), answers(TEST_DOCS, "keep-prompt"), share(TEST, "kv-prefix:windows"),
+              share(TEST_DOCS, "kv-prefix:windows"), share(TEST, "distill-lora"), share(TEST_DOCS, "distill-lora"))),
+    (PAGE, "On `continuation` kv-prefix keeps {:.0f}% of the {:.3f} nats the passage gives ({:.0f}% with the old stage) and "
+           "distill-lora {:.0f}%",
+     lambda: (ce_share(TEST_CONT, "kv-prefix"), row(TEST_CONT, "drop-prompt")["score"]["mean"] - row(TEST_CONT, "keep-prompt")["score"]["mean"],
+              ce_share(TEST_CONT, "kv-prefix:windows"), ce_share(TEST_CONT, "distill-lora"))),
+    (PAGE, "({} of {} derived queries on `facts` and {} of {} on `documents` are sentence prefixes, {} and {} are rule-made "
+           "questions), and only {} of the {} `facts` questions and none of the {} `documents` questions",
+     lambda: (COVERAGE()["facts"]["derived_kinds"]["prefix"], sum(COVERAGE()["facts"]["derived_kinds"].values()),
+              COVERAGE()["documents"]["derived_kinds"]["prefix"], sum(COVERAGE()["documents"]["derived_kinds"].values()),
+              COVERAGE()["facts"]["derived_kinds"]["question"], COVERAGE()["documents"]["derived_kinds"]["question"],
+              COVERAGE()["facts"]["asked_verbatim_among_derived"], COVERAGE()["facts"]["asked"],
+              COVERAGE()["documents"]["asked"] if COVERAGE()["documents"]["asked_verbatim_among_derived"] == 0 else "<some>")),
+    (PAGE, "(the labelled setting above) kv-prefix reaches {:.0f}% of its reference", lambda: share_of(QUESTIONS, "kv-prefix", CONSENSUS)),
+    (PAGE, "It gives {} of keep-prompt's {} right answers on the 16 episodes, against {} for the old data stage",
+     lambda: (sweep("kv-prefix:derived")["right"], sweep("kv-prefix:derived")["keep_prompt_right"], sweep("kv-prefix")["right"])),
+    (PAGE, "answers fewer ({}); the tail bucket lowers the KL but answers fewer on top of `derived` ({} against `derived`'s {} on "
+           "the same 8 episodes)",
+     lambda: (sweep("kv-prefix:derived-grounded")["right"], late("kv-prefix:derived-tail"), late("kv-prefix:derived"))),
     ("docs/absorb-methods.md", "| plain text, `Q:/A:` questions | {:.1f}% | {:.1f}% | {:.0f} |",
      lambda: (100 * row(PLACEMENT.format("plain"), "keep-prompt")["score"]["mean"],
               100 * row(PLACEMENT.format("plain"), "drop-prompt")["score"]["mean"], result(PLACEMENT.format("plain"))["mean_prompt_tokens"])),
