@@ -82,10 +82,10 @@ def episodes(n: int, people: int, split: str = "validation", seed: int = 0):
 def chat_answer(runner, codec, question: str, stop: set[int], placement: str = "raw", document: str = "") -> str:
     """The greedy reply to `question` in the chat template: after an absorbed `placement` document (the text of
     `incontext generate --chat --adapted`), or with `document` itself in front (the teacher)."""
-    text = chat_turn(codec, question, placement)
-    if document:
-        text = placed_document(codec, document, placement) + text if placement == "system" else \
-            chat_turn(codec, document.strip() + "\n\n" + question, "raw")
+    if document and placement == "raw":  # the passage and the question in one user turn
+        text = chat_turn(codec, document.strip() + "\n\n" + question, "raw")
+    else:
+        text = (placed_document(codec, document, placement) if document else "") + chat_turn(codec, question, placement)
     return codec.decode(list(stream_tokens(runner, codec.encode(text), 24, stop_ids=stop))).strip()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import shutil
 import sys
@@ -473,6 +474,38 @@ def cgt_fold_on_device(device: str, work: Path) -> dict:
     error = float((here - cpu).abs().max() / cpu.abs().max())
     assert error < 1e-4, error
     return {"relative_error_vs_cpu": error}
+
+
+@check
+def self_study_from_the_document(device: str, work: Path) -> dict:
+    """kv-prefix's data stage from the document alone on `device`, both backends: queries derived from its text
+    (the default), the grounding filter, questions written by a second model (a Gemma-3 folder, `writer`) and the
+    tail-bucket objective; every stage tensor on the model's device, the training loss finite, the same counts of
+    derived queries as on the CPU (they come from the text, not the model)."""
+    from incontext.absorb import get_absorb_method
+    from incontext.interop.models import load_model
+
+    folder, writer_folder = tiny_hf_folder(work / "llama"), tiny_hf_folder(work / "gemma", "gemma3_text")
+    document = "Ada Lovelace was born in London. Alan Turing works as a mathematician and has a pet cat named Mat."
+    options = {"steps": 3, "progress": False, "tail": True, "study": {"n_continuations": 0, "grounded": True,
+                                                                     "n_questions": 2, "answer_tokens": 3}}
+    out = {}
+    for backend in ("incontext", "hf"):
+        counts = {}
+        for where in (device, "cpu"):
+            loaded, written_by = load_model(str(folder), where, "float32"), load_model(str(writer_folder), where, "float32")
+            model = loaded.model if backend == "hf" else loaded.model.as_transformer()
+            method = get_absorb_method("kv-prefix", writer=(written_by.model, written_by.tokenizer), **options)
+            prompt = torch.tensor(loaded.tokenizer.encode(document), device=where)
+            adapted = method.absorb(model, prompt, codec=loaded.tokenizer)
+            kinds = {t.device.type for ids, logp, *rest in adapted.sequences for t in (ids, logp, *rest)}
+            assert kinds == {torch.device(where).type}, (backend, where, kinds)
+            assert all(math.isfinite(x) for x in adapted.history["kl"]), (backend, where, adapted.history["kl"])
+            counts[where] = adapted.history["pool"]
+        assert counts[device]["derived"] + counts[device].get("ungrounded", 0) >= 1, counts
+        assert counts[device]["derived"] + counts[device]["ungrounded"] == counts["cpu"]["derived"] + counts["cpu"]["ungrounded"]
+        out[backend] = counts[device]
+    return out
 
 
 @check

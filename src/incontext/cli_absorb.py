@@ -152,6 +152,12 @@ def _codec(loaded, spec: str):
     return loaded.tokenizer
 
 
+def load_writer(spec: str, runtime: Runtime) -> tuple:
+    """(model, tokenizer) of `--writer`, the local model that writes a data stage's questions and messages."""
+    written_by = load_model(spec, runtime=runtime)
+    return written_by.model, _codec(written_by, spec)
+
+
 # ----------------------------------------------------------------------------- absorb
 
 
@@ -192,8 +198,7 @@ def _prepare(args, runtime: Runtime):
         raise ValueError(f"{args.method} does not apply to model {args.model!r}: {reason}")
     codec = _codec(loaded, args.model)
     if getattr(args, "writer", ""):  # the model that writes the data stage's questions (checked options first)
-        written_by = load_model(args.writer, runtime=runtime)
-        method.writer = (written_by.model, _codec(written_by, args.writer))
+        method.writer = load_writer(args.writer, runtime)
     return method, options, loaded, codec
 
 

@@ -93,6 +93,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     """Runs the comparison (loading the model unless `loaded` is given) and writes the result files into `out_dir`,
     the output folder of `owner` (compare, or demo). `runtime`: spec's device and dtype as the caller resolved them
     (the CLI's one Runtime); resolved here from the spec when None."""
+    from .cli_absorb import load_writer
     from .interop.models import load_model
 
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
@@ -119,10 +120,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     if loaded is None:
         runtime = resolve_runtime(spec.device, spec.dtype) if runtime is None else runtime
         loaded = load_model(spec.model, runtime=runtime)
-    writer = None
-    if spec.writer:
-        written_by = load_model(spec.writer, runtime=runtime or resolve_runtime(spec.device, spec.dtype))
-        writer = (written_by.model, written_by.tokenizer)
+    writer = load_writer(spec.writer, runtime or resolve_runtime(spec.device, spec.dtype)) if spec.writer else None
     load_s = time.perf_counter() - start
     tuning = {}
     metric = get_metric(source.metric)

@@ -247,8 +247,7 @@ def train(student: Student, sequences: list, options: TrainOptions, generator: t
 
     optimizer = torch.optim.AdamW(params, lr=options.learning_rate, weight_decay=0.0, capturable=graphed)
     length = max(item[0].shape[0] for item in sequences) if graphed or speed.fixed_shapes else None
-    steps = _Steps(forward, optimizer, params, options.argmax_weight, length, capture=graphed,
-                   tail=getattr(options, "tail", False))
+    steps = _Steps(forward, optimizer, params, options.argmax_weight, length, capture=graphed, tail=options.tail)
     window = max(options.patience, -(-len(sequences) // options.batch_size))  # the plateau's: at least one pass
     guard = Rollback(params, optimizer, options.patience)  # `patience` steps: blow-ups in the first pass too
     losses, order, stopped_early = [], [], False

@@ -26,6 +26,7 @@ is replayed as a CUDA graph. It equals the plain decode up to float rounding.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections import Counter
@@ -457,10 +458,16 @@ def _rule_questions(sentence: str, names: list[str]) -> list[str]:
     return out + ([f"Who {m['verb']} {m['rest']}?"] if m else [])
 
 
+@functools.lru_cache(maxsize=8)
+def _words(text: str) -> frozenset[str]:
+    """The text's words, lowercased (one document's, read once for all the answers grounded against it)."""
+    return frozenset(re.findall(r"[^\W_]+", text.lower()))
+
+
 def grounded(answer_text: str, document_text: str) -> bool:
     """Whether one of the answer's content words (alphanumeric of >= 3 characters and no stopword, or any number) is a
     word of the document, case-insensitive."""
-    document = set(re.findall(r"[^\W_]+", document_text.lower()))
+    document = _words(document_text)
     return any(w in document for w in re.findall(r"[^\W_]+", answer_text.lower())
                if w.isdigit() or len(w) >= 3 and w not in _STOP)
 

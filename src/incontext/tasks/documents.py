@@ -32,7 +32,7 @@ import torch
 
 from ..config import check_choices
 from .episodes import Episode, EpisodeSource, _need, _positive, chat_document, text_query
-from .stories import HELDOUT_NAMES, TRAIN_NAMES
+from .facts import _RESERVED  # names other tasks train on, never drawn here
 
 MAX_QUERIES = 10  # every document states at least MAX_QUERIES + 1 facts (one is the worked example)
 _DRAWS = 200  # draws of a document before a failed uniqueness check is an error (a draw rarely fails)
@@ -68,7 +68,6 @@ _NUCLEI = ("a", "e", "i", "o", "u", "a", "e", "o", "ei", "ou")
 _ENDS = ("", "", "", "", "k", "l", "n", "r", "s", "t")
 _PLACE_ENDS = ("dale", "gate", "ley", "by", "thorpe", "combe", "wyn", "stow", "hurst", "field")
 _FIRM_ENDS = ("Builders", "& Sons", "Works", "Brothers", "Supplies")
-_RESERVED = frozenset(name.lower() for name in TRAIN_NAMES + HELDOUT_NAMES)
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
@@ -361,8 +360,7 @@ def _rules(d: Names):
              Fact("password", password, ("What is the Wi-Fi password?", "Which password does the Wi-Fi use?")),
              Fact("keys", keys, ("Who holds the spare keys?", "Who keeps the spare keys?")),
              Fact("secretary", secretary, ("Who is the secretary?", "Who should complaints go to?"))]
-    order = {fact.answer: text.index(fact.answer) for fact in facts}  # the text's order (the rules were shuffled)
-    return text, sorted(facts, key=lambda fact: order[fact.answer])
+    return text, sorted(facts, key=lambda fact: text.index(fact.answer))  # the text's order (the rules were shuffled)
 
 
 def _product(d: Names):
@@ -570,10 +568,9 @@ def make_document(kind: str, rng: random.Random) -> Document:
         raise ValueError(f"unknown document kind {kind!r}; kinds: {', '.join(KINDS)}")
     write, noun = KINDS[kind]
     for _ in range(_DRAWS):
-        made = write(Names(rng))
-        text, facts = made[0], made[1]
+        text, facts, *named = write(Names(rng))
         if _checked(text, facts):
-            return Document(kind, text, tuple(facts), made[2] if len(made) > 2 else noun)
+            return Document(kind, text, tuple(facts), named[0] if named else noun)
     raise ValueError(f"no {kind} document with determined answers in {_DRAWS} draws")
 
 
