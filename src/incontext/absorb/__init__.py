@@ -14,6 +14,7 @@ from .dynamic_eval import DynamicEval, TinTStep, UpdatedWeights, UpdatedWithProm
 from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, convert
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 from .kv_prefix import KVPrefix, TrainedPrefix
+from .kv_press import KVPress, PressedCache
 
 __all__ = [
     "ICLCA",
@@ -28,8 +29,10 @@ __all__ = [
     "FoldedContext",
     "ICLCAApprox",
     "KVPrefix",
+    "KVPress",
     "KeepPrompt",
     "LinearAttentionBias",
+    "PressedCache",
     "SoftmaxFeaturePrefix",
     "TinTStep",
     "TrainedPrefix",

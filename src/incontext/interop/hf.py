@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..models.lm import register_hf_export
 from ..models.hf_backend import HFCausalLM
 from ..models.transformer import Transformer, TransformerConfig
 
@@ -396,3 +397,6 @@ def export_family(model: Transformer) -> tuple[str, nn.Module]:
         except ValueError as error:
             reasons.append(f"{name}: {error}")
     raise ValueError("no Hugging Face family takes this model (" + "; ".join(reasons) + ")")
+
+
+register_hf_export(lambda model: export_family(model)[1])  # models.lm.hf_twin: kv-press runs its press on it
