@@ -32,7 +32,8 @@ SENTENCES = ["Ada Lovelace was born in London.", "Q: Where was Ada born?\nA: Lon
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 FAST = {"distill-lora": {"steps": 4, "n_continuations": 1, "continuation_tokens": 8, "progress": False},
-        "dynamic-eval": {"learning_rate": 1e-3}, "iclca-approx": {"n_features": 32}, "tint": {"rows_per_prefix": 4}}
+        "dynamic-eval": {"learning_rate": 1e-3}, "iclca-approx": {"n_features": 32}, "tint": {"rows_per_prefix": 4},
+        "kv-press": {"press": "knorm", "ratio": 0.5}}  # KVzip needs the tokenizer, which compare is not given here
 CHECKS = []
 
 

@@ -6,6 +6,7 @@
     incontext generate --model M [--adapted DIR] [--chat] TEXT        # stream a continuation (from an absorb folder)
     incontext generate --model M [--adapted DIR] --prompts-file F     # one answer a line, one model load
     incontext chat --model M [--adapted DIR]         # a conversation (stdin scripts it): /reset, /exit
+    incontext export-model --model M --out DIR       # the model as a transformers folder (the peft_adapter's base)
     incontext train CONFIG [--set section.key=v] [--resume]   # train from a YAML config (torchrun for many processes)
     incontext eval CHECKPOINT                        # re-run a checkpoint's evaluation
     incontext run EXPERIMENT [--set k=v]             # any registered experiment
@@ -115,7 +116,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                        split=args.split,
                        task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),
                        validation_episodes=args.validation_episodes, device=args.device, dtype=args.dtype,
-                       tf32=args.tf32, writer=args.writer)
+                       tf32=args.tf32, writer=args.writer, ratio=args.ratio)
     _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}", runtime)
     return 0
 
@@ -174,6 +175,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     runtime = _runtime(args)
     return generate(args, runtime)
+
+
+def cmd_export_model(args: argparse.Namespace) -> int:
+    runtime = _runtime(args)
+    from .cli_absorb import export_model
+
+    return export_model(args, runtime)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -384,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     comparer.add_argument("--tune", action="append", default=[], metavar="METHOD.OPTION=V1,V2",
                           help="choose a method option on validation episodes, e.g. --tune dynamic-eval.learning_rate=1e-5,1e-4")
     comparer.add_argument("--validation-episodes", type=int, default=8, help="episodes for --tune (default 8)")
+    comparer.add_argument("--ratio", type=float, default=None, metavar="R",
+                          help="the kept share of each document's K/V for every method with a budget (kv-press, "
+                          "kv-prefix: their ratio option; an explicit --set wins), e.g. --ratio 0.1")
     comparer.add_argument("--out", type=Path, default=None, help="output folder (default: runs/compare-MODEL-TASK)")
     add_runtime(comparer, tf32=True)
     comparer.set_defaults(func=cmd_compare)
@@ -447,6 +458,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling(generator, 64, "at most this many new tokens (default 64)")
     add_runtime(generator)
     generator.set_defaults(func=cmd_generate)
+
+    exporter = sub.add_parser(
+        "export-model",
+        help="write a model as a transformers folder (the base for an absorb folder's peft_adapter/)",
+        description="Write --model as a Hugging Face transformers folder (model.safetensors, config.json, "
+        "generation_config.json, the tokenizer and its chat template) that AutoModelForCausalLM.from_pretrained and "
+        "AutoTokenizer.from_pretrained read: the base that an absorb folder's peft_adapter/ (PeftModel.from_pretrained) "
+        "goes onto. The shipped smollm2 exports as the Llama model it converts from; gemma3-270m as its own Gemma 3.",
+    )
+    exporter.add_argument("--model", required=True, help="smollm2, gemma3-270m, a run folder/checkpoint of ours, or a "
+                          "local HF model folder")
+    exporter.add_argument("--out", type=Path, required=True, help="a new or empty folder")
+    add_runtime(exporter)
+    exporter.set_defaults(func=cmd_export_model)
 
     chatter = sub.add_parser(
         "chat",

@@ -256,8 +256,9 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
         if not written:  # no low-rank update to save alone: the whole adapted model (safetensors + JSON)
             adapted.save(stage)
             written = list(ADAPTED_FILES)
-        if isinstance(adapted, TrainedPrefix) and getattr(model, "backend", "incontext") == "hf":
-            # beside it, the same prefix as a PEFT CARTRIDGE adapter for the family's own transformers class
+        if isinstance(adapted, TrainedPrefix):
+            # beside it, the same prefix as a PEFT CARTRIDGE adapter for the family's own transformers class (our
+            # Transformer's: for the family it exports to, whose base `incontext export-model` writes)
             peft_note = _save_cartridge(adapted, stage / PEFT_FOLDER)
             if peft_note["written"]:
                 written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (stage / PEFT_FOLDER).iterdir())
@@ -454,6 +455,38 @@ def _save_cartridge(adapted: TrainedPrefix, folder: Path) -> dict[str, Any]:
                     f"at positions from num_virtual_tokens = {n} on, as peft's forward gives them"
                     + (" (the cartridge holds the BOS the model reads first: give the query without it)"
                        if n != adapted.position else "")}
+
+
+# ----------------------------------------------------------------------------- export-model
+
+
+def export_model(args, runtime: Runtime) -> int:
+    """`incontext export-model`: the model as a transformers folder (its transformers twin, models.lm.hf_twin, saved by
+    transformers itself, and its tokenizer with the chat template), the base of an absorb folder's peft_adapter/."""
+    from .models.lm import hf_twin
+
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        raise FileExistsError(f"--out {args.out} is not a new or empty folder; export-model writes only into one")
+    loaded = load_model(args.model, runtime=runtime)
+    try:
+        twin = hf_twin(loaded.model)
+    except ValueError as error:
+        raise ValueError(f"export-model: {args.model} has no transformers form ({error})") from None
+    tokenizer = getattr(loaded.tokenizer, "tokenizer", None)
+    stage = _staging_folder(args.out)
+    try:
+        stage.mkdir(parents=True, exist_ok=True)  # a plain transformers folder: no marker of ours in it
+        twin.save_pretrained(stage, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(stage)
+        _swap_into(stage, args.out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    files = sorted(p.name for p in args.out.iterdir())
+    print(f"wrote {args.out}: {', '.join(files)}")
+    print(f"load: AutoModelForCausalLM.from_pretrained({str(args.out)!r}); an absorb folder's adapter: "
+          f"PeftModel.from_pretrained(model, 'FOLDER/{PEFT_FOLDER}')")
+    return 0
 
 
 # ----------------------------------------------------------------------------- generate

@@ -17,6 +17,7 @@ import yaml
 
 from .absorb import absorb_methods, get_absorb_method
 from .absorb.base import Speed
+from .absorb.base import method_options as method_option_names
 from .absorb.harness import compare, method_name
 from .outputs import Result, claim_output_folder, pyplot, save_result
 from .runtime import Runtime, machine, resolve_runtime
@@ -53,6 +54,7 @@ class CompareSpec:
     dtype: str = "float32"
     tf32: bool = False  # the trained methods' float32 matmuls in TF32 on a CUDA device (absorb.Speed)
     writer: str = ""  # a model (spec) that writes the data stages' questions and messages; "": the model itself
+    ratio: float | None = None  # every budgeted method's kept share of the document's K/V (kv-press, kv-prefix: `ratio`)
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -103,6 +105,12 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
         if method_name(name) not in absorb_methods():
             raise KeyError(f"unknown method {name!r}; methods: {', '.join(absorb_methods())}")
     method_options = {name: dict(spec.method_options.get(name, {})) for name in methods}
+    if spec.ratio is not None:  # --ratio: one budget for every method that takes one (an explicit --set wins)
+        if not (isinstance(spec.ratio, (int, float)) and 0 < spec.ratio <= 1):
+            raise ValueError(f"--ratio must be a share in (0, 1], got {spec.ratio!r}")
+        for name in methods:
+            if "ratio" in method_option_names(method_name(name)):
+                method_options[name].setdefault("ratio", float(spec.ratio))
     for name in spec.method_options:
         if name not in methods:
             raise ValueError(f"options given for {name!r}, which is not among the compared methods ({', '.join(methods)})")
@@ -188,6 +196,8 @@ def command_line(spec: CompareSpec) -> str:
         parts.append("--tf32")
     if spec.writer:
         parts.append(f"--writer {spec.writer}")
+    if spec.ratio is not None:
+        parts.append(f"--ratio {spec.ratio:g}")
     return " ".join(parts)
 
 

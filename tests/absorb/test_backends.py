@@ -24,6 +24,7 @@ PARAMETERIZED_APART = {"distill-lora"}
 FAST = {"distill-lora": {"steps": 2, "n_continuations": 1, "continuation_tokens": 4, "progress": False, "n_questions": 0},
         "dynamic-eval": {"learning_rate": 1e-2, "n_steps": 2}, "iclca-approx": {"n_features": 16},
         "tint": {"rows_per_prefix": 4},
+        "kv-press": {"press": "knorm", "ratio": 0.5},
         "kv-prefix": {"autocast": "none", "progress": False}}  # the backends' equality in the model's own dtype
 
 

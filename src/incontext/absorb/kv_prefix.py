@@ -31,48 +31,28 @@ from ..config import limit
 from ..models import Cache
 from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
-from .base import AdaptedModel
+from .kv_press import CacheBuffers, empty_cache, press_cache, press_classes
 from .distill import Distiller, Student, TrainOptions
 from .self_study import StudyOptions, chunk_spans
 
 
-class TrainedPrefix(AdaptedModel):
-    """The base with a trained K/V prefix of `position` tokens: forward(query) attends to it first."""
+class TrainedPrefix(CacheBuffers):
+    """The base with a trained K/V prefix: forward(query) attends to it first, the query at `position` on (the
+    prefix's length; for a press start at its original positions, the document's length)."""
 
     method = "kv-prefix"
-    saves_base = False  # the prefix alone (kept bytes), not the frozen base it was trained against
+    prefix = "prefix"
 
     def __init__(self, base: nn.Module, state: Cache):
-        super().__init__(base)
-        kv = cache_kv(state)
-        for i, (k, v) in enumerate(kv):
-            self.register_buffer(f"prefix_k_{i}", k.detach().clone())
-            self.register_buffer(f"prefix_v_{i}", v.detach().clone())
-        self.n_prefix_layers = len(kv)
-        self.position = state.position
-        self._template = with_kv(state, self._tensors())  # the layers' bookkeeping (sliding windows' counts)
+        super().__init__(base, state)
         self.history: dict[str, Any] = {}
-
-    def _tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(getattr(self, f"prefix_k_{i}"), getattr(self, f"prefix_v_{i}")) for i in range(self.n_prefix_layers)]
-
-    def state(self) -> Cache:
-        return with_kv(self._template, self._tensors())
-
-    def forward(self, query: torch.Tensor) -> torch.Tensor:
-        return self.base(query, cache=self.state())
-
-    def query_cache(self) -> Cache:
-        return copy_cache(self.state())
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"position": self.position, "shapes": [list(k.shape) for k, _ in self._tensors()],
-                "value_shapes": [list(v.shape) for _, v in self._tensors()]}
 
     @classmethod
     def empty(cls, base, extra):
-        """Buffers of the saved shapes in a cache of the base's own kind (a prefill of `position` tokens gives the
-        layers' types and bookkeeping; its values are replaced on load)."""
+        """Buffers of the saved layout. A folder written before the layout was recorded (no "masked" key) holds a
+        prefix at positions 0..p-1: a prefill of `position` tokens gives its layers' types and bookkeeping."""
+        if "masked" in extra:
+            return cls(base, empty_cache(base, extra))
         device = next(base.parameters()).device
         with torch.no_grad():
             template = base.prefill(torch.zeros(1, extra["position"], dtype=torch.long, device=device))
@@ -94,7 +74,11 @@ class KVPrefixStudy(StudyOptions):
 @dataclass
 class KVPrefixOptions(TrainOptions):
     prefix_tokens: int | None = limit(None, min=1)  # p, the prefix's length (default: a quarter of the document)
-    init: Literal["document", "document-spread"] = "document"  # the start: the first p tokens' K/V, or p spread over all
+    # the start: the first p tokens' K/V; p spread over all; a kvpress press's kept K/V at their own positions (queries
+    # after the whole document); or those re-rotated to 0..p-1 (the PEFT CARTRIDGE layout)
+    init: Literal["document", "document-spread", "press", "press-rerotated"] = "document"
+    ratio: float | None = limit(None, gt=0, max=1)  # p as a share of the document's tokens (when prefix_tokens is unset)
+    press: str = "kvzip"  # init=press / press-rerotated: the kvpress press whose kept K/V start the prefix
     steps: int = limit(96, min=0)  # train at least this many steps (0: the start is the result)
     passes: int = limit(8, min=0)  # and at least this many passes over the data stage
     learning_rate: float = limit(0.05, gt=0)  # AdamW's rate on the prefix (halved at each rollback)
@@ -122,33 +106,54 @@ class KVPrefix(Distiller):
             return "needs softmax attention (a linear-attention state is no K/V prefix; iclca converts it exactly)"
         return None
 
+    def setup(self) -> None:
+        if self.init.startswith("press") and self.press not in press_classes():
+            raise ValueError(f"kv-prefix: unknown press {self.press!r}; kvpress's: {', '.join(press_classes())}")
+
     def prepare(self, model, prompt: torch.Tensor) -> dict[str, Any]:
         m, context = prompt.shape[0], model.config.max_seq_len
-        # default p: a quarter of the document; of the context for a document the context does not hold
-        p = self.prefix_tokens if self.prefix_tokens is not None else max(1, min(m, context or m) // 4)
+        # default p: a quarter of the document (or `ratio` of it); of the context for a document the context does not hold
+        share = 0.25 if self.ratio is None else self.ratio
+        p = self.prefix_tokens if self.prefix_tokens is not None else max(1, round(min(m, context or m) * share))
         chunk_spans(m, self.study.chunk_tokens, context)  # a chunk the context cannot hold fails now
         if p > m:
             raise ValueError(f"kv-prefix: prefix_tokens={p} exceeds the document's {m} tokens (init={self.init})")
-        if self.init == "document-spread" and (getattr(model, "backend", None) != "incontext"
-                                               or model.config.positions != "rope"):
-            raise ValueError("kv-prefix: init=document-spread re-rotates RoPE keys: it needs our Transformer with RoPE "
-                             "(use init=document)")
+        if self.init in ("document-spread", "press-rerotated") and (getattr(model, "backend", None) != "incontext"
+                                                                   or model.config.positions != "rope"):
+            raise ValueError(f"kv-prefix: init={self.init} re-rotates RoPE keys: it needs our Transformer with RoPE "
+                             "(use init=document or init=press)")
+        if self.init.startswith("press") and context is not None and m >= context:
+            raise ValueError(f"kv-prefix: init={self.init} presses the whole document, which the context ({context}) "
+                             "does not hold; use init=document-spread")
         if context is not None and p >= context:
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({context})")
         return {"p": p}
+
+    def _absorb(self, model, prompt, loss_mask, train_queries, codec=None, train_groups=None):
+        self._codec = codec  # the press start's (KVzip writes its reconstruction prompt with it)
+        try:
+            return super()._absorb(model, prompt, loss_mask, train_queries, codec=codec, train_groups=train_groups)
+        finally:
+            self._codec = None
 
     @torch.no_grad()
     def start(self, model, prompt: torch.Tensor, p: int) -> Cache:
         if self.init == "document":
             return model.prefill(prompt[None, :p])
+        if self.init.startswith("press"):  # the press keeps `ratio` itself where it is given (kv-press's own budget)
+            share = self.ratio if self.ratio is not None and self.prefix_tokens is None else p / prompt.shape[0]
+            pressed = press_cache(model, prompt[None], self.press, share, getattr(self, "_codec", None))
+            return pressed if self.init == "press" else rerotated_press(model, prompt, pressed, self.press)
         return spread_prefix(model, prompt, p, chunk_spans(prompt.shape[0], self.study.chunk_tokens, model.config.max_seq_len))
 
     def student(self, model, prompt, generator, sequences, p: int, queries=None) -> Student:
         context, longest = model.config.max_seq_len, max((item[0].shape[0] for item in sequences), default=0)
-        if context is not None and p + longest > context:
+        start = self.start(model, prompt, p)
+        if context is not None and start.position + longest > context:
+            at = "" if start.position == p else f" (queries after the press start's {start.position} positions)"
             raise ValueError(f"kv-prefix: prefix_tokens={p} and the data stage's sequences of up to {longest} tokens "
-                             f"exceed the context ({context}); lower prefix_tokens or study.chunk_tokens")
-        return self.prefix_student(model, self.start(model, prompt, p), [0])
+                             f"exceed the context ({context}){at}; lower prefix_tokens or study.chunk_tokens")
+        return self.prefix_student(model, start, [0])
 
     def prefix_student(self, model, template: Cache, frozen: list[int]) -> Student:
         """The prefix's tensors in float32 master copies (bf16 rounds away Adam's late, small steps), read by the
@@ -184,8 +189,42 @@ class KVPrefix(Distiller):
             (k.detach().to(s.dtype), v.detach().to(s.dtype)) for k, v in zip(s.params[0::2], s.params[1::2])]))
 
 
+@torch.no_grad()
+def rerotated_press(model, prompt: torch.Tensor, pressed: Cache, press: str) -> Cache:
+    """init=press-rerotated: the press's kept pairs, each key re-rotated from its document position to its rank among
+    its head's kept positions (0 .. n-1, in document order), the values in the same order: a prefix at positions
+    0..n-1, the PEFT CARTRIDGE layout. The positions are found by matching each kept key with the document's own
+    keys (kvpress gathers them unchanged). A press that keeps a different number of pairs per head (kvzip) has no
+    such layout: a one-line ValueError (use init=press)."""
+    from ..ops.masked_kv import MaskedKV
+
+    if any(isinstance(layer, MaskedKV) for layer in pressed.layers):
+        raise ValueError(f"kv-prefix: init=press-rerotated needs a press that keeps the same number of pairs in every "
+                         f"head; {press} keeps a different number per head (use init=press, or a press such as snapkv)")
+    full = cache_kv(model.prefill(prompt[None]))
+    kept = cache_kv(pressed)
+    n = kept[0][0].shape[2]
+    if any(k.shape[2] != n for k, _ in kept):
+        raise ValueError(f"kv-prefix: init=press-rerotated needs the same number of kept pairs in every layer; {press} "
+                         f"keeps {[k.shape[2] for k, _ in kept]} (use init=press)")
+    layers = []
+    for (fk, _), (k, v) in zip(full, kept):
+        distance = torch.cdist(k[0].double(), fk[0].double())  # (H, n, M)
+        found = distance.argmin(-1)  # (H, n): each kept key's document position
+        if float(distance.gather(-1, found[..., None]).max()) > 1e-4 * float(fk.abs().max()):
+            raise ValueError(f"kv-prefix: {press}'s kept keys are not the document's own (a press that merges or "
+                             "changes them has no original positions): use init=press")
+        order = found.argsort(-1)  # document order within each head
+        positions = found.gather(-1, order)
+        k = k.gather(2, order[None, :, :, None].expand_as(k))
+        v = v.gather(2, order[None, :, :, None].expand_as(v))
+        ranks = torch.arange(n, device=k.device).expand_as(positions)
+        layers.append((rerotate(model, k, ranks - positions), v))
+    return Cache(layers=layers, position=n)
+
+
 def rerotate(model, k: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """RoPE keys (B, H, S, D) moved by `shift` (S,) positions each: a key computed at position a becomes the key at
+    """RoPE keys (B, H, S, D) moved by `shift` ((S,) or per head (H, S)) positions each: a key at position a becomes the key at
     a + shift (rotations compose, R(shift) R(a) = R(a + shift); our Transformer's RoPE)."""
     cos, sin = rope_cos_sin(shift, model.rope_dim, model.config.rope_theta, k.dtype)
     return apply_rope(k, cos, sin)

@@ -325,6 +325,9 @@ class KVPress(AbsorbMethod):
             return "needs a token-input causal LM"
         if getattr(model.config, "attention", "softmax") != "softmax":
             return "needs softmax attention (a linear-attention state holds no K/V to press)"
+        if getattr(model, "backend", None) == "hf" and self.ratio < 1 and hasattr(press_classes()[self.press], "compress_post"):
+            return (f"press={self.press} keeps a different number of pairs in each head (a masked cache), which only our "
+                    "Transformer holds; on the Hugging Face backend use a press that cuts every head alike (e.g. snapkv)")
         try:
             hf_twin(model)
         except ValueError as error:

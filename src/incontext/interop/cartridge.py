@@ -113,11 +113,27 @@ def peft_cartridge_model(adapted: TrainedPrefix, hf_model, num_frozen_tokens: in
     return peft_model.eval()
 
 
+def on_transformers_twin(adapted: TrainedPrefix) -> TrainedPrefix:
+    """A prefix of our Transformer as the same prefix (the same tensors) on its transformers twin (models.lm.hf_twin,
+    on the Hugging Face backend); a ValueError naming why where our Transformer exports to no family."""
+    from ..models.lm import hf_twin
+    from .hf import wrap_hf
+
+    try:
+        twin = hf_twin(adapted.base)
+    except ValueError as error:
+        raise ValueError(f"this model has no transformers form for a PEFT CARTRIDGE ({error})") from None
+    return TrainedPrefix(wrap_hf(twin).eval(), adapted.state())
+
+
 def save_cartridge(adapted: TrainedPrefix, folder: str | Path, num_frozen_tokens: int = 1) -> dict[str, Any]:
     """The prefix as a PEFT CARTRIDGE folder (what `PeftModel.save_pretrained` writes: adapter_config.json,
     adapter_model.safetensors, README.md), built by peft on the prefix's own transformers model (its parameters'
     requires_grad flags are put back after). Returns num_virtual_tokens and the family; a ValueError (one line)
-    where peft's CARTRIDGE cannot serve the model."""
+    where peft's CARTRIDGE cannot serve the model. A prefix of our Transformer is written for its transformers twin
+    (the family it exports to: the shipped SmolLM2 as Llama; `incontext export-model` writes that base)."""
+    if getattr(adapted.base, "backend", None) != "hf":
+        adapted = on_transformers_twin(adapted)
     model = adapted.base
     cartridge_kv(adapted)  # refused before peft touches the model
     hf = model.hf

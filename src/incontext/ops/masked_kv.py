@@ -36,7 +36,7 @@ class MaskedKV:
         return int(self.keep.sum())
 
     def with_tensors(self, keys: torch.Tensor, values: torch.Tensor) -> "MaskedKV":
-        return MaskedKV(keys, values, self.keep)
+        return MaskedKV(keys, values, self.keep.expand(keys.shape[0], *self.keep.shape[1:]))
 
     def expand_batch(self, batch: int) -> "MaskedKV":
         return MaskedKV(self.keys.expand(batch, *self.keys.shape[1:]), self.values.expand(batch, *self.values.shape[1:]),
@@ -45,8 +45,11 @@ class MaskedKV:
     def attend(self, q, k, v, *, scale, expand_kv):
         """q (B, H, T, D) after RoPE, k and v (B, H_kv, T, D) of the new tokens: attention over the kept cached pairs
         and the new keys (causally), and this layer's state with the new keys appended (kept)."""
-        keys, values = torch.cat([self.keys, k], 2), torch.cat([self.values, v], 2)
-        keep = torch.cat([self.keep, torch.ones(k.shape[:3], dtype=torch.bool, device=k.device)], 2)
+        batch = max(self.keys.shape[0], k.shape[0])
+        keys = torch.cat([self.keys.expand(batch, *self.keys.shape[1:]), k.expand(batch, *k.shape[1:])], 2)
+        values = torch.cat([self.values.expand(batch, *self.values.shape[1:]), v.expand(batch, *v.shape[1:])], 2)
+        cached = self.keep.expand(keys.shape[0], *self.keep.shape[1:])  # a one-row mask serves a batch of queries
+        keep = torch.cat([cached, torch.ones(k.shape[:3], dtype=torch.bool, device=k.device)], 2)
         groups = q.shape[1] // keys.shape[1]
         allowed = causal_mask(q.shape[-2], keys.shape[-2], q.device)[None, None] & \
             keep.repeat_interleave(groups, 1)[:, :, None, :]
