@@ -97,7 +97,7 @@ def main() -> None:
         "absorb_seconds": seconds, "absorb_cpu_seconds": cpu_seconds,
         "teacher_seconds": history["teacher_seconds"], "train_seconds": history["train_seconds"],
         "steps": history["steps"], "stopped_early": history["stopped_early"],
-        "train_kl_first": history["kl"][0], "train_kl_last": history["kl"][-1], "train_kl": history["kl"],
+        "train_kl_first": history["loss"][0], "train_kl_last": history["loss"][-1], "train_kl": history["loss"],
         "held_out_before": before, "held_out_after": after, "torch": torch.__version__,
     }
     stopped = ", stopped early" if history["stopped_early"] else ""
@@ -108,7 +108,7 @@ def main() -> None:
         f"absorb: {seconds:.1f} s (teacher targets {history['teacher_seconds']:.1f} s, training "
         f"{history['train_seconds']:.1f} s, {history['steps']} steps{stopped}); CPU time {cpu_seconds:.1f} s "
         f"({cpu_seconds / args.threads:.1f} s per thread, about the wall time on an idle machine); "
-        f"training-batch KL {history['kl'][0]:.3f} -> {history['kl'][-1]:.3f}; training sequences {history['pool']}",
+        f"training-batch KL {history['loss'][0]:.3f} -> {history['loss'][-1]:.3f}; training sequences {history['pool']}",
         "",
         "| held-out queries | KL(prompted ‖ model) per token | cross-entropy of the true next tokens |",
         "|---|---|---|",

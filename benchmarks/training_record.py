@@ -56,7 +56,7 @@ def main() -> None:
         method = get_absorb_method(args.method, **options)
         history = method.absorb(loaded.model, episode.prompt, train_queries=list(episode.train_queries),
                                 codec=loaded.tokenizer).history
-        kl = history["kl"]
+        kl = history["loss"]
         row = {"episode": i, "steps": history["steps"], "stopped_early": history.get("stopped_early", False),
                "rollbacks": history.get("rollbacks", 0), "best_window_kl": history.get("best_window_loss"),
                "last_kl": sum(kl[-8:]) / max(1, len(kl[-8:])), "max_kl": max(kl, default=None)}

@@ -316,7 +316,7 @@ def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
     finally:
         distill._Steps.__call__, distill._Steps.reset, distill.plateau = real_call, real_reset, real_plateau
     history = trained.history
-    kl = history["kl"]
+    kl = history["loss"]
     out = {"graphed": history["cuda_graph"], "rollbacks": history["rollbacks"], "resets_after_step": resets,
            "best_window_kl": history["best_window_loss"], "max_kl_after_blow_up": max(kl[30:]),
            "last_window_kl": sum(kl[-4:]) / 4}
@@ -501,7 +501,7 @@ def self_study_from_the_document(device: str, work: Path) -> dict:
             adapted = method.absorb(model, prompt, codec=loaded.tokenizer)
             kinds = {t.device.type for ids, logp, *rest in adapted.sequences for t in (ids, logp, *rest)}
             assert kinds == {torch.device(where).type}, (backend, where, kinds)
-            assert all(math.isfinite(x) for x in adapted.history["kl"]), (backend, where, adapted.history["kl"])
+            assert all(math.isfinite(x) for x in adapted.history["loss"]), (backend, where, adapted.history["loss"])
             counts[where] = adapted.history["pool"]
         assert counts[device]["derived"] + counts[device].get("ungrounded", 0) >= 1, counts
         assert counts[device]["derived"] + counts[device]["ungrounded"] == counts["cpu"]["derived"] + counts["cpu"]["ungrounded"]

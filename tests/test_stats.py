@@ -65,3 +65,23 @@ def test_t_quantile_without_scipy_matches_scipy(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_scipy)
     for df, value in expected.items():
         assert abs(t_quantile975(df) - value) < 2e-6, df
+
+
+def test_bootstrap_interval_stays_within_the_shares():
+    from incontext.stats import bootstrap_interval95, t_interval95
+
+    values = [0.0, 0.0, 0.0, 1 / 7, 0.0, 2 / 7]  # few episodes, mostly wrong: the t-interval goes below 0
+    assert t_interval95(values)["low"] < 0
+    interval = bootstrap_interval95(values)
+    assert 0.0 <= interval["low"] <= interval["mean"] <= interval["high"] <= 2 / 7
+    assert interval == bootstrap_interval95(values)  # seeded: the same interval every time
+
+
+def test_paired_share_interval():
+    from incontext.stats import paired_share_interval95
+
+    reference, method = [0.5, 0.75, 1.0, 0.25], [0.25, 0.75, 0.5, 0.25]
+    out = paired_share_interval95(method, reference)
+    assert abs(out["share"] - 1.75 / 2.5) < 1e-12 and out["low"] <= out["share"] <= out["high"] <= 1.0
+    same = paired_share_interval95(reference, reference)
+    assert same["share"] == same["low"] == same["high"] == 1.0  # paired: no spread against itself

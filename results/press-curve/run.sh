@@ -11,13 +11,13 @@ phase=${1:-presses}
 split=${SPLIT:-validation}
 seed=${SEED:-0}
 scratch=runs/press-curve-$split
-presses=(kvzip snapkv pyramidkv expectedattention knorm tova streamingllm keydiff lagkv random)
+presses=(kvzip snapkv expectedattention knorm tova streamingllm)
 press_methods=$(printf 'kv-press:%s,' "${presses[@]}")
 press_sets=()
 for p in "${presses[@]}"; do press_sets+=(--set "kv-press:$p.press=$p"); done
 declare -A task_sets=([facts]="--task facts --set people=2" [documents]="--task documents"
                       [long]="--task facts --set people=14")
-declare -A press_episodes=([facts]=8 [documents]=8 [long]=4)
+declare -A press_episodes=([facts]=6 [documents]=6 [long]=3)
 if [ "$phase" = presses ]; then
   for task in facts documents long; do
     for ratio in 0.5 0.25 0.1 0.05; do

@@ -28,7 +28,7 @@ from .absorb.kv_prefix import TrainedPrefix
 from .config import parse_overrides, to_dict
 from .fileio import sha256_file, strict_json
 from .interop.models import load_model
-from .outputs import EXPERIMENT_MARKER, claim_output_folder
+from .outputs import EXPERIMENT_MARKER, claim_output_folder, code_version
 from .runtime import Runtime, device_of, generator_for
 from .tasks.placement import chat_turn, placed_document, resolve_placement
 
@@ -265,7 +265,8 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
         if not peft_note or not peft_note["written"]:
             shutil.rmtree(stage / PEFT_FOLDER, ignore_errors=True)
         record = {
-            "method": args.method, "options": options, "model": args.model, "model_description": loaded.description,
+            "method": args.method, "options": options, "resolved_options": to_dict(method.options), "code": code_version(),
+            "model": args.model, "model_description": loaded.description,
             "model_fingerprint": model_fingerprint(model), "model_fingerprint_bf16": model_fingerprint(model, rounded=True),
             "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
             "prompt_tokens": len(ids), "placement": placement, "writer": getattr(args, "writer", "") or None,

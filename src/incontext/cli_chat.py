@@ -108,7 +108,18 @@ class Conversation:
         return "".join(f"Q: {user}\nA: {answer.strip()}\n" for user, answer in self.turns) + f"Q: {question}\nA:"
 
 
+def _text(line: str) -> str | None:
+    """`line` if it is text (encodes as UTF-8), else None: bytes that were not UTF-8 come in as lone surrogates."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return line
+
+
 def _lines(stream: TextIO, interactive: bool):
+    """The input's lines without their ends; None for a line that is not UTF-8 text (the session goes on)."""
+    raw = None if interactive else getattr(stream, "buffer", None)  # bytes, decoded here: a bad line is one line
     while True:
         if interactive:
             try:
@@ -116,11 +127,21 @@ def _lines(stream: TextIO, interactive: bool):
             except EOFError:
                 print(file=sys.stderr)
                 return
+        elif raw is not None:
+            data = raw.readline()
+            if not data:
+                return
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError:
+                yield None
+                continue
         else:
             line = stream.readline()
             if not line:
                 return
-        yield line.rstrip("\r\n")
+        text = _text(line)
+        yield None if text is None else text.rstrip("\r\n")
 
 
 def _say(message: str) -> None:
@@ -147,7 +168,12 @@ def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | N
     if interactive:
         print(f"chatting with {loaded.description}{where} ({'chat template' if template else 'plain Q/A turns'}); "
               f"commands: {COMMANDS}", file=sys.stderr)
+    skipped = 0
     for line in _lines(stdin, interactive):
+        if line is None:
+            skipped += 1
+            _say("a line that is not UTF-8 text was skipped; the conversation goes on")
+            continue
         question = line.strip()
         if not question:
             continue
@@ -195,7 +221,7 @@ def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | N
         stdout.write("\n")
         stdout.flush()
         conversation.turns.append((question, answer))
-    return 0
+    return 2 if skipped else 0  # bad input was seen (each line said so on stderr); the rest was answered
 
 
 def _no_room(runner, ids: list[int]) -> bool:

@@ -64,6 +64,11 @@ def base_spec(folder: Path) -> str:
     return spec
 
 
+class ModelArgsError(Exception):
+    """The incontext model's --model_args do not make a model (a folder that is not an absorb folder, an unknown
+    argument): main() prints it as one line and exits with status 2."""
+
+
 @register_model(NAME)
 class IncontextLM(TemplateLM):
     """An absorb folder (or a base model) of incontext as an lm-eval model: loglikelihood, loglikelihood_rolling
@@ -72,6 +77,13 @@ class IncontextLM(TemplateLM):
     def __init__(self, absorbed: str | None = None, model: str | None = None, device: str | None = None,
                  dtype: str = "float32", batch_size=None, max_batch_size=None, **unknown):
         super().__init__()
+        try:
+            self._setup(absorbed, model, device, dtype, unknown)
+        except (ValueError, OSError, KeyError) as error:  # our model's arguments: one line from main(), no traceback
+            message = error.args[0] if isinstance(error, KeyError) and error.args else error
+            raise ModelArgsError(" ".join(str(message).split())) from None
+
+    def _setup(self, absorbed, model, device, dtype, unknown) -> None:
         if unknown:
             raise ValueError(f"model_args {', '.join(sorted(unknown))}: unknown to the incontext model "
                              "(it takes absorbed=DIR, model=SPEC, dtype=...)")
@@ -235,7 +247,11 @@ def main(argv: list[str] | None = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ModelArgsError as error:  # lm-eval's own errors (an unknown task) stay lm-eval's
+        print(f"incontext: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

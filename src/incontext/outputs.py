@@ -112,6 +112,22 @@ def pyplot():
     return plt
 
 
+def code_version() -> dict[str, Any] | None:
+    """The git commit of the source this package runs from and whether its tracked files differ from it (a result's
+    provenance: "ran once, at this code"); None outside a git checkout (an installed wheel) or without git."""
+    import subprocess
+
+    where = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(changed)}
+
+
 def save_result(result: Result, out_dir: Path, experiment: str | None = None, config: Any = None) -> dict[str, Any]:
     """The one writer of experiment files: results.json (strict JSON), the tables and the figures (PNG, 120 dpi)
     under out_dir; returns the results as written."""
@@ -121,6 +137,7 @@ def save_result(result: Result, out_dir: Path, experiment: str | None = None, co
     if config is not None:
         head["config"] = dataclasses.asdict(config)
     results = {**head, **result.results}
+    results.setdefault("code", code_version())  # the commit it ran at (dirty or not)
     (out_dir / "results.json").write_text(strict_json(results))
     for name, make in result.tables.items():
         text = make(results)

@@ -74,3 +74,35 @@ def pairwise_t_tests(groups: dict[str, list[float]]) -> dict[str, dict[str, floa
                 t, p = stats.ttest_ind(x, y)
                 tests[f"{a} vs {b}"] = {"t": float(t), "p": float(p)}
     return tests
+
+
+def bootstrap_interval95(values: list[float], resamples: int = 4000, seed: int = 0) -> dict[str, float]:
+    """Mean and 95% percentile-bootstrap interval of the mean over `values` (episodes resampled with replacement, a
+    fixed seed): it stays within the values' range (an exact-match share in [0, 1] keeps its interval in [0, 1],
+    where a t-interval of few episodes goes below 0). NaN bounds for fewer than 2 values."""
+    n = len(values)
+    mean = sum(values) / n if n else float("nan")
+    if n < 2:
+        return {"mean": mean, "low": float("nan"), "high": float("nan"), "n": n, "interval": "bootstrap"}
+    rng = np.random.default_rng(seed)
+    means = np.asarray(values, dtype=np.float64)[rng.integers(0, n, size=(resamples, n))].mean(1)
+    low, high = np.quantile(means, [0.025, 0.975])
+    return {"mean": mean, "low": float(low), "high": float(high), "n": n, "interval": "bootstrap"}
+
+
+def paired_share_interval95(method: list[float], reference: list[float], resamples: int = 4000,
+                            seed: int = 0) -> dict[str, float]:
+    """The share sum(method) / sum(reference) (e.g. a method's exact-match answers as a share of keep-prompt's) with a
+    95% paired percentile-bootstrap interval: episodes resampled together for both (their difficulty shared)."""
+    if len(method) != len(reference) or not method:
+        raise ValueError(f"paired scores need the same episodes, got {len(method)} and {len(reference)}")
+    m, r = np.asarray(method, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    share = float(m.sum() / r.sum()) if r.sum() else float("nan")
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, len(m), size=(resamples, len(m)))
+    top, bottom = m[index].sum(1), r[index].sum(1)
+    shares = top[bottom > 0] / bottom[bottom > 0]
+    if len(shares) < 2:
+        return {"share": share, "low": float("nan"), "high": float("nan"), "n": len(m)}
+    low, high = np.quantile(shares, [0.025, 0.975])
+    return {"share": share, "low": float(low), "high": float(high), "n": len(m)}

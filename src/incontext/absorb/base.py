@@ -285,6 +285,7 @@ class AbsorbMethod(ABC):
         given = parse_options(self.Options, options, where=self.name)
         self.given_options = given  # converted to their types, nested ones as "study.x" (check_options_fit)
         checked = build_options(self.Options, given)
+        self.options = checked  # every option, defaults filled in (results record them: harness.compare)
         for field in dataclasses.fields(checked):
             setattr(self, field.name, getattr(checked, field.name))
 

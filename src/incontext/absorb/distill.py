@@ -221,7 +221,9 @@ def train(student: Student, sequences: list, options: TrainOptions, generator: t
     in a random order from `generator`), under `options.autocast`. It stops early when the mean loss of a window (at
     least one pass, and `options.patience` steps) stops falling by `options.min_improvement` (plateau); the
     divergence guard (Rollback, windows of `patience` steps) brings back the lowest window's tensors at half the rate where the loss blows up or a tensor
-    turns non-finite. Returns the history (losses as `kl`, steps, stopped_early, cuda_graph, rollbacks)."""
+    turns non-finite. Returns the history (`loss`: the objective per step, distillation_loss; with top-k targets it is not
+    a KL and goes below 0 where the student puts more mass on the teacher's top k than the teacher does; steps,
+    stopped_early, cuda_graph, rollbacks)."""
     params, module = student.params, student.module
     device = params[0].device
     graphed = speed.cuda_graph and device.type == "cuda" and student.graphable
@@ -264,7 +266,7 @@ def train(student: Student, sequences: list, options: TrainOptions, generator: t
                 loss, finite = steps([sequences[i] for i in picked])
                 losses.append(loss)
                 bar.update(1)
-                bar.set_postfix(kl=f"{loss:.4f}")
+                bar.set_postfix(loss=f"{loss:.4f}")  # the objective (top-k: may go below 0), not a KL
                 if not finite and not guard.rollback(losses):
                     raise FloatingPointError(f"{desc}: the trained tensors became non-finite; lower the learning rate")
                 if not finite or guard.update(losses):  # rolled back: a graph is captured again at the new rate
@@ -280,7 +282,7 @@ def train(student: Student, sequences: list, options: TrainOptions, generator: t
             p.requires_grad_(flag)
         for p in params:
             p.requires_grad_(False)
-    return {"kl": losses, "steps": len(losses), "stopped_early": stopped_early, "cuda_graph": graphed,
+    return {"loss": losses, "steps": len(losses), "stopped_early": stopped_early, "cuda_graph": graphed,
             **guard.record()}
 
 
@@ -409,7 +411,7 @@ class Distiller(AbsorbMethod):
                 model.train(was_training)
             teacher_seconds = time.perf_counter() - start
             total = training_steps(self.steps, self.passes, len(sequences), self.batch_size)
-            history = self._train(student, sequences, generator, total) if total else {"kl": [], "steps": 0}
+            history = self._train(student, sequences, generator, total) if total else {"loss": [], "steps": 0}
         adapted = self.adapted(model, student, **prepared)
         adapted.sequences = sequences  # the data stage, for compose_steps (in memory only: never saved)
         adapted.history = {**history, "pool": counts, "teacher_seconds": teacher_seconds,

@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..stats import t_interval95
+from ..config import to_dict
+from ..stats import bootstrap_interval95, t_interval95
 from ..tasks.episodes import Episode, EpisodeSource, Query
 from ..tasks.metrics import choice_scores, get_metric
 from .base import get_absorb_method
@@ -171,8 +172,11 @@ class MethodRecord:
             return row
         if per_episode:  # for paired statistics across methods (episodes that failed are left out)
             row["episode_scores"], row["episode_positions"] = list(self.episode_scores), list(self.episode_positions)
+        bounded = get_metric(metric).percent  # shares in [0, 1]: a bootstrap interval, which stays within them
         for key in self.episode_scores[0]:
-            row[key] = t_interval95([s[key] for s in self.episode_scores])
+            values = [s[key] for s in self.episode_scores]
+            shares = bounded and all(0.0 <= v <= 1.0 for v in values)
+            row[key] = bootstrap_interval95(values) if shares else t_interval95(values)
         if get_metric(metric).pooled:
             weights = self.episode_positions
             row["score_pooled"] = sum(s["score"] * w for s, w in zip(self.episode_scores, weights)) / sum(weights)
@@ -336,7 +340,12 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     labels = [label for name in methods for label in (name, composed.get(name)) if label is not None]
     if consensus is not None:
         labels.insert(labels.index(REFERENCE) + 1, CONSENSUS)
-    return [records[label].summary(source.metric, per_episode) for label in labels]
+    rows = [records[label].summary(source.metric, per_episode) for label in labels]
+    for row, label in zip(rows, labels):  # every option as the method ran with it (defaults filled in)
+        method = instances.get(label)
+        if method is not None and getattr(method, "options", None) is not None:
+            row["resolved_options"] = to_dict(method.options)
+    return rows
 
 
 def consensus_outputs(adapted, query: Query, out: torch.Tensor, wordings: list[torch.Tensor]) -> torch.Tensor:
