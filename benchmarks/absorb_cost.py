@@ -8,6 +8,7 @@ stage (no cache), as a first absorb of a document does.
 
     python benchmarks/absorb_cost.py                             # 160 / 512 / 2000 tokens, 1 repeat, 2 threads
     python benchmarks/absorb_cost.py --people 2 --repeats 3 --set kv-prefix.steps=96
+    python benchmarks/absorb_cost.py --people 2 --document benchmarks/documents/driftwood.txt  # a document of your own
     python benchmarks/absorb_cost.py --task-set questions=paraphrases:3     # training questions: three wordings each
     python benchmarks/absorb_cost.py --device cuda                # on a GPU: CUDA events
     python benchmarks/absorb_cost.py --device cuda --random-weights --tokenizer DIR --warmup  # no SmolLM2 file there
@@ -115,6 +116,9 @@ def task_option(text: str) -> tuple[str, object]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--people", type=int, nargs="+", default=[2, 7, 27], help="invented people per prompt (sets its length)")
+    p.add_argument("--document", type=Path, action="append", default=[], metavar="FILE",
+                   help="also a document of your own (text, placed as the chat template's system turn, as absorb does), "
+                        "e.g. benchmarks/documents/driftwood.txt")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
@@ -164,11 +168,18 @@ def main() -> None:
             models[dtype], codec, description = loaded.model, loaded.tokenizer, loaded.description
     timer = CostTimer(torch.device(args.device))
     rows = []
+    from incontext.tasks.placement import placed_document, resolve_placement
+
+    prompts = []
     for people in args.people:
         episode = get_episode_source("facts", **dict(args.task_set), people=people).episodes(1, seed=0, tokenizer=codec)[0]
-        prompt = episode.prompt.to(args.device)
-        train = [t.to(args.device) for t in episode.train_queries]
-        if args.warmup and people == args.people[0]:
+        prompts.append((people, None, episode.prompt.to(args.device), [t.to(args.device) for t in episode.train_queries]))
+    for file in args.document:
+        text = file.read_text().strip()
+        ids = codec.encode(placed_document(codec, text, resolve_placement("auto", codec)))
+        prompts.append((None, file.name, torch.tensor(ids, device=args.device), []))
+    for index, (people, document, prompt, train) in enumerate(prompts):
+        if args.warmup and index == 0:
             for m in methods:
                 with answers_by(m):
                     get_absorb_method(base(m), speed=speeds[m], **options[m]).absorb(
@@ -191,7 +202,8 @@ def main() -> None:
                 print(f"{prompt.shape[0]:5d} tokens  {m:12s} {ms / 1000:7.1f} s per thread ({wall:.1f} s wall)", flush=True)
                 adapted = None
         for m in methods:
-            rows.append({"prompt_tokens": int(prompt.shape[0]), "people": people, "method": m, "options": options[m],
+            rows.append({"prompt_tokens": int(prompt.shape[0]), "people": people, "document": document, "method": m,
+                         "options": options[m],
                          "speed": dataclasses.asdict(speeds[m]), "dtype": dtypes[m],
                          "absorb_s": statistics.median(times[m]), "absorb_s_all": times[m], "runs": splits[m]})
         write(rows, description, args)  # after each prompt length: a run cut short keeps what it measured

@@ -300,12 +300,19 @@ DOC_NUMBERS = [
      lambda: (ce_share(TEST_CONT, "kv-prefix"), row(TEST_CONT, "drop-prompt")["score"]["mean"] - row(TEST_CONT, "keep-prompt")["score"]["mean"],
               ce_share(TEST_CONT, "kv-prefix:windows"), ce_share(TEST_CONT, "distill-lora"))),
     (PAGE, "({} of {} derived queries on `facts` and {} of {} on `documents` are sentence prefixes, {} and {} are rule-made "
-           "questions), and only {} of the {} `facts` questions and none of the {} `documents` questions",
+           "questions), and only {} of the {} `facts` questions and none of the {} `documents` questions are among them "
+           "word for word ({} to {} of the {} over {} draws of the derived queries; the sentence-prefix rule gives the cloze "
+           "form of {} of the {} asked `facts` facts, {} to {} over the draws, and of {} of the {} `documents` facts)",
      lambda: (COVERAGE()["facts"]["derived_kinds"]["prefix"], sum(COVERAGE()["facts"]["derived_kinds"].values()),
               COVERAGE()["documents"]["derived_kinds"]["prefix"], sum(COVERAGE()["documents"]["derived_kinds"].values()),
               COVERAGE()["facts"]["derived_kinds"]["question"], COVERAGE()["documents"]["derived_kinds"]["question"],
               COVERAGE()["facts"]["asked_verbatim_among_derived"], COVERAGE()["facts"]["asked"],
-              COVERAGE()["documents"]["asked"] if COVERAGE()["documents"]["asked_verbatim_among_derived"] == 0 else "<some>")),
+              COVERAGE()["documents"]["asked"] if COVERAGE()["documents"]["asked_verbatim_among_derived"] == 0 else "<some>",
+              COVERAGE()["facts"]["asked_verbatim_over_draws"]["min"], COVERAGE()["facts"]["asked_verbatim_over_draws"]["max"],
+              COVERAGE()["facts"]["asked"], COVERAGE()["facts"]["draws"], COVERAGE()["facts"]["cloze_among_derived"],
+              COVERAGE()["facts"]["asked"], COVERAGE()["facts"]["cloze_over_draws"]["min"],
+              COVERAGE()["facts"]["cloze_over_draws"]["max"], COVERAGE()["documents"]["cloze_among_derived"],
+              COVERAGE()["documents"]["asked"])),
     (PAGE, "(the labelled setting above) kv-prefix reaches {:.0f}% of its reference", lambda: share_of(QUESTIONS, "kv-prefix", CONSENSUS)),
     (PAGE, "It gives {} of keep-prompt's {} right answers on the 16 episodes, against {} for the old data stage",
      lambda: (sweep("kv-prefix:derived")["right"], sweep("kv-prefix:derived")["keep_prompt_right"], sweep("kv-prefix")["right"])),
