@@ -6,6 +6,9 @@
 #   bash scripts/env.sh bash results/press-curve/run.sh presses    # kvpress's presses at 50/25/10/5% (minutes)
 #   bash scripts/env.sh bash results/press-curve/run.sh trained    # kv-prefix (document / press starts), distill-lora
 #   bash scripts/env.sh python results/press-curve/summary.py
+# The one test run (fresh episodes, after the choice on validation; results/press-curve/test.sh):
+#   SPLIT=test SEED=100 RATIOS="0.25 0.1" bash results/press-curve/run.sh presses
+#   SPLIT=test SEED=100 STARTS=document,press bash results/press-curve/run.sh trained
 set -euo pipefail
 phase=${1:-presses}
 split=${SPLIT:-validation}
@@ -20,7 +23,7 @@ declare -A task_sets=([facts]="--task facts --set people=2" [documents]="--task 
 declare -A press_episodes=([facts]=6 [documents]=6 [long]=3)
 if [ "$phase" = presses ]; then
   for task in facts documents long; do
-    for ratio in 0.5 0.25 0.1 0.05; do
+    for ratio in ${RATIOS:-0.5 0.25 0.1 0.05}; do
       incontext compare --model smollm2 ${task_sets[$task]} --split "$split" --seed "$seed" \
         --episodes "${press_episodes[$task]}" --ratio "$ratio" --methods "${press_methods%,}" "${press_sets[@]}" \
         --out "$scratch/$task-$ratio"
@@ -29,19 +32,21 @@ if [ "$phase" = presses ]; then
 elif [ "$phase" = trained ]; then
   # kv-prefix from the document's first p tokens (its default) and from KVzip's kept K/V at their own positions, and
   # re-rotated from SnapKV's (same count per head) to 0..p-1; distill-lora at its default rank (its bytes are its own)
-  episodes=${TRAINED_EPISODES:-3}
+  episodes=${TRAINED_EPISODES:-2}
+  starts=${STARTS:-document,press,rerotated}
   for task in facts documents; do
     for ratio in 0.25 0.1; do
       extra=()
       [ "$ratio" = 0.25 ] && extra=(--set distill-lora.progress=false)
-      methods="kv-prefix:document,kv-prefix:press,kv-prefix:rerotated"
+      methods=$(echo "$starts" | sed 's/\([a-z]*\)/kv-prefix:\1/g')
+      methods="kv-press:kvzip,$methods"  # the best press on the same episodes (paired)
       [ "$ratio" = 0.25 ] && methods="$methods,distill-lora"
       incontext compare --model smollm2 ${task_sets[$task]} --split "$split" --seed "$seed" --episodes "$episodes" \
         --ratio "$ratio" --methods "$methods" \
-        --set kv-prefix:document.progress=false --set kv-prefix:press.progress=false --set kv-prefix:rerotated.progress=false \
-        --set kv-prefix:press.init=press --set kv-prefix:press.press=kvzip \
-        --set kv-prefix:rerotated.init=press-rerotated --set kv-prefix:rerotated.press=snapkv \
-        "${extra[@]}" --out "$scratch/trained-$task-$ratio"
+        $(for s in ${starts//,/ }; do echo "--set kv-prefix:$s.progress=false"; done) \
+        $([[ $starts == *press* ]] && echo "--set kv-prefix:press.init=press --set kv-prefix:press.press=kvzip") \
+        $([[ $starts == *rerotated* ]] && echo "--set kv-prefix:rerotated.init=press-rerotated --set kv-prefix:rerotated.press=snapkv") \
+        --set kv-press:kvzip.press=kvzip "${extra[@]}" --out "$scratch/trained-$task-$ratio"
     done
   done
 else

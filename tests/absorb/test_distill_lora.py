@@ -56,14 +56,14 @@ def test_kl_to_the_prompted_model_decreases():
     samples = model.generate(prompt[None].expand(4, 40), 12, greedy=False, generator=torch.Generator().manual_seed(99))
     held_out = samples[:, 40:]
     assert kl(model, adapted, prompt, held_out) < 0.92 * kl(model, untrained, prompt, held_out)
-    losses = adapted.history["kl"]
+    losses = adapted.history["loss"]
     assert len(losses) == 40 and sum(losses[-5:]) < 0.6 * sum(losses[:5])
 
 
 def test_early_stop_on_a_kl_plateau():
     model, prompt = llama_like(), ids(30, 1)
     adapted = method(steps=50, patience=2, min_improvement=1.0).absorb(model, prompt)  # any loss is a plateau
-    assert adapted.history["stopped_early"] and adapted.history["steps"] == len(adapted.history["kl"]) == 4
+    assert adapted.history["stopped_early"] and adapted.history["steps"] == len(adapted.history["loss"]) == 4
     adapted = method(steps=3, patience=2, min_improvement=1.0, progress=True).absorb(model, prompt)
     assert not adapted.history["stopped_early"] and adapted.history["steps"] == 3
 

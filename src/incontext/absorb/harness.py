@@ -153,6 +153,7 @@ class MethodRecord:
     query_ms: list[float] = field(default_factory=list)
     kept_bytes: list[int] = field(default_factory=list)
     peak_bytes: list[int] = field(default_factory=list)
+    train_steps: list[int] = field(default_factory=list)  # a trained method's steps per absorb (its history)
     errors: list[str] = field(default_factory=list)
     trained_on_questions: bool = False  # the method learned from the episodes' training questions
     part_scores: list[list[float]] = field(default_factory=list)  # composed rows: per episode, the score per part
@@ -192,6 +193,8 @@ class MethodRecord:
         row["kept_bytes"] = int(statistics.median(self.kept_bytes))
         peaks = [p for p in self.peak_bytes if p is not None]
         row["peak_bytes"] = max(peaks) if peaks else None
+        if self.train_steps:  # the steps training ran before its plateau stop (median over episodes)
+            row["train_steps"] = statistics.median(self.train_steps)
         if self.part_scores:
             composed = [statistics.fmean(s) for s in zip(*self.part_scores)]
             alone = [statistics.fmean(s) for s in zip(*self.alone_scores)]
@@ -309,6 +312,9 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                 record.absorb_ms.append(absorb_ms)
                 record.kept_bytes.append(adapted.kept_bytes(instances[name].runs_on(model)))
                 record.peak_bytes.append(peak.peak)
+                steps = (getattr(adapted, "history", None) or {}).get("steps")
+                if isinstance(steps, int):
+                    record.train_steps.append(steps)
                 scores = [metric.score_query(out, q, calibration) for out, q in zip(outs, queries)] if answers is None \
                     else [metric.score_answer(out, q, a) for out, q, a in zip(outs, queries, answers)]
                 record.episode_scores.append(metric.episode_score(scores))

@@ -301,7 +301,7 @@ class PressedCache(CacheBuffers):
 
 @dataclass
 class KVPressOptions:
-    press: str = "kvzip"  # the kvpress press (absorb --list shows the installed kvpress's: kvzip, snapkv, ...)
+    press: str = "kvzip"  # a press of the installed kvpress that takes a ratio alone (kvzip, snapkv, tova, knorm, ...)
     ratio: float = limit(0.25, gt=0, max=1)  # the share of the document's K/V kept (kvpress's compression_ratio = 1 - ratio)
     document_start: int | None = limit(None, min=0)  # the template's tokens before the document (default: from the chat template)
 
