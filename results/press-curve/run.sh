@@ -20,7 +20,7 @@ press_sets=()
 for p in "${presses[@]}"; do press_sets+=(--set "kv-press:$p.press=$p"); done
 declare -A task_sets=([facts]="--task facts --set people=2" [documents]="--task documents"
                       [long]="--task facts --set people=14")
-declare -A press_episodes=([facts]=6 [documents]=6 [long]=3)
+declare -A press_episodes=([facts]=6 [documents]=6 [long]=${LONG_EPISODES:-3})
 if [ "$phase" = presses ]; then
   for task in facts documents long; do
     for ratio in ${RATIOS:-0.5 0.25 0.1 0.05}; do

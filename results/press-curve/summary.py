@@ -10,6 +10,8 @@ from pathlib import Path
 
 import matplotlib
 
+from incontext.stats import paired_share_interval95
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -30,6 +32,10 @@ def collect(scratch: Path) -> list[dict]:
             if label in ("keep-prompt", "drop-prompt") and budget != "0.25":
                 continue  # the references once per task (their numbers do not depend on the budget)
             ok = row["status"] == "ok"
+            paired = None
+            if ok and "episode_scores" in row and "episode_scores" in keep:  # episodes resampled together
+                paired = paired_share_interval95([e["score"] for e in row["episode_scores"]],
+                                                 [e["score"] for e in keep["episode_scores"]])
             points.append({
                 "task": task, "group": "trained" if trained else "presses", "budget": None if label in ("keep-prompt", "drop-prompt") else float(budget),
                 "method": label, "status": row["status"], "reason": row.get("reason", ""),
@@ -37,6 +43,7 @@ def collect(scratch: Path) -> list[dict]:
                 "high": row["score"]["high"] if ok else None,
                 "share_of_keep_prompt": row["score"]["mean"] / keep["score"]["mean"] if ok and keep["score"]["mean"] else None,
                 "kept_share": row["kept_bytes"] / keep["kept_bytes"] if ok else None,
+                "share_interval": None if paired is None else [paired["low"], paired["high"]],
                 "kept_bytes": row.get("kept_bytes"), "absorb_ms": row.get("absorb_ms"), "train_steps": row.get("train_steps"), "episodes": results["episodes"],
                 "queries": results["queries"], "prompt_tokens": results["mean_prompt_tokens"],
                 "command": results["command"]})
@@ -68,12 +75,15 @@ def table(points: list[dict]) -> str:
                         cells.append(p["status"])
                     else:
                         steps = "" if p.get("train_steps") is None else f"; {p['train_steps']:g} steps"
-                        cells.append(f"{100 * p['score']:.1f}% ({100 * p['share_of_keep_prompt']:.0f}%; "
+                        band = "" if not p.get("share_interval") else \
+                            f" [{100 * p['share_interval'][0]:.0f}, {100 * p['share_interval'][1]:.0f}]"
+                        cells.append(f"{100 * p['score']:.1f}% ({100 * p['share_of_keep_prompt']:.0f}%{band}; "
                                      f"{100 * p['kept_share']:.1f}% kept{steps})")
                         absorb.append(p["absorb_ms"] / 1000)
                 lines.append(f"| {method} | " + " | ".join(cells) + (f" | {max(absorb):.1f} |" if absorb else " | |"))
             lines.append("")
-    lines.append("Cells: exact match (its share of keep-prompt's answers on the same episodes; the measured kept share of "
+    lines.append("Cells: exact match (its share of keep-prompt's answers on the same episodes, with a paired bootstrap 95% "
+                 "interval where the run kept per-episode scores; the measured kept share of "
                  "the document's K/V bytes: distill-lora's adapter bytes against the same K/V). absorb s: the largest "
                  "per-document absorb time over the budgets (CPU time per thread, 2 threads); steps: a trained method's "
                  "training steps before its plateau stop (median over the episodes).")
