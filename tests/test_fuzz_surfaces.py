@@ -128,3 +128,22 @@ def test_lm_eval_model_arguments_are_one_line_errors(llama, tmp_path, model_args
     assert run.returncode == 2, run.stderr
     ours = [line for line in run.stderr.splitlines() if line.startswith("incontext: error:")]
     assert len(ours) == 1 and fragment in ours[0] and "Traceback" not in run.stderr, run.stderr
+
+
+def test_export_model_writes_a_transformers_folder_and_refuses_a_used_one(llama, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "mine.txt").write_text("keep me")
+    before = snapshot(tmp_path)
+    code, err = run_cli(capsys, ["export-model", "--model", llama, "--out", used])
+    assert_one_line_error(code, err, "not a new or empty folder")
+    assert snapshot(tmp_path) == before
+    code, err = run_cli(capsys, ["export-model", "--model", llama, "--out", tmp_path / "base"])
+    assert code == 0, err
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    assert AutoTokenizer.from_pretrained(tmp_path / "base").chat_template
+    assert not list((tmp_path / "base").glob(".incontext*"))  # a plain transformers folder
+    original = AutoModelForCausalLM.from_pretrained(llama)
+    assert all((a == b).all() for a, b in zip(model.state_dict().values(), original.state_dict().values()))

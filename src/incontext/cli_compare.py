@@ -150,7 +150,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
                        "validation_episodes": spec.validation_episodes, "validation_seed": episode_seed("validation", spec.seed)}
     episodes = source.episodes(spec.episodes, seed, tokenizer=loaded.tokenizer, task=loaded.task)
     rows = compare(loaded.model, source, episodes, method_options, progress=progress, codec=loaded.tokenizer,
-                   speed=Speed(tf32=spec.tf32), writer=writer)
+                   speed=Speed(tf32=spec.tf32), writer=writer, per_episode=True)  # paired intervals from the file
     results = {
         "model": spec.model, "model_description": loaded.description, "task": spec.task, "metric": source.metric,
         "higher_is_better": source.higher_is_better, "task_options": vars(source.config), "episodes": len(episodes),
