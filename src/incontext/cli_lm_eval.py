@@ -64,7 +64,7 @@ def base_spec(folder: Path) -> str:
     return spec
 
 
-class ModelArgsError(Exception):
+class ModelArgsError(ValueError):
     """The incontext model's --model_args do not make a model (a folder that is not an absorb folder, an unknown
     argument): main() prints it as one line and exits with status 2."""
 

@@ -72,6 +72,17 @@ PLACEMENT = "placement-test/{}"  # keep-prompt on the 20 test episodes: plain, c
 LEARNED = "compare-smollm2-facts-learned-tuned"  # iclca-approx with learned maps (dev split)
 
 
+def curve(task: str, method: str, budget: float, group: str = "presses", split: str = "test") -> dict:
+    """A point of the compression curve (results/press-curve/curve-SPLIT.json, summary.py)."""
+    points = json.loads((ROOT / f"results/press-curve/curve-{split}.json").read_text())
+    return next(p for p in points if p["task"] == task and p["method"] == method and p["budget"] == budget
+                and p["group"] == group)
+
+
+def curve_share(task: str, method: str, budget: float, group: str = "presses") -> float:
+    return 100 * curve(task, method, budget, group)["share_of_keep_prompt"]
+
+
 def share_of(path: str, method: str, reference: str) -> float:
     """A row's exact match as a percentage of another row's in the same run."""
     return 100 * row(path, method)["score"]["mean"] / row(path, reference)["score"]["mean"]

@@ -27,8 +27,9 @@ def test_save_result_writes_results_tables_and_figures(tmp_path):
     result = Result({"values": [1.0, float("nan")]}, {"table.md": lambda r: f"| n |\n|---|\n| {len(r['values'])} |"},
                     {"values.png": figure})
     written = save_result(result, tmp_path, "toy", ToyConfig())
-    assert list(written) == ["experiment", "config", "values"] and written["config"] == {"size": 3}
-    assert json.loads((tmp_path / "results.json").read_text()) == {"experiment": "toy", "config": {"size": 3}, "values": [1.0, None]}
+    assert list(written) == ["experiment", "config", "values", "code"] and written["config"] == {"size": 3}
+    assert json.loads((tmp_path / "results.json").read_text()) == {"experiment": "toy", "config": {"size": 3}, "values": [1.0, None],
+                                                                   "code": written["code"]}  # the commit it ran at
     assert (tmp_path / "table.md").read_text() == "| n |\n|---|\n| 2 |\n"
     assert (tmp_path / "values.png").stat().st_size > 0
 

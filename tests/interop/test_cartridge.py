@@ -212,9 +212,14 @@ def test_what_a_cartridge_cannot_hold_is_a_one_line_error(tmp_path):
 
     ours = Transformer(TransformerConfig(n_layer=2, n_head=2, d_model=16, vocab_size=VOCAB, max_seq_len=64)).eval()
     prefix = get_absorb_method("kv-prefix", prefix_tokens=4, steps=0, passes=0, progress=False).absorb(ours, ids(8, 1))
-    with pytest.raises(ValueError, match="serves a transformers model") as error:
-        save_cartridge(prefix, tmp_path / "ours")
-    assert len(str(error.value).splitlines()) == 1 and not (tmp_path / "ours").exists()
+    info = save_cartridge(prefix, tmp_path / "ours")  # our GPT-style Transformer: written for its GPT-2 twin
+    assert info["family"] == "gpt2" and (tmp_path / "ours" / "adapter_model.safetensors").is_file()
+    linear = Transformer(TransformerConfig(n_layer=2, n_head=2, d_model=16, vocab_size=VOCAB, max_seq_len=64,
+                                           positions="rope", norm="rmsnorm", mlp="swiglu", scale_attn=False)).eval()
+    unfit = get_absorb_method("kv-prefix", prefix_tokens=4, steps=0, passes=0, progress=False).absorb(linear, ids(8, 1))
+    with pytest.raises(ValueError, match="has no transformers form") as error:  # exports to no family
+        save_cartridge(unfit, tmp_path / "unfit")
+    assert len(str(error.value).splitlines()) == 1 and not (tmp_path / "unfit").exists()
     lm, _ = tiny("llama")
     k = torch.randn(1, 2, 4, 8)
     mixed = TrainedPrefix(lm, Cache(layers=[HFLayerState(k, k, 4), HFLayerState(k[:, :1], k[:, :1], 4)], position=4))
