@@ -33,7 +33,7 @@ def collect(scratch: Path) -> list[dict]:
                 continue  # the references once per task (their numbers do not depend on the budget)
             ok = row["status"] == "ok"
             paired = None
-            if ok and "episode_scores" in row and "episode_scores" in keep:  # episodes resampled together
+            if ok and len(row.get("episode_scores", [])) > 1 and "episode_scores" in keep:  # episodes resampled together
                 paired = paired_share_interval95([e["score"] for e in row["episode_scores"]],
                                                  [e["score"] for e in keep["episode_scores"]])
             points.append({

@@ -7,5 +7,5 @@
 set -euo pipefail
 export SPLIT=test SEED=100 RATIOS="0.25 0.1"
 LONG_EPISODES=1 bash results/press-curve/run.sh presses
-STARTS=${CHOSEN_START:-press} TRAINED_EPISODES=3 bash results/press-curve/run.sh trained
+STARTS=${CHOSEN_START:-press} TRAINED_EPISODES=2 bash results/press-curve/run.sh trained
 python results/press-curve/summary.py --split test

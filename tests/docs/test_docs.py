@@ -161,6 +161,21 @@ HEADLINES = [
     ("{:.1f}% exact match vs keep-prompt's {:.1f}% at a quarter of its bytes from the document alone (demo, {:.1f} s to absorb on",
      lambda: (100 * row(DEMO, "kv-prefix")["score"]["mean"], 100 * row(DEMO, "keep-prompt")["score"]["mean"],
               seconds(DEMO, "kv-prefix"))),
+    ("KVzip at a quarter of the document's K/V: {:.0f}% of keep-prompt's answers on {} `facts` test episodes, {:.0f}% on "
+     "`documents`; at a tenth {:.0f}% and {:.0f}%, in {:.1f} s; the five other presses at most {:.0f}% at a quarter |",
+     lambda: (curve_share("facts", "kv-press:kvzip", 0.25), curve("facts", "kv-press:kvzip", 0.25)["episodes"],
+              curve_share("documents", "kv-press:kvzip", 0.25), curve_share("facts", "kv-press:kvzip", 0.1),
+              curve_share("documents", "kv-press:kvzip", 0.1),
+              max(curve(t, "kv-press:kvzip", b)["absorb_ms"] for t in ("facts", "documents") for b in (0.25, 0.1)) / 1000,
+              max(curve_share(t, f"kv-press:{m}", 0.25) for t in ("facts", "documents")
+                  for m in ("snapkv", "expectedattention", "knorm", "tova", "streamingllm")))),
+    ("KVzip keeps {:.0f}% and {:.0f}% of keep-prompt's answers on `facts` and `documents` ({} episodes each), kv-prefix started\n"
+     "from KVzip's kept K/V and trained {:.0f}% and {:.0f}%; at a tenth KVzip {:.0f}% and {:.0f}%, kv-prefix {:.0f}% and {:.0f}%",
+     lambda: (curve_share("facts", "kv-press:kvzip", 0.25, "trained"), curve_share("documents", "kv-press:kvzip", 0.25, "trained"),
+              curve("facts", "kv-press:kvzip", 0.25, "trained")["episodes"],
+              curve_share("facts", "kv-prefix:press", 0.25, "trained"), curve_share("documents", "kv-prefix:press", 0.25, "trained"),
+              curve_share("facts", "kv-press:kvzip", 0.1, "trained"), curve_share("documents", "kv-press:kvzip", 0.1, "trained"),
+              curve_share("facts", "kv-prefix:press", 0.1, "trained"), curve_share("documents", "kv-prefix:press", 0.1, "trained"))),
     ("{:.1f}% exact match on `facts` (demo); perplexity", lambda: 100 * row(DEMO, "dynamic-eval")["score"]["mean"]),
     ("{:.1f}% exact match on `facts` (demo, FAVOR+); {:.1f}% vs keep-prompt's {:.1f}% with learned maps",
      lambda: (100 * row(DEMO, "iclca-approx")["score"]["mean"], 100 * row(LEARNED, "iclca-approx")["score"]["mean"],
@@ -187,9 +202,6 @@ HEADLINES = [
      lambda: (result(TEST_CONT)["episodes"], ce_share(TEST_CONT, "kv-prefix"),
               row(TEST_CONT, "drop-prompt")["score"]["mean"] - row(TEST_CONT, "keep-prompt")["score"]["mean"],
               ce_share(TEST_CONT, "kv-prefix:windows"), ce_share(TEST_CONT, "distill-lora"))),
-    ("keep-prompt answers {:.1f}% of the questions asked as chat turns with the facts as the system turn, {:.1f}% with "
-     "them in a\n\"Remember these facts\" user turn, and {:.1f}% as plain text",
-     lambda: tuple(100 * row(PLACEMENT.format(p), "keep-prompt")["score"]["mean"] for p in ("chat-system", "chat-user", "plain"))),
     # with training questions
     ("distill-lora answers {} and kv-prefix {} of the {} questions, against {} for keep-prompt and {} for keep-prompt\nwith "
      "the same wordings' consensus",
