@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,10 +79,15 @@ def document_start(codec, ids: list[int]) -> int:
     return len(head) if head and ids[: len(head)] == head else 0
 
 
+def _reconstructs(cls: type) -> bool:
+    """KVzip and its kind: `prepare` writes a reconstruction prompt with the tokenizer, after a template prefix it
+    measures on a user turn."""
+    return "prepare" in vars(cls)
+
+
 def _placed(cls: type, start: int) -> type:
-    """`cls` (KVzip and its kind: they measure a template prefix on a user turn in `prepare`) told that the document
-    starts at `start` instead; other presses as they are."""
-    if "prepare" not in vars(cls) or not hasattr(cls(), "prefix_length"):
+    """`cls` (a press that reconstructs) told that the document starts at `start` instead; other presses as they are."""
+    if not _reconstructs(cls):
         return cls
 
     class Placed(cls):
@@ -135,7 +141,7 @@ def _tokenizer_folder(hf, codec):
     with tempfile.TemporaryDirectory() as scratch:
         if folder is None and tokenizer is not None:
             path = getattr(tokenizer, "name_or_path", "")
-            if path and (__import__("pathlib").Path(path) / "tokenizer_config.json").is_file():
+            if path and (Path(path) / "tokenizer_config.json").is_file():
                 folder = path
             else:
                 tokenizer.save_pretrained(scratch)
@@ -163,7 +169,7 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
     bos = getattr(model, "bos_id", None)
     if bos is not None:  # the Hugging Face backend reads its BOS first (HFCausalLM.read_bos_first): the press sees it
         ids = torch.cat([torch.full_like(prompt[:, :1], bos), prompt], 1)
-    if codec is None and "prepare" in vars(classes[press]):
+    if codec is None and _reconstructs(classes[press]):
         raise ValueError(f"kv-press: {press} writes its reconstruction prompt with the model's tokenizer: give codec= "
                          "(incontext absorb and compare do)")
     start = document_start(codec, prompt[0].tolist()) if start is None else start
@@ -178,7 +184,8 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
         cache = DynamicCache(config=hf.config)
         attention = [layer.self_attn for layer in hf.model.layers]
         try:
-            with _tokenizer_folder(hf, codec), instance(hf):
+            tokenizer = _tokenizer_folder(hf, codec) if _reconstructs(classes[press]) else contextlib.nullcontext()
+            with tokenizer, instance(hf):  # only a press that reconstructs reads the tokenizer from a folder
                 hf.model(input_ids=ids.to(next(hf.parameters()).device), past_key_values=cache)
             masks = [getattr(module, "masked_key_indices", None) for module in attention]
         except (AssertionError, ValueError, RuntimeError, OSError, KeyError, AttributeError, IndexError) as error:
@@ -219,10 +226,10 @@ def kept_pair_bytes(cache: Cache) -> int:
 
 def cache_layout(cache: Cache) -> dict[str, Any]:
     """What rebuilds an empty cache of this layout (PressedCache.empty; kv-prefix's press start)."""
-    return {"position": cache.position, "shapes": [list(k.shape) for k, _ in cache_kv(cache)],
-            "value_shapes": [list(v.shape) for _, v in cache_kv(cache)],
+    kv = cache_kv(cache)
+    return {"position": cache.position, "shapes": [list(k.shape) for k, _ in kv], "value_shapes": [list(v.shape) for _, v in kv],
             "masked": [isinstance(layer, MaskedKV) for layer in cache.layers],
-            "seen": [int(getattr(layer, "seen", k.shape[-2])) for layer, (k, _) in zip(cache.layers, cache_kv(cache))]}
+            "seen": [int(getattr(layer, "seen", k.shape[-2])) for layer, (k, _) in zip(cache.layers, kv)]}
 
 
 def empty_cache(base: nn.Module, layout: dict[str, Any]) -> Cache:
