@@ -359,11 +359,13 @@ def test_train_queries_reach_the_method_as_from_python(method, options, placemen
     file.write_text(TRAIN_QUERIES)
     out = tmp_path / method
     options = options + ["wording_ensemble=true"]
-    code, _, err = run(capsys, "absorb", "--model", llama, "--method", method, "--prompt", PROMPT, "--train-queries",
-                       str(file), "--placement", placement, "--out", str(out),
-                       *[x for option in options for x in ("--set", option)])
+    code, printed, err = run(capsys, "absorb", "--model", llama, "--method", method, "--prompt", PROMPT, "--train-queries",
+                             str(file), "--placement", placement, "--out", str(out),
+                             *[x for option in options for x in ("--set", option)])
     assert code == 0, err
     record = json.loads((out / "absorb.json").read_text())
+    held = record["history"]["heldout_kl"]  # the true KL on fresh continuations, in absorb.json and printed
+    assert f"held-out KL(teacher || student): {held['before']:.4f} -> {held['after']:.4f}" in printed
     text = "Ada Lovelace was born in\nWhere was Ada born?\n\nWhat pet does Alan have?"
     assert record["train_queries"] == {"questions": 2, "wordings": 3, "sha256": hashlib.sha256(text.encode()).hexdigest()}
     assert record["history"]["pool"]["train_queries"] == 3 and record["placement"] == placement

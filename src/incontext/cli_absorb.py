@@ -219,6 +219,10 @@ def absorb(args, runtime: Runtime) -> int:
     print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
     if (record.get("history") or {}).get("steps") == 0:  # e.g. kv-prefix with steps=0: its initial prefix
         print(f"nothing was trained (0 steps): the adapted model is {args.method}'s starting point")
+    held = (record.get("history") or {}).get("heldout_kl")
+    if held:  # the true KL on fresh continuations training never saw (distill.heldout_kl)
+        print(f"held-out KL(teacher || student): {held['before']:.4f} -> {held['after']:.4f} nats per position "
+              f"({held['sequences']} fresh continuations, {held['positions']} positions)")
     rollbacks = (record.get("history") or {}).get("rollbacks", 0)
     if rollbacks:  # the divergence guard acted (absorb/distill.py, Rollback)
         print(f"training diverged {rollbacks} time(s); each time it went back to its best snapshot at half the "

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..config import limit
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
 from .base import AbsorbMethod, AdaptedModel, Speed
-from .self_study import StudyOptions, study
+from .self_study import StudyOptions, heldout_sequences, study
 
 
 @dataclass
@@ -47,6 +47,7 @@ class TrainOptions:
     autocast: Literal["none", "bfloat16", "float16"] = "bfloat16"  # training's matmuls in this dtype ("none": the model's)
     seed: int = limit(0, min=0)  # every draw of the data stage and of training
     compose_steps: int = limit(0, min=0)  # compose: train the combination this many steps on both data stages
+    heldout: int = limit(2, min=0)  # fresh continuations never trained on: the full KL before and after training
     study: StudyOptions = field(default_factory=StudyOptions)  # the data stage (--set study.OPTION=VALUE)
 
 
@@ -119,6 +120,18 @@ def distillation_kl(student, batch, argmax_weight: float = 0.0, tail: bool = Fal
     """distillation_loss of `student` ((B, L) ids -> logits) on a batch of the stage's sequences."""
     tensors = distillation_batch(batch)
     return distillation_loss(student(tensors["tokens"]), tensors, argmax_weight, tail)
+
+
+@torch.no_grad()
+def heldout_kl(student: "Student", sequences: list) -> float | None:
+    """The full KL(teacher || student) in nats per taught position of `student` on sequences with the teacher's full
+    log-probabilities (self_study.heldout_sequences; distillation_loss at k = V: a true divergence, >= 0), in the
+    student's own dtype (no autocast); None for no sequences."""
+    if not sequences:
+        return None
+    tensors = distillation_batch(sequences)
+    logits = student.module(tensors["tokens"], **student.inputs(tensors["tokens"].shape[0]))
+    return float(distillation_loss(logits, tensors))
 
 
 # ----------------------------------------------------------------------------- the training loop
@@ -407,11 +420,18 @@ class Distiller(AbsorbMethod):
                                           groups=train_groups, static_decode=self.speed.static_decode,
                                           writer=self.writer)
                 student = self.student(model, prompt, generator, sequences, queries=queries, **prepared)
+                total = training_steps(self.steps, self.passes, len(sequences), self.batch_size)
+                # the held-out batch: its own generator, so training's draws are those of a run without it
+                held = heldout_sequences(model, prompt, self.study, torch.Generator().manual_seed(self.seed + 1),
+                                         self.heldout) if total and self.heldout else []
+                before = heldout_kl(student, held)
             finally:
                 model.train(was_training)
             teacher_seconds = time.perf_counter() - start
-            total = training_steps(self.steps, self.passes, len(sequences), self.batch_size)
             history = self._train(student, sequences, generator, total) if total else {"loss": [], "steps": 0}
+            if held:
+                history["heldout_kl"] = {"before": before, "after": heldout_kl(student, held), "sequences": len(held),
+                                         "positions": sum(item[1].shape[0] for item in held)}
         adapted = self.adapted(model, student, **prepared)
         adapted.sequences = sequences  # the data stage, for compose_steps (in memory only: never saved)
         adapted.history = {**history, "pool": counts, "teacher_seconds": teacher_seconds,

@@ -163,6 +163,22 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     return sequences, counts
 
 
+def heldout_sequences(model, prompt: torch.Tensor, options: StudyOptions, generator: torch.Generator,
+                      n: int) -> list:
+    """`n` fresh continuations of the document (the data stage's continuation kind: `continuation_tokens` at
+    `temperature`, after the first chunk the teacher reads) with the teacher's full log-probabilities: a held-out
+    batch, never trained on, on which the full KL(teacher || student) is measured (distill.heldout_kl)."""
+    a, b = chunk_spans(prompt.shape[0], options.chunk_tokens, model.config.max_seq_len)[0]
+    room = (model.config.max_seq_len or b - a + options.continuation_tokens) - (b - a)
+    if n <= 0 or room <= 0:
+        return []
+    cache = Cache.empty(model.config.n_layer)
+    last = model(prompt[None, a:b], cache=cache)[0, -1]
+    tokens, logits = _sample(model, cache, last, n, min(options.continuation_tokens, room), options.temperature,
+                             generator, decode="never")
+    return [(t, F.log_softmax(_wide(x), -1)) for t, x in zip(tokens, logits)]
+
+
 def chunk_spans(m: int, chunk_tokens: int, max_len: int | None) -> list[tuple[int, int]]:
     """The chunks of an m-token document the teacher reads, as (start, end): the whole document when `chunk_tokens`
     is 0 and the model's context (max_len) holds it, else windows of `chunk_tokens` (0: half the context) at a

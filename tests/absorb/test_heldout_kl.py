@@ -1,0 +1,60 @@
+"""The held-out readout of kv-prefix's and distill-lora's training (distill.heldout_kl): the full KL(teacher || student)
+on fresh teacher continuations of the document that training never sees, before and after training. It is a true
+KL (checked against a plain float64 computation from the prompted model), and it changes nothing trained."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("peft")
+
+from incontext.absorb import get_absorb_method  # noqa: E402
+from incontext.absorb.distill import Student, heldout_kl  # noqa: E402
+from incontext.absorb.self_study import StudyOptions, heldout_sequences  # noqa: E402
+from test_kv_prefix import FAST, tiny  # noqa: E402  (the same tiny float64 Transformer)
+
+
+def prompt(seed=1, m=20):
+    return torch.randint(0, 61, (m,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_heldout_targets_are_the_prompted_models_full_distributions(seed):
+    model, ids = tiny(seed=seed), prompt(seed)
+    held = heldout_sequences(model, ids, StudyOptions(continuation_tokens=7), torch.Generator().manual_seed(seed), 3)
+    assert len(held) == 3
+    for tokens, log_p in held:
+        assert tokens.shape == (7,) and log_p.shape == (7, 61)
+        plain = F.log_softmax(model(torch.cat([ids, tokens])[None])[0, ids.shape[0]:].double(), -1)
+        torch.testing.assert_close(log_p, plain, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_heldout_kl_is_the_full_kl_of_the_student(seed):
+    model, ids = tiny(seed=seed), prompt(seed)
+    held = heldout_sequences(model, ids, StudyOptions(continuation_tokens=5), torch.Generator().manual_seed(seed), 2)
+    student = tiny(seed=seed + 1)  # another model as the student: a KL well above 0
+    kl = heldout_kl(Student(params=[], module=student), held)
+    total, positions = 0.0, 0
+    for tokens, log_p in held:
+        log_q = F.log_softmax(student(tokens[None])[0].double(), -1)
+        total += float((log_p.exp() * (log_p - log_q)).sum())
+        positions += tokens.shape[0]
+    assert kl == pytest.approx(total / positions, rel=1e-9) and kl > 0.01
+    assert heldout_kl(Student(params=[], module=model), []) is None
+
+
+@pytest.mark.parametrize("method", ["kv-prefix", "distill-lora"])
+def test_the_readout_is_recorded_and_changes_nothing_trained(method):
+    model, ids = tiny(), prompt()
+    options = {**FAST, "steps": 6}
+    read = get_absorb_method(method, **options).absorb(model, ids[None])
+    plain = get_absorb_method(method, **options, heldout=0).absorb(model, ids[None])
+    record = read.history["heldout_kl"]
+    assert record["sequences"] == 2 and record["positions"] == 2 * FAST["continuation_tokens"]
+    assert record["before"] >= 0 and record["after"] >= 0
+    assert "heldout_kl" not in plain.history and read.history["loss"] == plain.history["loss"]
+    for a, b in zip(read.state_dict().values(), plain.state_dict().values()):
+        assert torch.equal(a, b)
+    # at the start (0 steps) nothing is trained and nothing is read out
+    assert "heldout_kl" not in get_absorb_method(method, **{**options, "steps": 0}).absorb(model, ids[None]).history
