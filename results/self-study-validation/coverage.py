@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from incontext.absorb.kv_prefix import KVPrefixStudy
-from incontext.absorb.self_study import derived_queries, document_text
+from incontext.absorb.self_study import cloze, derived_queries, document_text
 from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
 
@@ -26,15 +26,6 @@ def kind(query: str) -> str:
     if query.startswith("Q: What does the text say about ") and query.endswith("?\nA:"):
         return "about"
     return "question" if query.startswith("Q: ") and query.endswith("?\nA:") else "prefix"
-
-
-def cloze(text: str, answer: str) -> str | None:
-    """The asked fact's sentence up to its answer (what the sentence-prefix rule cuts), or None."""
-    at = text.find(answer)
-    if at < 0:
-        return None
-    start = max(text.rfind(mark, 0, at) for mark in (".", "\n", "!", "?")) + 1
-    return text[start:at].strip() or None
 
 
 def main() -> None:

@@ -337,3 +337,51 @@ def test_every_row_has_its_costs():
     assert rows["drop-prompt"]["kept_bytes"] == 0
     per_token = 2 * model.config.n_layer * model.config.d_model * 4  # K and V, float32
     assert rows["keep-prompt"]["kept_bytes"] >= per_token * min(e.prompt.shape[0] for e in facts_episodes(2))
+
+
+def test_per_episode_question_records_and_the_derived_split_by_hand():
+    """compare(per_episode=True) keeps each asked question's record: its text, the gold answer, right or wrong (the
+    episode's score is their mean), and for a method whose data stage derived queries from the document, whether the
+    question or its fact's cloze was among the queries it trained on (read again here from the method's own absorb);
+    by_derived adds up the right answers on either side."""
+    from incontext.absorb.self_study import cloze, document_text
+
+    model, codec = tiny(), ByteCodec()
+    source = get_episode_source("facts", people=2)
+    episodes = source.episodes(2, seed=0, tokenizer=codec)
+    options = {"steps": 1, "passes": 0, "progress": False, "heldout": 0}
+    rows = rows_by_method(compare(model, source, episodes, {"kv-prefix": options}, progress=False, codec=codec,
+                                  per_episode=True))
+    for name in ("keep-prompt", "kv-prefix"):
+        row = rows[name]
+        assert [len(e) for e in row["questions"]] == [len(e.queries) for e in episodes]
+        for records, score, episode in zip(row["questions"], row["episode_scores"], episodes):
+            assert statistics.fmean(r["right"] for r in records) == pytest.approx(score["score"])
+            for record, query in zip(records, episode.queries):
+                first = int(query.mask.nonzero()[0])
+                assert record["question"] == codec.decode(query.inputs[: first + 1].tolist()).strip()
+                assert record["answer"] == codec.decode(query.targets[query.mask].tolist()).strip()
+    assert "asked_derived" not in rows["keep-prompt"]["questions"][0][0] and rows["keep-prompt"]["by_derived"] is None
+    covered = 0
+    for records, episode in zip(rows["kv-prefix"]["questions"], episodes):
+        derived = get_absorb("kv-prefix", **options).absorb(model, episode.prompt, codec=codec).history["derived_queries"]
+        assert derived and len(derived) <= 16
+        text = document_text(codec, episode.prompt.flatten().tolist())
+        for record in records:
+            assert record["asked_derived"] == (record["question"] in {d.strip() for d in derived})
+            assert record["cloze_derived"] == (cloze(text, record["answer"]) in {d.strip() for d in derived})
+            covered += record["asked_derived"] or record["cloze_derived"]
+    split = rows["kv-prefix"]["by_derived"]
+    assert split["covered"]["asked"] == covered and split["covered"]["asked"] + split["not_covered"]["asked"] == 14
+    assert split["covered"]["right"] + split["not_covered"]["right"] == sum(
+        r["right"] for e in rows["kv-prefix"]["questions"] for r in e)
+
+
+def test_cloze_is_the_sentence_up_to_the_answer():
+    from incontext.absorb.self_study import cloze
+
+    text = "Ada was born in Paris. She wrote about engines!\nBob has two cats"
+    assert cloze(text, "Paris") == "Ada was born in"
+    assert cloze(text, "engines") == "She wrote about"
+    assert cloze(text, "two cats") == "Bob has"
+    assert cloze(text, "Ada") is None and cloze(text, "Rome") is None and cloze(text, "") is None

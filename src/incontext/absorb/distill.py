@@ -434,7 +434,9 @@ class Distiller(AbsorbMethod):
                                          "positions": sum(item[1].shape[0] for item in held)}
         adapted = self.adapted(model, student, **prepared)
         adapted.sequences = sequences  # the data stage, for compose_steps (in memory only: never saved)
-        adapted.history = {**history, "pool": counts, "teacher_seconds": teacher_seconds,
+        counts = dict(counts)
+        derived = counts.pop("derived_queries", None)  # texts, not a count (an older cached stage has none)
+        adapted.history = {**history, "pool": counts, "derived_queries": derived, "teacher_seconds": teacher_seconds,
                            "train_seconds": time.perf_counter() - start - teacher_seconds}
         return adapted.eval()
 

@@ -47,6 +47,7 @@ from .base import get_absorb_method
 from .generation import greedy_answers
 
 REFERENCE = "keep-prompt"
+QUESTION_METRICS = ("exact", "generated")  # metrics of asked questions: compare(per_episode=True) keeps each one's record
 # the reference that gets the training questions' help: the prompted model answering each query with the consensus
 # of its wordings (the query's own and its training wordings'), as the wording ensemble teaches the students
 CONSENSUS = "keep-prompt (wording consensus)"
@@ -155,6 +156,7 @@ class MethodRecord:
     peak_bytes: list[int] = field(default_factory=list)
     train_steps: list[int] = field(default_factory=list)  # a trained method's steps per absorb (its history)
     errors: list[str] = field(default_factory=list)
+    questions: list[list[dict[str, Any]]] = field(default_factory=list)  # per episode, each query's record (question_records)
     trained_on_questions: bool = False  # the method learned from the episodes' training questions
     part_scores: list[list[float]] = field(default_factory=list)  # composed rows: per episode, the score per part
     alone_scores: list[list[float]] = field(default_factory=list)  # ... and each part's score absorbed alone
@@ -173,6 +175,9 @@ class MethodRecord:
             return row
         if per_episode:  # for paired statistics across methods (episodes that failed are left out)
             row["episode_scores"], row["episode_positions"] = list(self.episode_scores), list(self.episode_positions)
+            if self.questions:
+                row["questions"] = list(self.questions)
+                row["by_derived"] = split_by_derived(self.questions)
         bounded = get_metric(metric).percent  # shares in [0, 1]: a bootstrap interval, which stays within them
         for key in self.episode_scores[0]:
             values = [s[key] for s in self.episode_scores]
@@ -206,6 +211,47 @@ class MethodRecord:
         return row
 
 
+def question_records(queries: list[Query], scores: list, codec, document: str | None,
+                     derived: list[str] | None, answers: list[str] | None = None) -> list[dict[str, Any]]:
+    """Each query as a record: the asked `question` (its text up to the first scored position), the gold `answer`,
+    whether it was answered `right` (the metric's exact hit), the generated `answer_given` (metrics that generate),
+    and, for a method whose data stage derived queries from the document (`derived`: the texts it trained on), whether
+    the question itself (`asked_derived`) or its fact's cloze (`cloze_derived`: the document's sentence up to the
+    answer, self_study.cloze) was among them (None for other methods)."""
+    from .self_study import cloze
+
+    trained = None if derived is None else {d.strip() for d in derived}
+    out = []
+    for i, (query, score) in enumerate(zip(queries, scores)):
+        first = int(query.mask.nonzero()[0])
+        ids = query.inputs.tolist()
+        question = codec.decode(ids[: first + 1]).strip()
+        answer = codec.decode(query.targets[query.mask].tolist()).strip()
+        record = {"question": question, "answer": answer,
+                  "right": bool(score.exact if answers is None else score.correct)}
+        if answers is not None:
+            record["answer_given"] = answers[i]
+        if trained is not None:
+            inner = question.rsplit("Q: ", 1)[-1]  # a chat-templated question's own words
+            record["asked_derived"] = question in trained or f"Q: {inner}" in trained
+            record["cloze_derived"] = document is not None and cloze(document, answer) in trained
+        out.append(record)
+    return out
+
+
+def split_by_derived(questions: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """Right answers among the questions a method's derived queries covered (the question or its cloze among them)
+    and among the others: {"covered": {"right", "asked"}, "not_covered": {...}}; None where no record says."""
+    flat = [q for episode in questions for q in episode if q.get("asked_derived") is not None]
+    if not flat:
+        return None
+    out = {}
+    for key, keep in (("covered", True), ("not_covered", False)):
+        mine = [q for q in flat if (q["asked_derived"] or q["cloze_derived"]) == keep]
+        out[key] = {"right": sum(q["right"] for q in mine), "asked": len(mine)}
+    return out
+
+
 def _model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -219,6 +265,20 @@ def _as_model_input(x: torch.Tensor, model: nn.Module) -> torch.Tensor:
 def method_name(label: str) -> str:
     """A row label is a method name, optionally with a variant after a colon ("iclca-approx:m64")."""
     return label.split(":", 1)[0]
+
+
+def _document_text(codec, prompt: torch.Tensor) -> Callable[[], str | None]:
+    """The episode's document as text, decoded once on first call (None without a tokenizer or token ids)."""
+    text: list[str | None] = []
+
+    def get() -> str | None:
+        if not text:
+            from .self_study import document_text
+
+            ids = None if prompt.is_floating_point() else prompt.flatten().tolist()
+            text.append(None if codec is None or ids is None else document_text(codec, ids))
+        return text[0]
+    return get
 
 
 def _on_model(query: Query, model: nn.Module) -> Query:
@@ -290,6 +350,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
         calibration_query = None if episode.calibration is None else _on_model(episode.calibration, model)
         train = [_as_model_input(t, model) for t in episode.train_queries]
         order = names[index % len(names):] + names[: index % len(names)]
+        document = _document_text(codec, episode.prompt) if per_episode else lambda: None
         outputs: dict[str, list[torch.Tensor]] = {}
         for name in order:
             record = records[name]
@@ -319,6 +380,9 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
                     else [metric.score_answer(out, q, a) for out, q, a in zip(outs, queries, answers)]
                 record.episode_scores.append(metric.episode_score(scores))
                 record.episode_positions.append(sum(s.total for s in scores))
+                if per_episode and codec is not None and tokens and metric.name in QUESTION_METRICS:
+                    derived = (getattr(adapted, "history", None) or {}).get("derived_queries")
+                    record.questions.append(question_records(queries, scores, codec, document(), derived, answers))
                 outputs[name] = outs
                 if name == REFERENCE and consensus is not None and episode.query_groups is not None:
                     try:

@@ -157,8 +157,8 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
                                      groups=None if groups is None else [g for g, home in zip(groups, homes) if home == j],
                                      decode=decode, writer=writer)
         sequences += out
-        for key, value in seen.items():
-            counts[key] = counts.get(key, 0) + value
+        for key, value in seen.items():  # counts add up; the derived queries' texts join
+            counts[key] = counts[key] + value if key in counts else value
     counts["chunks"] = k
     return sequences, counts
 
@@ -241,8 +241,10 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
     def encode(t):
         return torch.tensor(codec.encode(t), device=device)
 
-    written = [("questions", encode(f"Q: {t}\nA:")) for t in questions] + [("derived", encode(t)) for t in derived]
-    written = [(kind, q) for kind, q in written if q.shape[0] + options.answer_tokens < room]
+    written = [("questions", encode(f"Q: {t}\nA:"), t) for t in questions] + [("derived", encode(t), t) for t in derived]
+    written = [(kind, q, t) for kind, q, t in written if q.shape[0] + options.answer_tokens < room]
+    texts = [t for _, _, t in written]
+    written = [(kind, q) for kind, q, _ in written]
     plain = queries + [q for _, q in written]
     answered = _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain], decode)
     if groups is not None:
@@ -258,8 +260,11 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
             sequences.extend([item] * fine)
             for tag in tags if fine else ("ungrounded",):
                 counts[tag] += 1
+        return ok
 
-    keep(answered[len(queries):], [q.shape[0] - 1 for _, q in written], [(kind,) for kind, _ in written])
+    ok = keep(answered[len(queries):], [q.shape[0] - 1 for _, q in written], [(kind,) for kind, _ in written])
+    # the derived queries trained on, as text (the harness reads which asked questions they cover: harness.coverage)
+    counts["derived_queries"] = [t for (kind, _), t, fine in zip(written, texts, ok) if kind == "derived" and fine]
     messages = _seed_messages(writer, text, pen, options, generator) if codec is not None and options.n_conversations else []
     counts["conversations"] = len(messages)
     templated = codec is not None and _has_template(codec)  # a base model (Gemma-3-270M) has no chat template
@@ -444,6 +449,16 @@ def derived_queries(text: str, kinds, limit: int, generator: torch.Generator) ->
         if len(picked) == limit:
             break
     return [q for *_, q in sorted(picked)]
+
+
+def cloze(text: str, answer: str) -> str | None:
+    """The sentence of `text` that holds `answer`, up to it (the form the sentence-prefix rule cuts: "Ada was born
+    in" for "Ada was born in Paris."), or None where the answer is not in the text or starts its sentence."""
+    at = text.find(answer) if answer else -1
+    if at < 0:
+        return None
+    start = max(text.rfind(mark, 0, at) for mark in (".", "\n", "!", "?")) + 1
+    return text[start:at].strip() or None
 
 
 def _name_spans(sentence: str, capitalised: Counter) -> list[tuple[int, int]]:
