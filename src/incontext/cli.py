@@ -89,12 +89,17 @@ def _runtime(args: argparse.Namespace):
     return resolve_runtime(args.device, args.dtype)
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def demo_spec(args: argparse.Namespace):
+    """The CompareSpec `incontext demo` runs (DEMO with the command's --device, --dtype, --tf32, --writer)."""
     from .cli_compare import CompareSpec
 
-    runtime = _runtime(args)
-    spec = CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype, tf32=args.tf32,
+    return CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype, tf32=args.tf32,
                        writer=args.writer)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    runtime = _runtime(args)
+    spec = demo_spec(args)
     print("demo: absorbing documents of invented facts into SmolLM2-135M with every method that applies to a softmax "
           "LM, at their defaults, from the document alone, on the test split (about 7 minutes on 2 CPU cores)")
     _compare(spec, args.out or DEFAULT_OUT / "demo", runtime, owner="demo")
@@ -102,6 +107,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    spec = compare_spec(args)
+    runtime = _runtime(args)
+    _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}", runtime)
+    return 0
+
+
+def compare_spec(args: argparse.Namespace):
+    """The CompareSpec of an `incontext compare` command line (its results.json records cli_compare.command_line of
+    it: tests/docs/test_commands.py reads both back to check a result file against its run script)."""
     from .config import parse_overrides
     from .cli_compare import CompareSpec, parse_tune, split_settings
 
@@ -111,14 +125,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
     if args.validation_episodes < 1:
         raise ValueError(f"--validation-episodes must be >= 1, got {args.validation_episodes}")
-    runtime = _runtime(args)
-    spec = CompareSpec(model=args.model, task=args.task, methods=methods, episodes=args.episodes, seed=args.seed,
-                       split=args.split,
-                       task_options=task_options, method_options=method_options, tune=parse_tune(args.tune),
-                       validation_episodes=args.validation_episodes, device=args.device, dtype=args.dtype,
-                       tf32=args.tf32, writer=args.writer, ratio=args.ratio)
-    _compare(spec, args.out or DEFAULT_OUT / f"compare-{Path(args.model).name}-{args.task}", runtime)
-    return 0
+    return CompareSpec(model=args.model, task=args.task, methods=methods, episodes=args.episodes, seed=args.seed,
+                       split=args.split, task_options=task_options, method_options=method_options,
+                       tune=parse_tune(args.tune), validation_episodes=args.validation_episodes, device=args.device,
+                       dtype=args.dtype, tf32=args.tf32, writer=args.writer, ratio=args.ratio)
 
 
 def _print_options(options: list[list[str]]) -> None:
