@@ -67,7 +67,7 @@ def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
 # no training question) and the test split. No method option is set here: the defaults are the settings chosen on
 # validation episodes for the document alone (docs/absorb-methods.md).
 DEMO = {"model": "smollm2", "task": "facts", "episodes": 5, "split": "test", "task_options": {"people": 2},
-        "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora", "kv-prefix"]}
+        "methods": ["keep-prompt", "drop-prompt", "iclca-approx", "dynamic-eval", "distill-lora", "kv-prefix", "kv-press"]}
 
 
 def _compare(spec, out: Path, runtime, owner: str = "compare") -> dict:
