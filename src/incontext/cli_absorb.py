@@ -415,7 +415,7 @@ def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
     """The distilled adapter as a PEFT folder for the family's own transformers class: directly on the Hugging Face
     backend, through the export of our Transformer (the first family in the table that takes it) otherwise."""
     from .interop.hf import export_family
-    from .interop.lora_export import save_hf_backend_adapter, save_peft_adapter
+    from .absorb.distill_lora_export import save_hf_backend_adapter, save_peft_adapter
 
     check_tensors(((f"{name}.lora_{ab}", t) for name, pair in adapted.lora_factors().items() for ab, t in zip("AB", pair)),
                   "distill-lora")  # absorb checked the adapted model; the adapter's own tensors again, as written
@@ -442,7 +442,7 @@ def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
 def _save_cartridge(adapted: TrainedPrefix, folder: Path) -> dict[str, Any]:
     """A kv-prefix absorbed into a Hugging Face model as a PEFT CARTRIDGE folder (interop/cartridge.py), written by
     peft; or why not (a family peft's CARTRIDGE cannot serve, no peft)."""
-    from .interop.cartridge import save_cartridge
+    from .absorb.kv_prefix_export import save_cartridge
 
     try:
         info = save_cartridge(adapted, folder)  # num_frozen_tokens=1: kv-prefix's sink, its first position
@@ -466,9 +466,9 @@ def _save_cartridge(adapted: TrainedPrefix, folder: Path) -> dict[str, Any]:
 
 
 def export_model(args, runtime: Runtime) -> int:
-    """`incontext export-model`: the model as a transformers folder (its transformers twin, models.lm.hf_twin, saved by
+    """`incontext export-model`: the model as a transformers folder (its transformers twin, interop.hf.hf_twin, saved by
     transformers itself, and its tokenizer with the chat template), the base of an absorb folder's peft_adapter/."""
-    from .models.lm import hf_twin
+    from .interop.hf import hf_twin
 
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise FileExistsError(f"--out {args.out} is not a new or empty folder; export-model writes only into one")
@@ -548,7 +548,7 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
 def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
     """The distilled LoRA of `folder`'s PEFT adapter merged into a copy of `model`, or a kv-prefix's CARTRIDGE on
     `model` (checked against absorb.json)."""
-    from .interop.lora_export import load_peft_adapter
+    from .absorb.distill_lora_export import load_peft_adapter
 
     weights = folder / PEFT_FOLDER / "adapter_model.safetensors"
     if not weights.is_file():
@@ -557,7 +557,7 @@ def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
         raise ValueError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is corrupt (its sha256 differs "
                          f"from the one in {ABSORB_RECORD})")
     if note.get("peft_type") == "CARTRIDGE":  # a kv-prefix's cartridge: the prefix back on `model` itself
-        from .interop.cartridge import load_cartridge
+        from .absorb.kv_prefix_export import load_cartridge
 
         try:
             return load_cartridge(folder / PEFT_FOLDER, model)

@@ -113,7 +113,8 @@ def _options(config_class: type) -> list[list[str]]:
 def methods_catalog() -> dict[str, dict]:
     """name -> summary, needs and options ([name, default, help]) of every registered absorb method (the two
     reference points, keep-prompt and drop-prompt, first)."""
-    from .absorb.base import _METHODS, DropPrompt, KeepPrompt, absorb_methods
+    from .absorb.base import _METHODS, absorb_methods
+    from .absorb.reference import DropPrompt, KeepPrompt
 
     first = (KeepPrompt.name, DropPrompt.name)
     names = [*first, *(name for name in absorb_methods() if name not in first)]

@@ -245,7 +245,7 @@ def test_no_applicable_method_is_a_one_line_error_not_a_crash():
 
 def test_a_cgt_is_its_own_prompted_reference():
     """keep-prompt on a CGT is the CGT's forward over prompt and query (it has no cache): agreement is measured."""
-    from incontext.absorb.base import PromptPrepended
+    from incontext.absorb.reference import PromptPrepended
     from incontext.models import CGT, CGTConfig
 
     torch.manual_seed(0)

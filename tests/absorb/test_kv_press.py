@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 kvpress = pytest.importorskip("kvpress")
 
 from incontext.absorb import AdaptedModel, get_absorb_method  # noqa: E402
-from incontext.absorb.kv_press import document_start, press_cache, press_classes  # noqa: E402
+from incontext.absorb.presses import document_start, press_cache, press_classes  # noqa: E402
 from incontext.interop.hf import wrap_hf  # noqa: E402
 from incontext.interop.models import HFCodec  # noqa: E402
 from incontext.ops.masked_kv import MaskedKV, masked_attention_reference  # noqa: E402

@@ -24,7 +24,7 @@ from incontext import cli  # noqa: E402
 from incontext.absorb import AdaptedModel, get_absorb_method  # noqa: E402
 from incontext.absorb.generation import stream_tokens  # noqa: E402
 from incontext.absorb.kv_prefix import TrainedPrefix, compose_prefixes  # noqa: E402
-from incontext.interop.cartridge import cartridge_kv, is_cartridge, load_cartridge, save_cartridge  # noqa: E402
+from incontext.absorb.kv_prefix_export import cartridge_kv, is_cartridge, load_cartridge, save_cartridge  # noqa: E402
 from incontext.models.families import FAMILIES  # noqa: E402
 from incontext.models.hf_backend import HFCausalLM, HFLayerState  # noqa: E402
 from incontext.models import Cache  # noqa: E402
@@ -335,7 +335,7 @@ def test_absorb_writes_the_cartridge_beside_the_prefix_and_generate_agrees_with_
 def test_absorb_says_why_when_peft_cannot_write_the_cartridge(model_folder, tmp_path, capsys, monkeypatch):
     """A model peft's CARTRIDGE cannot serve: absorb.json and the absorb's output say why in one line, the prefix is
     saved as ours and generate reads it."""
-    import incontext.interop.cartridge as cartridge
+    import incontext.absorb.kv_prefix_export as cartridge
 
     if "llama" not in model_folder:
         pytest.skip("one family is enough")

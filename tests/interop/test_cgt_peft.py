@@ -6,7 +6,7 @@ from transformers import GPT2LMHeadModel
 
 from conftest import rel_error
 from incontext.absorb.cgt_fold import fold
-from incontext.interop.cgt_peft import save_base_gpt2, save_folded_gpt2, save_lora_adapter
+from incontext.absorb.cgt_fold_export import save_base_gpt2, save_folded_gpt2, save_lora_adapter
 from incontext.models.cgt import CGT, CGTConfig
 
 

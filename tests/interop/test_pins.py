@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from incontext import cli  # noqa: E402
 from incontext.absorb import get_absorb_method  # noqa: E402
 from incontext.absorb.generation import stream_tokens  # noqa: E402
-from incontext.interop.cartridge import save_cartridge  # noqa: E402
+from incontext.absorb.kv_prefix_export import save_cartridge  # noqa: E402
 from incontext.interop.hf import wrap_hf  # noqa: E402
 
 

@@ -4,7 +4,7 @@ windows of a text task's held-out stream, and topics episodes on a bbc-news task
 import pytest
 import torch
 
-from incontext.absorb.dynamic_eval import split_documents
+from incontext.absorb.prompt_update import split_documents
 from incontext.tasks.bbc_news import TOPICS, BBCNews, BBCNewsConfig
 from incontext.tasks.episodes import get_episode_source
 from incontext.tasks.text import Shakespeare, ShakespeareConfig

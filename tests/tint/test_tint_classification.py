@@ -6,7 +6,9 @@ import torch.nn.functional as F
 from conftest import rel_error
 
 from incontext.cli import main
-from incontext.absorb.dynamic_eval import full_mask, prompt_sgd, tint_simulate, tint_update
+from incontext.absorb.prompt_update import full_mask
+from incontext.absorb.dynamic_eval import prompt_sgd
+from incontext.absorb.tint import tint_simulate, tint_update
 from incontext.experiments.tint_classification import SETTINGS, Study, accuracy
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TinT, TintConfig

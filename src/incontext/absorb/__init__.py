@@ -1,16 +1,12 @@
 """Methods that absorb a prompt into a model: `method.absorb(model, prompt) -> adapted; adapted(query) -> logits`."""
 
-from .base import (
-    AbsorbMethod,
-    AdaptedModel,
-    DropPrompt,
-    KeepPrompt,
-    absorb_methods,
-    get_absorb_method,
-)
+from .base import AbsorbMethod, AdaptedModel, absorb_methods, get_absorb_method
+from .reference import DropPrompt, KeepPrompt
 from .cgt_fold import CGTFold, FoldedContext, fold, lora_factors, prompt_context
 from .distill_lora import DistilledLoRA, DistillLoRA
-from .dynamic_eval import DynamicEval, TinTStep, UpdatedWeights, UpdatedWithPrompt
+from .dynamic_eval import DynamicEval
+from .tint import TinTStep
+from .prompt_update import UpdatedWeights, UpdatedWithPrompt
 from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, convert
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 from .kv_prefix import KVPrefix, TrainedPrefix

@@ -22,113 +22,19 @@ both use it through `DynamicEval`.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from ..config import limit
-from ..models import Cache
 from ..models.lm import CausalLM, is_causal_lm
-from .base import AbsorbMethod, AdaptedModel, PromptInContext
+from .base import AbsorbMethod, AdaptedModel
 from .lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
 from .param_groups import select_groups, selected_parameters, untie
-
-
-class UpdatedWeights(AdaptedModel):
-    """The base model with weights updated on the prompt; queries start at position `offset`."""
-
-    method = "updated-weights"
-
-    def __init__(self, base: CausalLM, offset: int = 0):
-        super().__init__(base)
-        self.offset = offset
-
-    def forward(self, query: torch.Tensor) -> torch.Tensor:
-        return self.base(query, position_offset=self.offset)
-
-    def query_cache(self) -> Cache:
-        return Cache.empty(self.base.config.n_layer, position=self.offset)
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"offset": self.offset}
-
-    @classmethod
-    def empty(cls, base, extra):
-        return cls(base, extra.get("offset", 0))
-
-
-class UpdatedWithPrompt(PromptInContext):
-    """The base model with weights updated on the prompt, which stays in the context (its K/V cache is
-    computed with the updated weights)."""
-
-    method = "updated-weights-with-prompt"
-
-    def kept_bytes(self, base) -> int:
-        return super().kept_bytes(base) + AdaptedModel.kept_bytes(self, base)  # the cache and the weight copy
-
-
-def split_documents(ids: torch.Tensor, mask: torch.Tensor | None, separator: list[int] | None
-                    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-    """The prompt as training sequences: whole, or cut at every occurrence of `separator` (dropped); pieces
-    shorter than 2 tokens (nothing to predict) are left out."""
-    if not separator:
-        return [ids], [mask]
-    sep = torch.tensor(separator, device=ids.device)
-    n, k = ids.shape[0], len(separator)
-    pieces, start, t = [], 0, 0
-    while t <= n - k:
-        if torch.equal(ids[t:t + k], sep):
-            pieces.append((start, t))
-            start = t = t + k
-        else:
-            t += 1
-    pieces.append((start, n))
-    pieces = [(a, b) for a, b in pieces if b - a >= 2]
-    if not pieces:
-        raise ValueError("the prompt holds no document of at least 2 tokens between separators")
-    return [ids[a:b] for a, b in pieces], [None if mask is None else mask[a:b] for a, b in pieces]
-
-
-def check_separator(separator) -> None:
-    if separator is not None and (not isinstance(separator, (list, tuple)) or not separator
-                                  or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in separator)):
-        raise ValueError(f"separator must be a non-empty list of token ids, got {separator!r}")
-
-
-def _with_targets(sequences, masks):
-    """Drops sequences whose mask selects no target (a document without a label, say)."""
-    kept = [(ids, m) for ids, m in zip(sequences, masks) if m is None or bool(m[1:].any())]
-    if not kept:
-        raise ValueError("no target token to learn from: the loss mask selects nothing after the first token")
-    return [ids for ids, _ in kept], [m for _, m in kept]
-
-
-def training_sequences(prompt: torch.Tensor, loss_mask: torch.Tensor | None, separator: list[int] | None, who: str):
-    """The (sequences, masks) one prompt row gives a gradient step: split at the separator, documents without a
-    target dropped. `who` names the method in the error for a prompt too short to learn from."""
-    ids = prompt[0]
-    if ids.shape[0] < 2:
-        raise ValueError(f"{who} needs a prompt of at least 2 tokens (one prediction to learn)")
-    return _with_targets(*split_documents(ids, None if loss_mask is None else loss_mask[0], separator))
-
-
-def _adapted(updated: CausalLM, prompt: torch.Tensor, keep_prompt: bool, separator: list[int] | None) -> AdaptedModel:
-    if keep_prompt:
-        adapted = UpdatedWithPrompt(updated, prompt)
-        adapted.prompt_cache()  # the prompt's pass belongs to absorbing, not to the first query
-        return adapted
-    return UpdatedWeights(updated, offset=0 if separator else prompt.shape[1])
-
-
-def full_mask(ids: torch.Tensor) -> torch.Tensor:
-    """Every token after the first is a target (the plain LM loss of a sequence)."""
-    keep = torch.ones(ids.shape[-1], dtype=torch.bool, device=ids.device)
-    keep[0] = False
-    return keep
+from .prompt_update import check_separator, full_mask, training_sequences, updated_adapted
 
 
 def masked_lm_loss(model: CausalLM, ids: torch.Tensor, targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
@@ -294,96 +200,6 @@ class DynamicEval(AbsorbMethod):
         updated, _ = prompt_sgd(model, sequences, targets, learning_rate=self.learning_rate, n_steps=self.n_steps,
                                 reduction=self.reduction, optimizer=self.optimizer, n_top_layers=self.n_top_layers,
                                 params=self.params, **self.lora)
-        return _adapted(updated, prompt, self.keep_prompt, self.separator)
+        return updated_adapted(updated, prompt, self.keep_prompt, self.separator)
 
 
-class LabelLossGradient:
-    """TinT's LM-head gradient restricted to the target tokens: rows t whose next token is not a target are
-    zeroed (a token-wise mask; a simulator reads the indicator from an input slot, as it does the training
-    segment), so the backward and descent see the gradient of the target tokens only."""
-
-    def __init__(self, inner, targets: torch.Tensor):
-        self.inner, self.keep = inner, torch.cat([targets[1:], targets.new_zeros(1)])
-
-    def __call__(self, tokens, x_slot, emb_slot, dst, n_train):
-        layout = self.inner.layout
-        tokens = self.inner(tokens, x_slot, emb_slot, dst, n_train)
-        return layout.write(tokens, dst, layout.slot(tokens, dst) * self.keep[:, None].to(tokens.dtype))
-
-
-def tint_simulate(model: CausalLM, ids: torch.Tensor, targets: torch.Tensor | None, config):
-    """The simulator on one sequence, trained on its target tokens (the training segment ends at the last
-    target; None: every token); returns (simulator, logits of its second forward, updated prefixes)."""
-    from ..tint import TinT
-
-    sim = TinT(model, config)
-    targets = full_mask(ids) if targets is None else targets
-    if not bool(targets[1:].any()):
-        raise ValueError("no target token to learn from: the loss mask selects nothing after the first token")
-    n_train = int(targets.nonzero().max()) + 1
-    if not bool(targets[1:n_train].all()):  # label loss: only some tokens of the segment are targets
-        sim.lm_gradient = LabelLossGradient(sim.lm_gradient, targets)
-    with torch.no_grad():
-        logits, banks, _ = sim.simulate(ids, n_train)
-    return sim, logits, banks
-
-
-def tint_update(model: CausalLM, sequences: list[torch.Tensor], targets: list[torch.Tensor | None], config) -> CausalLM:
-    """TinT's step on the sequences (one simulator pass each): the updates read back from the prefixes are
-    summed (one step of a summed loss) into a copy of the auxiliary model."""
-    if len(sequences) == 1:
-        sim, _, banks = tint_simulate(model, sequences[0], targets[0], config)
-        return sim.updated_model(model, banks).eval().requires_grad_(False)
-    base = model.state_dict()
-    total = {name: value.clone() for name, value in base.items()}
-    for ids, keep in zip(sequences, targets):
-        sim, _, banks = tint_simulate(model, ids, keep, config)
-        for name, value in sim.read_weights(banks).items():
-            total[name] += value - base[name]
-    updated = copy.deepcopy(model)
-    updated.load_state_dict(total)
-    return updated.eval().requires_grad_(False)
-
-
-def _tint_options() -> type:
-    """TinT's options: the simulator's (TintConfig, with its ranges) and the two that say what the update trains on."""
-    from ..tint import TintConfig
-
-    @dataclass
-    class TintOptions(TintConfig):
-        keep_prompt: bool = False  # the prompt also stays in the context of the updated model
-        separator: list[int] | None = None  # token ids that split the prompt into training sequences
-
-    return TintOptions
-
-
-class TinTStep(AbsorbMethod):
-    """TinT's simulated SGD step(s) on the prompt; the auxiliary weights are read back from the prefixes."""
-
-    name = "tint"
-    Options = _tint_options()
-    needs = "a token-input causal LM that TinT can simulate (our Transformer, or a family that converts to it)"
-    summary = "a simulated SGD step on the prompt"
-
-    def setup(self) -> None:
-        from ..tint import TintConfig
-
-        check_separator(self.separator)
-        self.config = TintConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TintConfig)})
-
-    needs_internals = True
-
-    def check_model(self, model) -> str | None:
-        if not is_causal_lm(model) or not model.config.tokens:
-            return "needs a token-input causal LM"
-        from ..tint.simulator import check_auxiliary
-
-        try:
-            check_auxiliary(model)
-        except (ValueError, NotImplementedError) as error:
-            return str(error).replace("TinT needs", "needs")
-        return None
-
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
-        sequences, masks = training_sequences(prompt, loss_mask, self.separator, "TinT")
-        return _adapted(tint_update(model, sequences, masks, self.config), prompt, self.keep_prompt, self.separator)

@@ -29,9 +29,9 @@ from torch import nn
 
 from ..config import limit
 from ..models import Cache
-from ..models.lm import cache_kv, copy_cache, is_causal_lm, with_kv
+from ..models.lm import cache_kv, is_causal_lm, with_kv
 from ..ops import apply_rope, rope_cos_sin
-from .kv_press import CacheBuffers, empty_cache, press_cache, press_classes
+from .presses import CacheBuffers, empty_cache, press_cache, press_classes
 from .distill import Distiller, Student, TrainOptions
 from .self_study import StudyOptions, chunk_spans
 

@@ -262,7 +262,7 @@ def export_example(adapter: CGTAdapter, prompt: torch.Tensor, query: torch.Tenso
     """One document's context as a PEFT adapter on LlamaForCausalLM; max |logit difference| to the adapter."""
     from peft import PeftModel
 
-    from ..interop.cgt_peft import save_llama_adapter
+    from ..absorb.cgt_fold_export import save_llama_adapter
     from ..interop.hf import to_hf_llama
 
     y = adapter.context(prompt[None])[0, -1]

@@ -45,7 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from ..absorb.dynamic_eval import full_mask, prompt_sgd, tint_simulate, tint_update
+from ..absorb.prompt_update import full_mask
+from ..absorb.dynamic_eval import prompt_sgd
+from ..absorb.tint import tint_simulate, tint_update
 from ..absorb.harness import compare
 from ..models import Transformer
 from ..outputs import Result, pyplot

@@ -21,7 +21,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..models.lm import register_hf_export
 from ..models.hf_backend import HFCausalLM
 from ..models.transformer import Transformer, TransformerConfig
 
@@ -399,4 +398,17 @@ def export_family(model: Transformer) -> tuple[str, nn.Module]:
     raise ValueError("no Hugging Face family takes this model (" + "; ".join(reasons) + ")")
 
 
-register_hf_export(lambda model: export_family(model)[1])  # models.lm.hf_twin: kv-press runs its press on it
+def hf_twin(model: nn.Module) -> nn.Module:
+    """The transformers model that computes what `model` computes: the Hugging Face backend's own (`model.hf`), or
+    for our Transformer its export to the first family that takes it (export_family; made once per state of the
+    weights: the export is cached on the model and remade after any in-place change of a parameter). ValueError
+    naming why not."""
+    if getattr(model, "backend", None) == "hf":
+        return model.hf
+    key = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    cached = getattr(model, "_hf_twin", None)
+    if cached is None or cached[0] != key:
+        twin = export_family(model)[1].to(next(model.parameters()).device).eval()
+        object.__setattr__(model, "_hf_twin", (key, twin))  # not a submodule: not in state_dict, not copied as one
+        cached = model._hf_twin
+    return cached[1]

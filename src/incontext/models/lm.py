@@ -108,26 +108,3 @@ def check_lora_roles(roles) -> tuple[str, ...]:
 
 # ----------------------------------------------------------------------------- the transformers twin of a model
 
-_HF_EXPORT: list = []  # interop.hf registers its export of our Transformer here (interop sits above this layer)
-
-
-def register_hf_export(export) -> None:
-    """`export(transformer) -> transformers model` with the same weights (interop.hf.export_family's, on import)."""
-    _HF_EXPORT[:] = [export]
-
-
-def hf_twin(model: nn.Module) -> nn.Module:
-    """The transformers model that computes what `model` computes: the Hugging Face backend's own (`model.hf`), or
-    for our Transformer its export to the first family that takes it (made once per state of the weights: the
-    export is cached on the model and remade after any in-place change of a parameter). ValueError naming why not."""
-    if getattr(model, "backend", None) == "hf":
-        return model.hf
-    if not _HF_EXPORT:
-        raise ValueError("this needs our Transformer's transformers twin: import incontext.interop.hf (load_model does)")
-    key = tuple((p.data_ptr(), p._version) for p in model.parameters())
-    cached = getattr(model, "_hf_twin", None)
-    if cached is None or cached[0] != key:
-        twin = _HF_EXPORT[0](model).to(next(model.parameters()).device).eval()
-        object.__setattr__(model, "_hf_twin", (key, twin))  # not a submodule: not in state_dict, not copied as one
-        cached = model._hf_twin
-    return cached[1]

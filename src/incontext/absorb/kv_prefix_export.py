@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..absorb.kv_prefix import TrainedPrefix
+from .kv_prefix import TrainedPrefix
 from ..models.lm import cache_kv, with_kv
 
 PEFT_TYPE = "CARTRIDGE"
@@ -114,10 +114,10 @@ def peft_cartridge_model(adapted: TrainedPrefix, hf_model, num_frozen_tokens: in
 
 
 def on_transformers_twin(adapted: TrainedPrefix) -> TrainedPrefix:
-    """A prefix of our Transformer as the same prefix (the same tensors) on its transformers twin (models.lm.hf_twin,
+    """A prefix of our Transformer as the same prefix (the same tensors) on its transformers twin (interop.hf.hf_twin,
     on the Hugging Face backend); a ValueError naming why where our Transformer exports to no family."""
-    from ..models.lm import hf_twin
-    from .hf import wrap_hf
+    from ..interop.hf import hf_twin
+    from ..interop.hf import wrap_hf
 
     try:
         twin = hf_twin(adapted.base)
