@@ -184,7 +184,7 @@ def test_absorb_says_when_training_rolled_back(rollbacks, llama, tmp_path, capsy
 
 def test_a_distilled_adapter_reloads_with_the_logits_of_the_absorbed_model(llama, loaded, tmp_path, capsys):
     from incontext.absorb import get_absorb_method
-    from incontext.cli_absorb import load_adapted
+    from incontext.absorb.folder import load_adapted
 
     out = tmp_path / "lora"
     record = absorb(capsys, llama, out, "distill-lora", *DISTILL, "merge=false")

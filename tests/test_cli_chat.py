@@ -17,7 +17,8 @@ pytest.importorskip("transformers")
 
 from incontext import cli  # noqa: E402
 from incontext.absorb.generation import stream_tokens  # noqa: E402
-from incontext.cli_absorb import END_OF_TURN, composed_folders  # noqa: E402
+from incontext.absorb.generation import END_OF_TURN
+from incontext.absorb.folder import composed_folders  # noqa: E402
 from incontext.interop.models import load_model  # noqa: E402
 
 SENTENCES = ["Ada Lovelace was born in London.", "Q: Where was Ada born?\nA: London", "Alan Turing works as a "

@@ -19,25 +19,16 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .absorb import AdaptedModel, get_absorb_method
-from .absorb.base import Speed
-from .absorb.base import check_tensors, max_context
-from .absorb.distill_lora import DistilledLoRA
-from .absorb.generation import END_OF_TURN, context_room, stream_tokens
-from .absorb.kv_prefix import TrainedPrefix
+from .absorb import get_absorb_method
+from .absorb.base import PEFT_FOLDER, Speed, max_context
+from .absorb.folder import (ABSORB_RECORD, adapted_placement, check_absorb_out, composed_folders, staging_folder,
+                            swap_into, write_folder)
+from .absorb.generation import context_room, stop_tokens, stream_tokens
 from .config import parse_overrides, to_dict
-from .fileio import sha256_file, strict_json
 from .interop.models import load_model
-from .outputs import EXPERIMENT_MARKER, claim_output_folder, code_version
+from .outputs import claim_output_folder
 from .runtime import Runtime, device_of, generator_for
 from .tasks.placement import chat_turn, placed_document, resolve_placement
-
-ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
-PEFT_FOLDER = "peft_adapter"
-PEFT_FILES = {"adapter_config.json", "adapter_model.safetensors", "README.md"}  # what peft's save_pretrained writes
-ABSORB_RECORD = "absorb.json"  # written last: its presence marks a finished absorb folder
-RECORD_FIELDS = {"model": str, "model_fingerprint": str, "model_fingerprint_bf16": str, "prompt_tokens": int,
-                 "peft_adapter": dict}  # absorb.json's fields that generate reads, and their types
 
 
 # ----------------------------------------------------------------------------- shared checks
@@ -111,39 +102,6 @@ def train_query_ids(groups: list[list[str]], codec, model, prompt_text: str, pro
             ids.append(query)
             questions.append(question)
     return ids, questions
-
-
-def check_absorb_out(out: Path) -> None:
-    """An absorb folder may be new, empty, or an earlier absorb folder (absorb's marker) holding only this command's
-    files; it must be writable."""
-    claim_output_folder(out, "absorb", create=False)
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    ours = set(ADAPTED_FILES) | {PEFT_FOLDER, ABSORB_RECORD, EXPERIMENT_MARKER}
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in ours)
-    peft = out / PEFT_FOLDER
-    if peft.exists():
-        foreign += [f"{PEFT_FOLDER}/{p.name}" for p in sorted(peft.iterdir())
-                    if p.name not in PEFT_FILES or not p.is_file()] if peft.is_dir() else [PEFT_FOLDER]
-    if foreign or not (out / ABSORB_RECORD).is_file():
-        listed = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "") if foreign else f"no {ABSORB_RECORD}"
-        raise FileExistsError(f"--out {out} is not empty and not an earlier absorb folder ({listed}); "
-                              "choose an empty or new folder")
-
-
-def model_fingerprint(model: torch.nn.Module, rounded: bool = False) -> str:
-    """sha256 of every tensor's name, shape and 4096 evenly spaced values: tells models of one architecture apart
-    without hashing every weight. `rounded`: the values rounded to bfloat16 first, so the same model loaded in
-    float32, bfloat16 or float64 has one fingerprint."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().flatten()
-        sample = flat[:: max(1, flat.numel() // 4096)][:4096]
-        if rounded and sample.is_floating_point():
-            sample = sample.to(torch.bfloat16)
-        digest.update(f"{name}{tuple(tensor.shape)}".encode())
-        digest.update(sample.to(torch.float64).cpu().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _codec(loaded, spec: str):
@@ -248,90 +206,18 @@ def _absorb_into(method, options, loaded, args, prompt_text: str, ids: list[int]
     adapted = method.absorb(model, torch.tensor(ids, device=device), codec=loaded.tokenizer, **given)
     seconds = time.perf_counter() - start
 
-    check_absorb_out(out)  # again: the folder may have changed while the method ran
-    stage = _staging_folder(out)
-    try:
-        claim_output_folder(stage, "absorb")
-        written, peft_note = [], None
-        if isinstance(adapted, DistilledLoRA):  # the adapter alone (a few MB): generate puts it back on the base
-            peft_note = _save_peft(adapted, model, stage / PEFT_FOLDER)
-            if peft_note["written"]:
-                written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (stage / PEFT_FOLDER).iterdir())
-        if not written:  # no low-rank update to save alone: the whole adapted model (safetensors + JSON)
-            adapted.save(stage)
-            written = list(ADAPTED_FILES)
-        if isinstance(adapted, TrainedPrefix):
-            # beside it, the same prefix as a PEFT CARTRIDGE adapter for the family's own transformers class (our
-            # Transformer's: for the family it exports to, whose base `incontext export-model` writes)
-            peft_note = _save_cartridge(adapted, stage / PEFT_FOLDER)
-            if peft_note["written"]:
-                written += sorted(f"{PEFT_FOLDER}/{p.name}" for p in (stage / PEFT_FOLDER).iterdir())
-        if not peft_note or not peft_note["written"]:
-            shutil.rmtree(stage / PEFT_FOLDER, ignore_errors=True)
-        record = {
-            "method": args.method, "options": options, "resolved_options": to_dict(method.options), "code": code_version(),
-            "model": args.model, "model_description": loaded.description,
-            "model_fingerprint": model_fingerprint(model), "model_fingerprint_bf16": model_fingerprint(model, rounded=True),
-            "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
-            "prompt_tokens": len(ids), "placement": placement, "writer": getattr(args, "writer", "") or None,
-            "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
-            "files": [EXPERIMENT_MARKER] + written + [ABSORB_RECORD],
-        }
-        if train is not None:  # what the absorb trained on besides the prompt (the file's text, not its path)
-            text = "\n\n".join("\n".join(wordings) for wordings in train.lines)
-            record["train_queries"] = {"questions": len(train.lines), "wordings": len(train.ids),
-                                       "sha256": hashlib.sha256(text.encode()).hexdigest()}
-        if peft_note is not None:
-            record["peft_adapter"] = peft_note
-        record["python"] = (f"from pathlib import Path; from incontext.interop.models import load_model; "
-                            f"from incontext.cli_absorb import load_adapted; model = load_model({args.model!r}).model; "
-                            f"adapted = load_adapted(Path(FOLDER), model, {args.model!r}); logits = adapted(query_ids)")
-        history = getattr(adapted, "history", None)
-        if history:
-            record["history"] = history
-        (stage / ABSORB_RECORD).write_text(strict_json(json.loads(json.dumps(record, default=str))))
-        _swap_into(stage, out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    return record
-
-
-def _staging_folder(out: Path) -> Path:
-    """A new hidden sibling of `out` where an absorb's files are written before they take out's place (a kill while
-    writing leaves no half-written absorb folder). Leftovers of killed absorbs into the same folder go first."""
-    import os
-    import tempfile
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for kind in ("partial", "old"):
-        for leftover in out.parent.glob(f".{out.name}.{kind}-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    umask = os.umask(0)
-    os.umask(umask)
-    stage.chmod(0o777 & ~umask)  # mkdtemp's folder is private (0700); the absorb folder gets a folder's usual mode
-    return stage
-
-
-def _swap_into(stage: Path, out: Path) -> None:
-    """The finished `stage` becomes `out` by renames: a new or empty `out` is replaced at once; an earlier absorb
-    folder (check_absorb_out made sure it is only ours) loses its absorb.json first (an unfinished folder, should
-    a kill come now), moves aside, and is removed once the new folder is in place."""
-    import os
-
-    from .fileio import fsync_dir
-
-    if out.is_dir() and any(out.iterdir()):
-        (out / ABSORB_RECORD).unlink(missing_ok=True)
-        old = stage.with_name(stage.name.replace(".partial-", ".old-"))
-        os.replace(out, old)
-        os.replace(stage, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        if out.is_dir():
-            out.rmdir()
-        os.replace(stage, out)
-    fsync_dir(out.parent)
+    record = {
+        "method": args.method, "options": options, "resolved_options": to_dict(method.options),
+        "model": args.model, "model_description": loaded.description,
+        "prompt_sha256": hashlib.sha256(prompt_text.encode()).hexdigest(),
+        "prompt_tokens": len(ids), "placement": placement, "writer": getattr(args, "writer", "") or None,
+        "absorb_seconds": round(seconds, 3), "device": args.device, "dtype": args.dtype,
+    }
+    if train is not None:  # what the absorb trained on besides the prompt (the file's text, not its path)
+        text = "\n\n".join("\n".join(wordings) for wordings in train.lines)
+        record["train_queries"] = {"questions": len(train.lines), "wordings": len(train.ids),
+                                   "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    return write_folder(out, adapted, model, record)
 
 
 def prompt_files(folder: Path) -> list[Path]:
@@ -411,57 +297,6 @@ def absorb_many(args, runtime: Runtime) -> int:
     return 0
 
 
-def _save_peft(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
-    """The distilled adapter as a PEFT folder for the family's own transformers class: directly on the Hugging Face
-    backend, through the export of our Transformer (the first family in the table that takes it) otherwise."""
-    from .interop.hf import export_family
-    from .absorb.distill_lora_export import save_hf_backend_adapter, save_peft_adapter
-
-    check_tensors(((f"{name}.lora_{ab}", t) for name, pair in adapted.lora_factors().items() for ab, t in zip("AB", pair)),
-                  "distill-lora")  # absorb checked the adapted model; the adapter's own tensors again, as written
-    if getattr(model, "backend", "incontext") == "hf":
-        if model.family is None:
-            return {"written": False, "reason": f"model_type {model.config.model_type!r} is not in the families table"}
-        save_hf_backend_adapter(adapted, model, folder)
-        family, cls = model.family.model_type, type(model.hf).__name__
-    else:
-        try:
-            chosen, hf_base = export_family(model)
-        except ValueError as error:  # e.g. linear attention: no transformers counterpart
-            if folder.is_dir():
-                shutil.rmtree(folder)
-            return {"written": False, "reason": str(error)}
-        save_peft_adapter(adapted, hf_base, folder, chosen)
-        family, cls = chosen, type(hf_base).__name__
-    return {"written": True, "family": family, "folder": PEFT_FOLDER, "query_position": adapted.offset,
-            "sha256": sha256_file(folder / "adapter_model.safetensors"),
-            "load": f"PeftModel.from_pretrained(<the base as transformers' {cls}>, '{PEFT_FOLDER}'); "
-                    f"queries at positions from query_position on"}
-
-
-def _save_cartridge(adapted: TrainedPrefix, folder: Path) -> dict[str, Any]:
-    """A kv-prefix absorbed into a Hugging Face model as a PEFT CARTRIDGE folder (interop/cartridge.py), written by
-    peft; or why not (a family peft's CARTRIDGE cannot serve, no peft)."""
-    from .absorb.kv_prefix_export import save_cartridge
-
-    try:
-        info = save_cartridge(adapted, folder)  # num_frozen_tokens=1: kv-prefix's sink, its first position
-    except ValueError as error:
-        shutil.rmtree(folder, ignore_errors=True)
-        return {"written": False, "reason": str(error)}
-    except (TypeError, AttributeError, KeyError, RuntimeError) as error:  # peft itself failed: the prefix is still saved
-        shutil.rmtree(folder, ignore_errors=True)
-        return {"written": False, "reason": f"peft could not write the CARTRIDGE ({type(error).__name__}: "
-                                            f"{str(error).splitlines()[0] if str(error) else ''})"}
-    n = info["num_virtual_tokens"]
-    return {"written": True, "peft_type": "CARTRIDGE", "family": info["family"], "folder": PEFT_FOLDER,
-            "num_virtual_tokens": n, "query_position": n, "sha256": sha256_file(folder / "adapter_model.safetensors"),
-            "load": f"PeftModel.from_pretrained(<the base as transformers' {info['class']}>, '{PEFT_FOLDER}'); queries "
-                    f"at positions from num_virtual_tokens = {n} on, as peft's forward gives them"
-                    + (" (the cartridge holds the BOS the model reads first: give the query without it)"
-                       if n != adapted.position else "")}
-
-
 # ----------------------------------------------------------------------------- export-model
 
 
@@ -478,13 +313,13 @@ def export_model(args, runtime: Runtime) -> int:
     except ValueError as error:
         raise ValueError(f"export-model: {args.model} has no transformers form ({error})") from None
     tokenizer = getattr(loaded.tokenizer, "tokenizer", None)
-    stage = _staging_folder(args.out)
+    stage = staging_folder(args.out)
     try:
         stage.mkdir(parents=True, exist_ok=True)  # a plain transformers folder: no marker of ours in it
         twin.save_pretrained(stage, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(stage)
-        _swap_into(stage, args.out)
+        swap_into(stage, args.out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     files = sorted(p.name for p in args.out.iterdir())
@@ -495,117 +330,6 @@ def export_model(args, runtime: Runtime) -> int:
 
 
 # ----------------------------------------------------------------------------- generate
-
-
-def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
-    """The adapted model in `folder`, after checking it was absorbed into `model` (the one named `spec`): the whole
-    adapted model (adapted.safetensors + adapted.json) where it was saved, else the PEFT adapter on `model` (distill-lora's
-    LoRA; kv-prefix's CARTRIDGE, written beside adapted.safetensors on a Hugging Face model)."""
-    if not folder.is_dir():
-        raise FileNotFoundError(f"--adapted {folder}: no such folder")
-    record_file = folder / ABSORB_RECORD
-    if not record_file.is_file():  # absorb writes it last; without it nothing ties the folder to the model it came from
-        if not (folder / "adapted.json").is_file() and not (folder / PEFT_FOLDER).exists():
-            raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and there is "
-                                    f"no {ABSORB_RECORD} of an absorb)")
-        raise ValueError(f"--adapted {folder} is damaged or unfinished: {ABSORB_RECORD} is missing (absorb writes it "
-                         "last), so nothing says which model it was absorbed into; absorb again")
-    try:
-        record = json.loads(record_file.read_text())
-        peft_note = record.get("peft_adapter") or {}
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
-    for key, kind in RECORD_FIELDS.items():
-        if key in record and not isinstance(record[key], kind) or not isinstance(peft_note, dict):
-            raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt "
-                             f"({'peft_adapter' if not isinstance(peft_note, dict) else key} has the wrong type)")
-    absorbed_into = record.get("model", "another model")
-    fingerprint = model_fingerprint(model)  # a record without a fingerprint: checked by the saved config alone
-    if record.get("model_fingerprint", fingerprint) != fingerprint:
-        same_in_another_dtype = ("model_fingerprint_bf16" in record
-                                 and record["model_fingerprint_bf16"] == model_fingerprint(model, rounded=True))
-        if not same_in_another_dtype:
-            raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
-    if not (folder / ADAPTED_FILES[0]).is_file() and peft_note.get("written"):
-        # folders written before query_position was recorded: distill-lora's queries start after the prompt
-        return _load_peft(folder, {"query_position": record.get("prompt_tokens"), **peft_note}, model)
-    description_file = folder / "adapted.json"
-    if not description_file.is_file():
-        raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and "
-                                f"{ABSORB_RECORD} records no PEFT adapter)")
-    try:
-        base_config = json.loads(description_file.read_text())["base_config"]
-    except (ValueError, KeyError, TypeError):
-        raise ValueError(f"--adapted {folder}: adapted.json is corrupt") from None
-    if base_config != to_dict(model.config):
-        raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
-    try:
-        return AdaptedModel.load(folder, base=model)
-    except (RuntimeError, KeyError, TypeError, FileNotFoundError) as error:  # safetensors / load_state_dict complaints
-        raise ValueError(f"--adapted {folder} is corrupt ({str(error).splitlines()[0]})") from None
-
-
-def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
-    """The distilled LoRA of `folder`'s PEFT adapter merged into a copy of `model`, or a kv-prefix's CARTRIDGE on
-    `model` (checked against absorb.json)."""
-    from .absorb.distill_lora_export import load_peft_adapter
-
-    weights = folder / PEFT_FOLDER / "adapter_model.safetensors"
-    if not weights.is_file():
-        raise FileNotFoundError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is missing")
-    if "sha256" in note and sha256_file(weights) != note["sha256"]:
-        raise ValueError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is corrupt (its sha256 differs "
-                         f"from the one in {ABSORB_RECORD})")
-    if note.get("peft_type") == "CARTRIDGE":  # a kv-prefix's cartridge: the prefix back on `model` itself
-        from .absorb.kv_prefix_export import load_cartridge
-
-        try:
-            return load_cartridge(folder / PEFT_FOLDER, model)
-        except ValueError as error:
-            raise ValueError(f"--adapted {error}") from None
-    offset = note.get("query_position")
-    if not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} records no query_position for the PEFT adapter")
-    try:
-        return load_peft_adapter(folder / PEFT_FOLDER, model, offset)
-    except ValueError as error:
-        raise ValueError(f"--adapted {error}") from None
-
-
-def adapted_placement(folders: list[Path]) -> str:
-    """Where the absorbed documents of `folders` were placed (absorb.json's placement; raw for folders written
-    before it was recorded, and for none): one placement for all, or a one-line error."""
-    found = set()
-    for folder in folders:
-        try:
-            record = json.loads((folder / ABSORB_RECORD).read_text()) if (folder / ABSORB_RECORD).is_file() else {}
-        except (ValueError, UnicodeDecodeError):
-            raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
-        found.add(record.get("placement", "raw") if isinstance(record, dict) else "raw")
-    if len(found) > 1:
-        raise ValueError("--adapted: the folders placed their documents differently (absorb --placement "
-                         f"{' and '.join(sorted(found))}); compose folders of one placement")
-    placement = found.pop() if found else "raw"
-    if placement not in ("raw", "system"):
-        raise ValueError(f"--adapted: {ABSORB_RECORD} records an unknown placement {placement!r}")
-    return placement
-
-
-def composed_folders(folders: list[Path], model, spec: str) -> AdaptedModel:
-    """One absorb folder's adapted model, or several folders' composed by their method (kv-prefix: the prefixes
-    concatenated in the order given; distill-lora: the adapters added): documents absorbed one by one, answered
-    together."""
-    adapted = [load_adapted(folder, model, spec) for folder in folders]
-    if len(adapted) == 1:
-        return adapted[0]
-    kinds = sorted({a.method for a in adapted})
-    if len(kinds) > 1:
-        raise ValueError(f"--adapted: the folders were absorbed by different methods ({', '.join(kinds)}); "
-                         "compose folders of one method")
-    method = get_absorb_method(kinds[0])
-    if not callable(getattr(method, "compose", None)):
-        raise ValueError(f"--adapted: {kinds[0]} does not compose; give one folder")
-    return method.compose(adapted)
 
 
 def check_generation_options(args, dtype: torch.dtype) -> None:
@@ -635,16 +359,12 @@ def generate(args, runtime: Runtime) -> int:
     loaded = load_model(args.model, runtime=runtime)
     codec = _codec(loaded, args.model)
     runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
-    stop = set()
-    if getattr(codec, "eos_token_id", None) is not None:
-        stop.add(codec.eos_token_id)
+    stop = stop_tokens(codec, chat=args.chat)
     text = args.text
     if args.chat:
         if not hasattr(codec, "chat"):
             raise ValueError(f"--chat: model {args.model!r} has no chat template")
         text = chat_turn(codec, args.text, placement)
-        vocab = codec.tokenizer.get_vocab()
-        stop |= {vocab[token] for token in END_OF_TURN if token in vocab}
     ids = codec.encode(text)
     room = context_room(runner, len(ids))
     if room is not None and room < 1:

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TextIO
 
 from .absorb.generation import context_room, stream_tokens
-from .cli_absorb import END_OF_TURN, _codec, adapted_placement, check_generation_options, composed_folders
+from .absorb.generation import stop_tokens
+from .cli_absorb import _codec, check_generation_options
+from .absorb.folder import adapted_placement, composed_folders
 from .interop.models import load_model
 from .runtime import Runtime, device_of, generator_for
 from .tasks.placement import chat_turn, conversation_after
@@ -44,17 +46,6 @@ def has_template(codec) -> bool:
         return bool(getattr(codec.tokenizer, "chat_template", None))
     except (OSError, ValueError):
         return False
-
-
-def turn_stops(codec, template: bool) -> set[int]:
-    """The token ids an answer stops before: EOS, and with a template the end-of-turn tokens it knows."""
-    stop = set()
-    if getattr(codec, "eos_token_id", None) is not None:
-        stop.add(codec.eos_token_id)
-    if template:
-        vocab = codec.tokenizer.get_vocab()
-        stop |= {vocab[token] for token in END_OF_TURN if token in vocab}
-    return stop
 
 
 def stream_answer(runner, codec, ids: list[int], sampling: Sampling, stop: set[int], generator, out: TextIO | None,
@@ -159,7 +150,7 @@ def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | N
     codec = _codec(loaded, args.model)
     runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
     template = has_template(codec)
-    stop = turn_stops(codec, template)
+    stop = stop_tokens(codec, template)
     conversation = Conversation(codec, template, placement=placement)
     sampling = Sampling(args.max_new_tokens, not args.sample, args.temperature or 1.0, args.top_k, args.seed)
     generator = generator_for(device_of(loaded.model), args.seed)
@@ -261,7 +252,7 @@ def generate_many(args, runtime: Runtime, stdout: TextIO | None = None) -> int:
     runner = loaded.model if not args.adapted else composed_folders(args.adapted, loaded.model, args.model)
     if args.chat and not hasattr(codec, "chat"):
         raise ValueError(f"--chat: model {args.model!r} has no chat template")
-    stop = turn_stops(codec, bool(args.chat))
+    stop = stop_tokens(codec, bool(args.chat))
     placement = adapted_placement(args.adapted or []) if args.chat else "raw"
     encoded = []
     for number, prompt in prompts:  # as generate reads TEXT: a user turn of the template with --chat

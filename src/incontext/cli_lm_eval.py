@@ -7,7 +7,7 @@ The command is lm-eval's own (`lm_eval ...`, every option the same) with the `in
 lm-eval finds models by name in its registry, and nothing registers this one in a bare `lm_eval`. In Python,
 importing this module registers it (`simple_evaluate(model="incontext", ...)`).
 
-The model loads the folder as `incontext generate --adapted` does (cli_absorb.load_adapted: the base model named in
+The model loads the folder as `incontext generate --adapted` does (absorb.folder.load_adapted: the base model named in
 absorb.json, the folder checked against it, then the adapted model of any method: a PEFT adapter, a K/V prefix, a
 kept prompt, ...) and scores with it: the absorbed document precedes every request, and a request's text is the query
 after it (positions continue after the document). Without `absorbed`, `model=SPEC` scores the base model alone.
@@ -40,7 +40,7 @@ except ImportError as error:  # pragma: no cover - the module is only imported t
                       f"(bash scripts/env.sh installs it) ({error})") from None
 
 from .absorb.generation import context_room, stream_tokens
-from .cli_absorb import ABSORB_RECORD, adapted_placement, load_adapted
+from .absorb.folder import ABSORB_RECORD, adapted_placement, load_adapted
 from .interop.models import load_model
 from .tasks.placement import conversation_after
 

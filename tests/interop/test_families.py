@@ -162,7 +162,7 @@ def test_absorb_generate_and_the_adapter_in_peft(family_folder, tmp_path, capsys
     logits of the adapted model that `generate --adapted` runs."""
     from peft import PeftModel
 
-    from incontext.cli_absorb import load_adapted
+    from incontext.absorb.folder import load_adapted
 
     model_type, folder = family_folder
     out = tmp_path / "lora"

@@ -1,4 +1,5 @@
-"""Methods that absorb a prompt into a model: `method.absorb(model, prompt) -> adapted; adapted(query) -> logits`."""
+"""Methods that absorb a prompt into a model: `method.absorb(model, prompt) -> adapted; adapted(query) -> logits`;
+and the absorb folder `incontext absorb` writes: `load_adapted(folder, model, spec)` reads one back."""
 
 from .base import AbsorbMethod, AdaptedModel, absorb_methods, get_absorb_method
 from .reference import DropPrompt, KeepPrompt
@@ -11,6 +12,7 @@ from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, con
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 from .kv_prefix import KVPrefix, TrainedPrefix
 from .kv_press import KVPress, PressedCache
+from .folder import composed_folders, load_adapted
 
 __all__ = [
     "ICLCA",
@@ -35,6 +37,8 @@ __all__ = [
     "UpdatedWeights",
     "UpdatedWithPrompt",
     "absorb_methods",
+    "composed_folders",
+    "load_adapted",
     "algorithm_1",
     "convert",
     "convert_approximately",

@@ -29,6 +29,7 @@ from ..models import Cache, Transformer, TransformerConfig
 from ..models.lm import copy_cache, internals_reason, is_causal_lm
 from ..runtime import dtype_name, parse_dtype
 
+PEFT_FOLDER = "peft_adapter"  # where an absorb folder keeps an adapted model's PEFT form (AdaptedModel.peft_adapter)
 _ADAPTED: dict[str, type["AdaptedModel"]] = {}
 _METHODS: dict[str, type["AbsorbMethod"]] = {}
 
@@ -40,6 +41,8 @@ class AdaptedModel(nn.Module, ABC):
     # whether save() writes the base model's tensors too (a self-contained file); False: only this model's own
     # tensors (a K/V prefix of a few MB instead of the whole model), and load() needs the base it was absorbed into
     saves_base: ClassVar[bool] = True
+    # the PEFT adapter alone stands for the adapted model in an absorb folder (no adapted.safetensors beside it)
+    peft_only: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -56,6 +59,12 @@ class AdaptedModel(nn.Module, ABC):
     def extra_state(self) -> dict[str, Any]:
         """JSON-able constructor arguments besides the base model (sizes of buffers, offsets)."""
         return {}
+
+    def peft_adapter(self, base: nn.Module, folder: Path) -> dict[str, Any] | None:
+        """Write this adapted model's PEFT form into `folder` (the method's export, beside the method) and return
+        absorb.json's note of it ({"written": True, ...} or {"written": False, "reason": ...}); None: the method has
+        no PEFT form. `base`: the model it was absorbed into."""
+        return None
 
     def query_cache(self) -> Cache | None:
         """A fresh cache from which `self.base(query, cache=cache)` gives `self(query)` and then decodes further

@@ -6,7 +6,7 @@ start at position M (the prompt's length), as for dynamic evaluation (`UpdatedWe
 
     adapted = get_absorb_method("distill-lora", rank=8).absorb(model, prompt, codec=tokenizer)
     logits = adapted(query)        # the LoRA merged into a copy of the base: base speed
-    interop.lora_export.save_peft_adapter(adapted, to_hf_llama(model), folder)  # the adapter alone, for peft
+    distill_lora_export.save_peft_adapter(adapted, to_hf_llama(model), folder)  # the adapter alone, for peft
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class DistilledLoRA(AdaptedModel):
     (for export). Unmerged: the base carries peft's LoRA layers, which compute W x + (alpha / r) B A x."""
 
     method = "distill-lora"
+    peft_only = True  # its PEFT adapter alone stands for it in an absorb folder (generate puts it back on the base)
 
     def __init__(self, base: CausalLM, spec: LoRASpec, offset: int, merged: bool):
         super().__init__(base)
@@ -54,6 +55,12 @@ class DistilledLoRA(AdaptedModel):
                 self.factors.register_buffer(_factor_key(name, "B"), linear.weight.new_zeros(n_out, spec.rank))
         else:
             inject_lora(base, spec, None)
+
+    def peft_adapter(self, base, folder):
+        """A PEFT LoRA folder for the family's own transformers class (distill_lora_export.peft_note)."""
+        from .distill_lora_export import peft_note
+
+        return peft_note(self, base, folder)
 
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, position_offset=self.offset)

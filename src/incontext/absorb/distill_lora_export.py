@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import torch
+import shutil
+from typing import Any
+
+from ..fileio import sha256_file
 from ..interop.lora_export import Factors, attach_lora, save_adapter
+from .base import PEFT_FOLDER, check_tensors
 from .distill_lora import DistilledLoRA
 
 
@@ -172,3 +177,30 @@ def _our_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: in
                              f"{tuple(b.shape)} do not fit a {linear.out_features} x {linear.in_features} weight at rank {rank})")
         factors[name] = (a.to(linear.weight.device), b.to(linear.weight.device))
     return factors
+
+
+def peft_note(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
+    """The distilled adapter as a PEFT folder for the family's own transformers class: directly on the Hugging Face
+    backend, through the export of our Transformer (the first family in the table that takes it) otherwise."""
+    from ..interop.hf import export_family
+
+    check_tensors(((f"{name}.lora_{ab}", t) for name, pair in adapted.lora_factors().items() for ab, t in zip("AB", pair)),
+                  "distill-lora")  # absorb checked the adapted model; the adapter's own tensors again, as written
+    if getattr(model, "backend", "incontext") == "hf":
+        if model.family is None:
+            return {"written": False, "reason": f"model_type {model.config.model_type!r} is not in the families table"}
+        save_hf_backend_adapter(adapted, model, folder)
+        family, cls = model.family.model_type, type(model.hf).__name__
+    else:
+        try:
+            chosen, hf_base = export_family(model)
+        except ValueError as error:  # e.g. linear attention: no transformers counterpart
+            if folder.is_dir():
+                shutil.rmtree(folder)
+            return {"written": False, "reason": str(error)}
+        save_peft_adapter(adapted, hf_base, folder, chosen)
+        family, cls = chosen, type(hf_base).__name__
+    return {"written": True, "family": family, "folder": PEFT_FOLDER, "query_position": adapted.offset,
+            "sha256": sha256_file(folder / "adapter_model.safetensors"),
+            "load": f"PeftModel.from_pretrained(<the base as transformers' {cls}>, '{PEFT_FOLDER}'); "
+                    f"queries at positions from query_position on"}

@@ -68,11 +68,14 @@ def stream_tokens(model: nn.Module, ids: list[int], max_new_tokens: int, *, gree
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")  # chat templates' end-of-turn tokens
 
 
-def stop_tokens(codec) -> set[int]:
-    """The codec's end of sequence and the end-of-turn tokens its vocabulary has (for a chat answer)."""
+def stop_tokens(codec, chat: bool = True) -> set[int]:
+    """The token ids an answer stops before, the one set every caller uses (generate, chat, the harness): the codec's
+    end of sequence, and for a chat answer (`chat`) the end-of-turn tokens its vocabulary has."""
     stop = set()
     if getattr(codec, "eos_token_id", None) is not None:
         stop.add(codec.eos_token_id)
+    if not chat:
+        return stop
     vocab = getattr(getattr(codec, "tokenizer", None), "get_vocab", dict)()
     return stop | {vocab[token] for token in END_OF_TURN if token in vocab}
 

@@ -47,6 +47,13 @@ class TrainedPrefix(CacheBuffers):
         super().__init__(base, state)
         self.history: dict[str, Any] = {}
 
+    def peft_adapter(self, base, folder):
+        """The same prefix as a PEFT CARTRIDGE for the family's own transformers class (our Transformer's: for the
+        family it exports to, whose base `incontext export-model` writes), or why not (kv_prefix_export.cartridge_note)."""
+        from .kv_prefix_export import cartridge_note
+
+        return cartridge_note(self, folder)
+
     @classmethod
     def empty(cls, base, extra):
         """Buffers of the saved layout. A folder written before the layout was recorded (no "masked" key) holds a
@@ -264,7 +271,7 @@ def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
     """Several documents absorbed separately, answered together: their prefixes concatenated (Cartridges composes
     cartridges the same way, without retraining). Each prefix keeps the positions it was trained at; queries start
     after every position the prefixes hold: the sum of their lengths, and on a model that reads its BOS first the
-    BOS each prefix holds after the first (as PEFT's compose_cartridge_adapters: interop/cartridge.py)."""
+    BOS each prefix holds after the first (as PEFT's compose_cartridge_adapters: absorb/kv_prefix_export.py)."""
     if len(prefixes) < 2:
         raise ValueError("compose at least two prefixes")
     base = prefixes[0].base

@@ -32,6 +32,10 @@ from typing import Any
 
 import torch
 
+import shutil
+
+from ..fileio import sha256_file
+from .base import PEFT_FOLDER
 from .kv_prefix import TrainedPrefix
 from ..models.lm import cache_kv, with_kv
 
@@ -202,3 +206,24 @@ def load_cartridge(folder: str | Path, model) -> TrainedPrefix:
         kv.append(tuple(packed[n - held:, 2 * i + j].transpose(0, 1)[None].to(device=device, dtype=t.dtype).contiguous()
                         for j, t in enumerate((k, v))))
     return TrainedPrefix(model, with_kv(template, kv)).eval()
+
+
+def cartridge_note(adapted: TrainedPrefix, folder: Path) -> dict[str, Any]:
+    """A kv-prefix absorbed into a Hugging Face model as a PEFT CARTRIDGE folder (save_cartridge), written by peft;
+    or why not (a family peft's CARTRIDGE cannot serve, no peft)."""
+    try:
+        info = save_cartridge(adapted, folder)  # num_frozen_tokens=1: kv-prefix's sink, its first position
+    except ValueError as error:
+        shutil.rmtree(folder, ignore_errors=True)
+        return {"written": False, "reason": str(error)}
+    except (TypeError, AttributeError, KeyError, RuntimeError) as error:  # peft itself failed: the prefix is still saved
+        shutil.rmtree(folder, ignore_errors=True)
+        return {"written": False, "reason": f"peft could not write the CARTRIDGE ({type(error).__name__}: "
+                                            f"{str(error).splitlines()[0] if str(error) else ''})"}
+    n = info["num_virtual_tokens"]
+    return {"written": True, "peft_type": "CARTRIDGE", "family": info["family"], "folder": PEFT_FOLDER,
+            "num_virtual_tokens": n, "query_position": n, "sha256": sha256_file(folder / "adapter_model.safetensors"),
+            "load": f"PeftModel.from_pretrained(<the base as transformers' {info['class']}>, '{PEFT_FOLDER}'); queries "
+                    f"at positions from num_virtual_tokens = {n} on, as peft's forward gives them"
+                    + (" (the cartridge holds the BOS the model reads first: give the query without it)"
+                       if n != adapted.position else "")}

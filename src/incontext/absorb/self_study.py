@@ -40,6 +40,7 @@ from ..models import Cache
 from ..models.lm import copy_cache
 from ..models.static_decode import StaticDecoder, bytes_per_row, supported
 from ..runtime import device_of
+from .generation import END_OF_TURN
 
 STATIC_BYTES = 1 << 30  # the static cache's buffers for the answers: fewer rows at a time for a long document
 
@@ -313,7 +314,7 @@ def _seed_messages(model, document: str, codec, options: StudyOptions, generator
             probs = torch.softmax(logits.float() / options.temperature, -1).cpu()
             token = int(torch.multinomial(probs, 1, generator=generator))
             piece = codec.decode([token])
-            if token in stops or piece.strip() in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>") or (not chat and "\n" in piece):
+            if token in stops or piece.strip() in END_OF_TURN or (not chat and "\n" in piece):
                 break
             out.append(token)
             logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]

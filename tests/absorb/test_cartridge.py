@@ -1,4 +1,4 @@
-"""kv-prefix's prefix as a PEFT CARTRIDGE adapter (interop/cartridge.py), on a tiny random model of every family of
+"""kv-prefix's prefix as a PEFT CARTRIDGE adapter (absorb/kv_prefix_export.py), on a tiny random model of every family of
 the families table: written by peft, loaded by `PeftModel.from_pretrained` on a fresh copy of the transformers model,
 it gives the logits and the greedy tokens of our path (TrainedPrefix, stream_tokens; `incontext generate --adapted`),
 also past a sliding window and on a model that reads its BOS first; peft's compose_cartridge_adapters on two folders
@@ -287,7 +287,7 @@ def test_absorb_writes_the_cartridge_beside_the_prefix_and_generate_agrees_with_
     + adapted.json and, in peft_adapter/, the same prefix as a CARTRIDGE; `incontext generate --adapted` (one folder,
     or two composed) prints what transformers' generate gives from PeftModel.from_pretrained on the folder (two:
     composed by peft); a folder left with the cartridge alone still loads, from it."""
-    from incontext.cli_absorb import composed_folders, load_adapted
+    from incontext.absorb.folder import composed_folders, load_adapted
     from incontext.interop.models import load_model
 
     folders = [tmp_path / "first", tmp_path / "second"]
