@@ -12,6 +12,7 @@ from .iclca import ICLCA, ConversionError, LinearAttentionBias, algorithm_1, con
 from .iclca_approx import ICLCAApprox, SoftmaxFeaturePrefix, convert_approximately
 from .kv_prefix import KVPrefix, TrainedPrefix
 from .kv_press import KVPress, PressedCache
+from . import distill_lora_export, kv_prefix_export  # noqa: F401  (they register the methods' PEFT exports)
 from .folder import composed_folders, load_adapted
 
 __all__ = [

@@ -31,6 +31,13 @@ from ..runtime import dtype_name, parse_dtype
 
 PEFT_FOLDER = "peft_adapter"  # where an absorb folder keeps an adapted model's PEFT form (AdaptedModel.peft_adapter)
 _ADAPTED: dict[str, type["AdaptedModel"]] = {}
+_EXPORTS: dict[type, Any] = {}  # adapted model type -> its PEFT export (register_export)
+
+
+def register_export(adapted_type: type, export) -> None:
+    """`export(adapted, base, folder) -> note`: how an adapted model of this type writes its PEFT form (the methods'
+    export modules register theirs; AdaptedModel.peft_adapter calls it)."""
+    _EXPORTS[adapted_type] = export
 _METHODS: dict[str, type["AbsorbMethod"]] = {}
 
 
@@ -61,10 +68,11 @@ class AdaptedModel(nn.Module, ABC):
         return {}
 
     def peft_adapter(self, base: nn.Module, folder: Path) -> dict[str, Any] | None:
-        """Write this adapted model's PEFT form into `folder` (the method's export, beside the method) and return
-        absorb.json's note of it ({"written": True, ...} or {"written": False, "reason": ...}); None: the method has
-        no PEFT form. `base`: the model it was absorbed into."""
-        return None
+        """Write this adapted model's PEFT form into `folder` (its method's export, registered beside the method with
+        register_export) and return absorb.json's note of it ({"written": True, ...} or {"written": False, "reason":
+        ...}); None: the method has no PEFT form. `base`: the model it was absorbed into."""
+        export = _EXPORTS.get(type(self))
+        return None if export is None else export(self, base, folder)
 
     def query_cache(self) -> Cache | None:
         """A fresh cache from which `self.base(query, cache=cache)` gives `self(query)` and then decodes further

@@ -56,12 +56,6 @@ class DistilledLoRA(AdaptedModel):
         else:
             inject_lora(base, spec, None)
 
-    def peft_adapter(self, base, folder):
-        """A PEFT LoRA folder for the family's own transformers class (distill_lora_export.peft_note)."""
-        from .distill_lora_export import peft_note
-
-        return peft_note(self, base, folder)
-
     def forward(self, query: torch.Tensor) -> torch.Tensor:
         return self.base(query, position_offset=self.offset)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..fileio import sha256_file
 from ..interop.lora_export import Factors, attach_lora, save_adapter
-from .base import PEFT_FOLDER, check_tensors
+from .base import PEFT_FOLDER, check_tensors, register_export
 from .distill_lora import DistilledLoRA
 
 
@@ -204,3 +204,6 @@ def peft_note(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
             "sha256": sha256_file(folder / "adapter_model.safetensors"),
             "load": f"PeftModel.from_pretrained(<the base as transformers' {cls}>, '{PEFT_FOLDER}'); "
                     f"queries at positions from query_position on"}
+
+
+register_export(DistilledLoRA, peft_note)  # absorb folders write distill-lora's PEFT form with it

@@ -47,13 +47,6 @@ class TrainedPrefix(CacheBuffers):
         super().__init__(base, state)
         self.history: dict[str, Any] = {}
 
-    def peft_adapter(self, base, folder):
-        """The same prefix as a PEFT CARTRIDGE for the family's own transformers class (our Transformer's: for the
-        family it exports to, whose base `incontext export-model` writes), or why not (kv_prefix_export.cartridge_note)."""
-        from .kv_prefix_export import cartridge_note
-
-        return cartridge_note(self, folder)
-
     @classmethod
     def empty(cls, base, extra):
         """Buffers of the saved layout. A folder written before the layout was recorded (no "masked" key) holds a

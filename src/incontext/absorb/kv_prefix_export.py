@@ -35,7 +35,7 @@ import torch
 import shutil
 
 from ..fileio import sha256_file
-from .base import PEFT_FOLDER
+from .base import PEFT_FOLDER, register_export
 from .kv_prefix import TrainedPrefix
 from ..models.lm import cache_kv, with_kv
 
@@ -227,3 +227,6 @@ def cartridge_note(adapted: TrainedPrefix, folder: Path) -> dict[str, Any]:
                     f"at positions from num_virtual_tokens = {n} on, as peft's forward gives them"
                     + (" (the cartridge holds the BOS the model reads first: give the query without it)"
                        if n != adapted.position else "")}
+
+
+register_export(TrainedPrefix, lambda adapted, base, folder: cartridge_note(adapted, folder))  # kv-prefix's CARTRIDGE
