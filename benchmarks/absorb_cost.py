@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 
 from incontext import runtime
-from incontext.absorb import get_absorb_method, self_study
-from incontext.absorb.base import Speed
-from incontext.absorb.harness import CostTimer
+from incontext.absorb import get_absorb_method
+from incontext.absorb.study import answer as study_answer
+from incontext.absorb.protocol import Speed
+from incontext.harness.compare import CostTimer
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
 from incontext.tasks.episodes import get_episode_source
@@ -42,19 +43,19 @@ from incontext.tasks.episodes import get_episode_source
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("kv-prefix", "distill-lora")
 # data-stage peers: METHOD:VARIANT with one of these variants answers the training queries another way, measured in the
-# same run (self_study._answer picks the static decode for our Transformer, else full passes on a GPU and batched
+# same run (study_answer._answer picks the static decode for our Transformer, else full passes on a GPU and batched
 # incremental decoding elsewhere)
 ANSWERS = {
     "one-query-at-a-time": lambda model, cache, queries, n_answers, decode="always", **_: [
-        self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)],
-    "batched-decode": lambda model, cache, queries, n_answers, decode="always", **_: self_study._answered_batched(
+        study_answer._answered(model, study_answer._copy(cache), q, n) for q, n in zip(queries, n_answers)],
+    "batched-decode": lambda model, cache, queries, n_answers, decode="always", **_: study_answer._answered_batched(
         model, cache, queries, n_answers),
-    "full-passes": lambda model, cache, queries, n_answers, decode="always", **_: self_study._answered_full_passes(
+    "full-passes": lambda model, cache, queries, n_answers, decode="always", **_: study_answer._answered_full_passes(
         model, cache, queries, n_answers),
 }
 
 
-# peers that flip a speed switch (absorb.base.Speed, passed as get_absorb_method(..., speed=Speed(...))): METHOD:VARIANT
+# peers that flip a speed switch (absorb.protocol.Speed, passed as get_absorb_method(..., speed=Speed(...))): METHOD:VARIANT
 # where VARIANT (or one of its "+"-joined parts) names one of these; `--set LABEL.FIELD=VALUE` with FIELD a Speed field
 # (cuda_graph, tf32, static_decode, cast_once, fixed_shapes) sets one for that label too
 SPEEDS = {
@@ -79,13 +80,13 @@ def answers_by(label: str):
     """For a label METHOD:VARIANT with VARIANT in ANSWERS, the data stage's answers given that way instead (the
     speed-up of batching measured in the same run)."""
     variant = label.partition(":")[2]
-    chosen = self_study._answer
+    chosen = study_answer._answer
     if variant in ANSWERS:
-        self_study._answer = ANSWERS[variant]
+        study_answer._answer = ANSWERS[variant]
     try:
         yield
     finally:
-        self_study._answer = chosen
+        study_answer._answer = chosen
 
 
 def base(label: str) -> str:

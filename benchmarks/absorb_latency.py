@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from incontext.absorb import ICLCA, ICLCAApprox, KeepPrompt
-from incontext.absorb.harness import CostTimer
+from incontext.harness.compare import CostTimer
 from incontext.models import Transformer, TransformerConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -25,8 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from absorb_cost import random_smollm2  # noqa: E402
 
-from incontext.absorb import distill, get_absorb_method, self_study  # noqa: E402
-from incontext.absorb.base import Speed  # noqa: E402
+from incontext.absorb import distill, get_absorb_method  # noqa: E402
+from incontext.absorb.study import answer as study_answer, stage as study_stage  # noqa: E402
+from incontext.absorb.protocol import Speed  # noqa: E402
 from incontext.models import Cache  # noqa: E402
 from incontext.tasks.episodes import get_episode_source  # noqa: E402
 
@@ -38,7 +39,7 @@ def sync(device: str) -> None:
 
 def data_stage_parts(model, codec, prompt, train, device: str) -> list[dict]:
     times: dict[str, float] = {}
-    originals = {name: getattr(self_study, name) for name in ("_recall_windows", "_sample", "_answer", "top_k_targets")}
+    originals = {name: getattr(study_stage, name) for name in ("_recall_windows", "_sample", "_answer", "top_k_targets")}
 
     def timed(name, fn):
         @functools.wraps(fn)
@@ -53,14 +54,14 @@ def data_stage_parts(model, codec, prompt, train, device: str) -> list[dict]:
 
     rows = []
     for name, fn in originals.items():
-        setattr(self_study, name, timed(name, fn))
+        setattr(study_stage, name, timed(name, fn))
     stage = get_absorb_method("kv-prefix", progress=False).study  # the method's data-stage options (top_k 20)
     try:
         for mode in ("cuda", "never", "cuda", "never"):
             times.clear()
             sync(device)
             t = time.perf_counter()
-            _, counts = self_study.study(model, prompt, train, stage, codec, torch.Generator().manual_seed(0),
+            _, counts = study_stage.study(model, prompt, train, stage, codec, torch.Generator().manual_seed(0),
                                          static_decode=mode)
             sync(device)
             rows.append({"decode": "static" if mode == "cuda" else "plain", "study_s": time.perf_counter() - t,
@@ -68,7 +69,7 @@ def data_stage_parts(model, codec, prompt, train, device: str) -> list[dict]:
             print("data stage", rows[-1], flush=True)
     finally:
         for name, fn in originals.items():
-            setattr(self_study, name, fn)
+            setattr(study_stage, name, fn)
     return rows
 
 
@@ -134,8 +135,8 @@ def main() -> None:
         cache = Cache.empty(model.config.n_layer)
         model(prompt[None], cache=cache)
         token = torch.zeros(2, 1, dtype=torch.long, device=args.device)
-        two = self_study._copy(cache, 2)
-        model(token, cache=self_study._copy(cache, 2))  # warm
+        two = study_answer._copy(cache, 2)
+        model(token, cache=study_answer._copy(cache, 2))  # warm
         record["decode_step"] = kernels(lambda: model(token, cache=two), args.device)
     print("decode step", record["decode_step"], flush=True)
     with tempfile.TemporaryDirectory() as cache_dir:

@@ -1,7 +1,7 @@
 """Whether a teacher that reads a chunk of a long document answers its facts better than one that reads all of it,
 on validation episodes of `facts` on SmolLM2 (a probe that prints and writes JSON, not a benchmark with a peer): the
 exact match of the evaluation questions asked after the whole document, and after the chunk the data stage would
-give each question (self_study.chunk_spans and assign_chunks: chunks of --chunks tokens at a stride of half a
+give each question (study_stage.chunk_spans and assign_chunks: chunks of --chunks tokens at a stride of half a
 chunk, the one sharing most of the question's rare tokens). A chunked teacher helps a prompt-free method only if it
 answers more than the whole document's reader does.
 
@@ -21,7 +21,7 @@ from data_stage_decodes import (add_facts_arguments, add_validation_arguments,  
                                 check_validation_arguments, facts_source)
 from training_record import write_new
 
-from incontext.absorb import self_study
+from incontext.absorb.study import stage as study_stage
 from incontext.interop.models import load_model
 from incontext.models import Cache
 from incontext.models.lm import copy_cache
@@ -52,8 +52,8 @@ def main() -> None:
         start, hits, total = time.process_time(), 0, 0
         for episode in episodes:
             prompt = episode.prompt.long()
-            spans = [(0, prompt.shape[0])] if size is None else self_study.chunk_spans(prompt.shape[0], size, None)
-            homes = self_study.assign_chunks(prompt, spans, [q.inputs for q in episode.queries])
+            spans = [(0, prompt.shape[0])] if size is None else study_stage.chunk_spans(prompt.shape[0], size, None)
+            homes = study_stage.assign_chunks(prompt, spans, [q.inputs for q in episode.queries])
             caches = {}
             for query, home in zip(episode.queries, homes):
                 if home not in caches:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from incontext.absorb import get_absorb_method, self_study
+from incontext.absorb import get_absorb_method
+from incontext.absorb.study import stage as study_stage
 from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
 
@@ -71,7 +72,7 @@ def main() -> None:
         out = {}
         with torch.no_grad():
             for mode in ("always", "never"):  # Speed(static_decode=...): the static cache, or the plain one
-                out[mode] = self_study.study(loaded.model, prompt, queries, stage, loaded.tokenizer,
+                out[mode] = study_stage.study(loaded.model, prompt, queries, stage, loaded.tokenizer,
                                              torch.Generator().manual_seed(0), static_decode=mode)[0]
         here = 0
         for static, plain in zip(out["always"], out["never"], strict=True):

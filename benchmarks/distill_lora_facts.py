@@ -22,7 +22,7 @@ greedily (up to 24 tokens); per answer:
 queries and their question ids, as `incontext compare` gives them (`facts` with paraphrases=3: each fact's statement
 cut before its answer and three other wordings of its question, never the question asked below), so that
 `wording_ensemble=true` has groups to read; --train-queries questions: the three other wordings alone. Either is what
-`incontext absorb --train-queries FILE` gives for a file of those lines (cli_absorb.train_query_text: the statement
+`incontext absorb --train-queries FILE` gives for a file of those lines (cli.absorb.train_query_text: the statement
 cut before its answer read as it is, the questions as "Q: LINE\nA:"; checked below); without it the method reads the
 passage alone, as `incontext absorb` without the option. --covered F: only the first round(F * 7) facts of each
 passage get training queries; the row then counts right answers on the covered and the other facts apart.
@@ -43,16 +43,16 @@ from pathlib import Path
 import torch
 
 from incontext.absorb import get_absorb_method
-from incontext.absorb.generation import stream_tokens
-from incontext.cli_compare import episode_seed
-from incontext.cli_absorb import train_query_ids, train_query_text
+from incontext.absorb.decode import stream_tokens
+from incontext.cli.compare import episode_seed
+from incontext.cli.absorb import train_query_ids, train_query_text
 from incontext.config import parse_overrides
 from incontext.interop.models import load_model
 from incontext.tasks.facts import facts_prompt, make_people
 from incontext.tasks.placement import chat_turn, placed_document
 
 RESULTS = Path(__file__).resolve().parent / "results" / "distill_lora_facts.json"
-VALIDATION_SEED = 10_000  # as cli_compare.VALIDATION_SEED_OFFSET with --seed 0
+VALIDATION_SEED = 10_000  # as cli.compare.VALIDATION_SEED_OFFSET with --seed 0
 TEACHER = "teacher"  # --config teacher: the base model reading the passage in the user turn, the ceiling
 
 

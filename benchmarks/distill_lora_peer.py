@@ -29,10 +29,10 @@ import torch
 
 from incontext.absorb import get_absorb_method
 from incontext.absorb.distill import distillation_batch, distillation_kl, distillation_loss
-from incontext.absorb.distill_lora import DistilledLoRA
+from incontext.absorb.methods.distill_lora import DistilledLoRA
 from incontext.absorb.lora import init_lora_factors, lora_spec
-from incontext.absorb.self_study import study
-from incontext.absorb.harness import CostTimer
+from incontext.absorb.study import study
+from incontext.harness.compare import CostTimer
 from incontext.interop import from_hf_llama, load_smollm2, to_hf_llama
 from incontext.tasks.corpora import shakespeare_plays
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from incontext.absorb import get_absorb_method
-from incontext.absorb.harness import CostTimer, PeakMemory
+from incontext.harness.compare import CostTimer, PeakMemory
 from incontext.interop.hf import to_hf_llama
 from incontext.models.hf_backend import HFCausalLM
 from incontext.models import Cache, Transformer, TransformerConfig

@@ -3,7 +3,7 @@
 Simulated step: `TinT.simulate(ids, n_train)`, one forward of the simulator: the auxiliary model's forward on the
 sequence, the simulated backward of the summed LM loss of the first n_train tokens, the SGD update written into the
 prefixes, and the second forward that predicts every token with the updated weights. Plain step (what it
-simulates, dynamic evaluation's step): `absorb.dynamic_eval.prompt_sgd` (one autograd SGD step of the same top-n
+simulates, dynamic evaluation's step): `absorb.methods.dynamic_eval.prompt_sgd` (one autograd SGD step of the same top-n
 layers on the same loss; it copies the model first) followed by a prediction forward of the updated model. Both
 run under the same dtype and threads; the simulator is built once per model, outside the timing (its build time
 is a column of its own). With `fast` in TintConfig (this branch) a third column times the linear layers evaluated
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import torch
 
-from incontext.absorb.dynamic_eval import prompt_sgd
-from incontext.absorb.harness import CostTimer
+from incontext.absorb.methods.dynamic_eval import prompt_sgd
+from incontext.harness.compare import CostTimer
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TinT, TintConfig
 

@@ -71,7 +71,7 @@ def tiny_hf_folder(folder: Path, model_type: str = "llama") -> Path:
 
 
 def _compare_rows(folder: Path, device: str, dtype: str, backend: str, methods: list[str]) -> dict:
-    from incontext.absorb.harness import compare
+    from incontext.harness.compare import compare
     from incontext.interop.models import load_model
     from incontext.tasks.episodes import get_episode_source
 
@@ -111,7 +111,7 @@ def composition_and_argmax_weight(device: str, work: Path) -> dict:
     """Two documents absorbed apart and composed (kv-prefix's prefixes, distill-lora's adapters; plain and trained
     with compose_steps) and distill-lora with argmax_weight, on both backends on `device`: every row ok, the composed
     rows with a score per document."""
-    from incontext.absorb.harness import compare
+    from incontext.harness.compare import compare
     from incontext.interop.models import load_model
     from incontext.tasks.episodes import get_episode_source
 
@@ -162,7 +162,7 @@ def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
     our Transformer, with several sequence lengths per batch and the argmax term in the loss (argmax_weight); on a CPU
     all three are eager."""
     from incontext.absorb import distill, get_absorb_method
-    from incontext.absorb.base import Speed
+    from incontext.absorb.protocol import Speed
 
     model = _tiny_transformer(device)
     g = torch.Generator().manual_seed(1)
@@ -202,8 +202,8 @@ def data_stage_static_decode_graph(device: str, work: Path) -> dict:
     (the default on a GPU with our Transformer), against the same steps eager and against the plain decode
     (study(..., static_decode="never"), what Speed(static_decode="never") gives), in float64 (1e-10); on a CPU all
     three are eager."""
-    from incontext.absorb import self_study
-    from incontext.absorb.self_study import StudyOptions, study
+    from incontext.absorb.study import answer as study_answer
+    from incontext.absorb.study import StudyOptions, study
     from incontext.models import Transformer, TransformerConfig
 
     torch.manual_seed(0)
@@ -216,13 +216,13 @@ def data_stage_static_decode_graph(device: str, work: Path) -> dict:
     options = StudyOptions(window_tokens=6, n_continuations=3, continuation_tokens=9, answer_tokens=5, top_k=None)
 
     def stage(mode: str, capture: bool = True):
-        captured = self_study.StaticDecoder.warmup
+        captured = study_answer.StaticDecoder.warmup
         if not capture:
-            self_study.StaticDecoder.warmup = 10**9  # the same static steps, never captured
+            study_answer.StaticDecoder.warmup = 10**9  # the same static steps, never captured
         try:
             return study(model, prompt, queries, options, None, torch.Generator().manual_seed(0), static_decode=mode)[0]
         finally:
-            self_study.StaticDecoder.warmup = captured
+            study_answer.StaticDecoder.warmup = captured
 
     def gap(a, b) -> float:
         assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, b)), "the decoded tokens differ"
@@ -242,7 +242,7 @@ def wording_ensemble_stage_on_device(device: str, work: Path) -> dict:
     float64 on our Transformer (ids equal, targets to 1e-8); the ensemble changes some answer."""
     from dataclasses import replace
 
-    from incontext.absorb.self_study import StudyOptions, study
+    from incontext.absorb.study import StudyOptions, study
 
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 61, (20,), generator=g)
@@ -287,7 +287,7 @@ def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
     finite and near its best window (float64, our Transformer; Speed(fixed_shapes=True): on a CPU the same
     fixed-shape steps run eagerly)."""
     from incontext.absorb import distill, get_absorb_method
-    from incontext.absorb.base import Speed
+    from incontext.absorb.protocol import Speed
 
     model = _tiny_transformer(device, sharpen=True)
     prompt = torch.randint(0, 61, (20,), generator=torch.Generator().manual_seed(1)).to(device)
@@ -333,7 +333,7 @@ def kv_prefix_tf32(device: str, work: Path) -> dict:
     """kv-prefix with Speed(tf32=True) (float32 matmuls in TF32 on CUDA; nothing changes elsewhere) trains a finite
     prefix close to the float32 one, and the matmul precision is the caller's again afterwards."""
     from incontext.absorb import get_absorb_method
-    from incontext.absorb.base import Speed
+    from incontext.absorb.protocol import Speed
 
     model, prompt, options = _tiny_prefix_run(device)
     before = torch.get_float32_matmul_precision()
@@ -355,7 +355,7 @@ def distill_lora_autocast(device: str, work: Path) -> dict:
     CPU) and trains the same finite LoRA factors on the frozen weights cast once (Speed(cast_once=True), the default)
     as on autocast's own per-step casts (Speed(cast_once=False))."""
     from incontext.absorb import get_absorb_method
-    from incontext.absorb.base import Speed
+    from incontext.absorb.protocol import Speed
 
     model, prompt, _ = _tiny_prefix_run(device)
     options = {"steps": 6, "passes": 0, "n_continuations": 1, "continuation_tokens": 4, "window_tokens": 6,
@@ -382,7 +382,7 @@ def kv_prefix_autocast(device: str, work: Path) -> dict:
     read through functional_call, also inside the captured step) train the same prefix as autocast's own casts
     (Speed(cast_once=False))."""
     from incontext.absorb import get_absorb_method
-    from incontext.absorb.base import Speed
+    from incontext.absorb.protocol import Speed
 
     model, prompt, options = _tiny_prefix_run(device)
     options = {**options, "learning_rate": 0.02}
@@ -511,7 +511,7 @@ def self_study_from_the_document(device: str, work: Path) -> dict:
 
 @check
 def absorb_and_generate_commands(device: str, work: Path) -> dict:
-    from incontext import cli
+    from incontext.cli import main as cli
 
     folder = tiny_hf_folder(work / "llama-cli")
     questions = work / "questions.txt"  # --train-queries: the queries' ids follow the model onto the device

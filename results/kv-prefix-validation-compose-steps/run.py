@@ -17,7 +17,7 @@ import time
 import torch
 
 from incontext.absorb import KeepPrompt, get_absorb_method
-from incontext.absorb.harness import agreement
+from incontext.harness.compare import agreement
 from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
 from incontext.tasks.metrics import get_metric

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from incontext.absorb.kv_prefix import KVPrefixStudy
-from incontext.absorb.self_study import cloze, derived_queries, document_text
+from incontext.absorb.methods.kv_prefix import KVPrefixStudy
+from incontext.absorb.study import cloze, derived_queries, document_text
 from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
 

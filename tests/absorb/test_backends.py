@@ -103,7 +103,7 @@ def test_the_wording_ensemble_stage_is_the_same_on_both_backends(seed):
     dtype: the stage without the ensemble differs by as much), and some answer changed by the ensemble."""
     from dataclasses import replace
 
-    from incontext.absorb.self_study import StudyOptions, study
+    from incontext.absorb.study import StudyOptions, study
 
     ours = llama_like(seed, 32, 64, torch.float64)
     theirs = wrap_hf(to_hf_llama(ours).double().eval()).eval()

@@ -1,4 +1,4 @@
-"""kv-prefix's prefix as a PEFT CARTRIDGE adapter (absorb/kv_prefix_export.py), on a tiny random model of every family of
+"""kv-prefix's prefix as a PEFT CARTRIDGE adapter (absorb/methods/kv_prefix/export.py), on a tiny random model of every family of
 the families table: written by peft, loaded by `PeftModel.from_pretrained` on a fresh copy of the transformers model,
 it gives the logits and the greedy tokens of our path (TrainedPrefix, stream_tokens; `incontext generate --adapted`),
 also past a sliding window and on a model that reads its BOS first; peft's compose_cartridge_adapters on two folders
@@ -20,11 +20,13 @@ if not hasattr(peft, "CartridgeConfig"):
 from peft import PeftModel  # noqa: E402
 from peft.tuners.cartridge.utils import compose_cartridge_adapters  # noqa: E402
 
-from incontext import cli  # noqa: E402
+from incontext.cli import main as cli  # noqa: E402
 from incontext.absorb import AdaptedModel, get_absorb_method  # noqa: E402
-from incontext.absorb.generation import stream_tokens  # noqa: E402
-from incontext.absorb.kv_prefix import TrainedPrefix, compose_prefixes  # noqa: E402
-from incontext.absorb.kv_prefix_export import cartridge_kv, is_cartridge, load_cartridge, save_cartridge  # noqa: E402
+from incontext.absorb.decode import stream_tokens  # noqa: E402
+from incontext.absorb.methods.kv_prefix import TrainedPrefix, compose_prefixes  # noqa: E402
+from incontext.absorb.methods.kv_prefix.export import (
+    cartridge_kv, is_cartridge, load_cartridge, save_cartridge,
+)  # noqa: E402
 from incontext.models.families import FAMILIES  # noqa: E402
 from incontext.models.hf_backend import HFCausalLM, HFLayerState  # noqa: E402
 from incontext.models import Cache  # noqa: E402
@@ -335,7 +337,7 @@ def test_absorb_writes_the_cartridge_beside_the_prefix_and_generate_agrees_with_
 def test_absorb_says_why_when_peft_cannot_write_the_cartridge(model_folder, tmp_path, capsys, monkeypatch):
     """A model peft's CARTRIDGE cannot serve: absorb.json and the absorb's output say why in one line, the prefix is
     saved as ours and generate reads it."""
-    import incontext.absorb.kv_prefix_export as cartridge
+    import incontext.absorb.methods.kv_prefix.export as cartridge
 
     if "llama" not in model_folder:
         pytest.skip("one family is enough")

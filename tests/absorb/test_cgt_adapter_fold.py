@@ -34,7 +34,7 @@ def test_cgt_fold_without_an_adapter_is_not_applicable_to_a_plain_model(tmp_path
 
 
 def test_cgt_fold_runs_in_the_harness_on_a_plain_model(tmp_path):
-    from incontext.absorb.harness import compare
+    from incontext.harness.compare import compare
     from incontext.tasks.episodes import get_episode_source
 
     class Codec:

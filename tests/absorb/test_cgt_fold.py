@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from conftest import rel_error
 from incontext.absorb import AdaptedModel, get_absorb_method
-from incontext.absorb.cgt_fold import fold, lora_factors, prompt_context
+from incontext.absorb.methods.cgt_fold import fold, lora_factors, prompt_context
 from incontext.models import Transformer
 from incontext.models.cgt import CGT, CGTConfig
 

@@ -8,7 +8,7 @@ from conftest import rel_error
 pytest.importorskip("peft")
 
 from incontext.absorb import AdaptedModel, DistilledLoRA, get_absorb_method  # noqa: E402
-from incontext.absorb import self_study  # noqa: E402
+from incontext.absorb.study import stage as study_stage, writers as study_writers  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 from incontext.models.cgt import CGT, CGTConfig  # noqa: E402
 
@@ -226,7 +226,7 @@ def test_unsupported_models():
     (dict(seed_prompts="poetry"), "seed_prompts must be"),
 ])
 def test_bad_options(options, match):
-    from incontext.absorb.distill_lora import DistillLoRA
+    from incontext.absorb.methods.distill_lora import DistillLoRA
 
     for make in (lambda: method(**options), lambda: DistillLoRA(**options)):  # the registry and Python: one check
         with pytest.raises(ValueError, match=match) as error:
@@ -268,7 +268,7 @@ class CharCodec:
 
 def test_recall_windows_are_the_prompted_models_distributions():
     """Each recall window's targets: the model reading the prompt and then the window (float64 reference)."""
-    from incontext.absorb.self_study import _recall_windows
+    from incontext.absorb.study.stage import _recall_windows
     from incontext.models import Cache
 
     model, prompt = llama_like(torch.float64, seed=3), ids(37, 2)
@@ -292,7 +292,7 @@ def test_chat_turns_teach_the_answer_given_with_the_prompt_in_the_user_turn():
     prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker."))
     method_ = method(chat_answer_tokens=6)
     with torch.no_grad():
-        (student, logp), = self_study._chat_turns(model, prompt, ["Where was Abe born?"], 100, codec,
+        (student, logp), = study_writers._chat_turns(model, prompt, ["Where was Abe born?"], 100, codec,
                                                   method_.study.chat_answer_tokens)
     question = codec.encode(codec.chat([{"role": "user", "content": "Where was Abe born?"}], add_generation_prompt=True))
     assert student[: len(question)].tolist() == question
@@ -311,8 +311,8 @@ def test_a_codec_adds_questions_and_chat_turns(monkeypatch):
     model, codec = llama_like(seed=4, max_seq_len=400), CharCodec()
     prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker.\nBea has a cat named Tom."))
     questions = []
-    original = self_study._questions
-    monkeypatch.setattr(self_study, "_questions", lambda model, prompt, codec, n: questions or original(model, prompt, codec, n))
+    original = study_writers._questions
+    monkeypatch.setattr(study_stage, "_questions", lambda model, prompt, codec, n: questions or original(model, prompt, codec, n))
     plain = method(steps=2, n_questions=16).absorb(model, prompt, codec=codec).history["pool"]
     questions += ["Where was Abe born?", "What is Bea's pet called?"]
     asked = method(steps=2, n_questions=16).absorb(model, prompt, codec=codec).history["pool"]

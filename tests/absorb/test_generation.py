@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from incontext.absorb import get_absorb_method
-from incontext.absorb.generation import context_room, start_position, stream_tokens
+from incontext.absorb.decode import context_room, start_position, stream_tokens
 from incontext.models import CGT, CGTConfig, Transformer, TransformerConfig
 
 

@@ -6,7 +6,7 @@ import torch
 
 from conftest import ByteCodec
 from incontext.absorb import get_absorb_method
-from incontext.absorb.harness import agreement, compare
+from incontext.harness.compare import agreement, compare
 from incontext.tasks.metrics import get_metric
 
 
@@ -134,7 +134,7 @@ def test_scoring_by_hand():
 
 
 def test_pooled_score_weights_episodes_by_their_positions():
-    from incontext.absorb.harness import MethodRecord
+    from incontext.harness.compare import MethodRecord
 
     record = MethodRecord("m", {}, episode_scores=[{"score": 1.0}, {"score": 0.0}], episode_positions=[3, 1],
                           absorb_ms=[1.0, 1.0], query_ms=[1.0], kept_bytes=[0, 0], peak_bytes=[None, None])
@@ -245,7 +245,7 @@ def test_no_applicable_method_is_a_one_line_error_not_a_crash():
 
 def test_a_cgt_is_its_own_prompted_reference():
     """keep-prompt on a CGT is the CGT's forward over prompt and query (it has no cache): agreement is measured."""
-    from incontext.absorb.reference import PromptPrepended
+    from incontext.absorb.methods.reference import PromptPrepended
     from incontext.models import CGT, CGTConfig
 
     torch.manual_seed(0)
@@ -261,7 +261,7 @@ def test_a_cgt_is_its_own_prompted_reference():
 def test_no_training_query_reaches_a_method_by_default_for_any_task():
     """Every text task gives the methods the document alone unless its options ask for training questions: each
     absorb of a compare run receives no train_queries (recorded by a method that learns from them)."""
-    from incontext.absorb.base import AbsorbMethod
+    from incontext.absorb.protocol import AbsorbMethod
 
     seen = []
 
@@ -283,7 +283,7 @@ def test_no_training_query_reaches_a_method_by_default_for_any_task():
             assert "keep-prompt (wording consensus)" not in rows
         assert seen and all(queries == [] and groups is None for queries, groups in seen)
     finally:
-        from incontext.absorb import base
+        from incontext.absorb import protocol as base
         base._METHODS.pop("spy-train-queries", None)
 
 
@@ -344,7 +344,7 @@ def test_per_episode_question_records_and_the_derived_split_by_hand():
     episode's score is their mean), and for a method whose data stage derived queries from the document, whether the
     question or its fact's cloze was among the queries it trained on (read again here from the method's own absorb);
     by_derived adds up the right answers on either side."""
-    from incontext.absorb.self_study import cloze, document_text
+    from incontext.absorb.study import cloze, document_text
 
     model, codec = tiny(), ByteCodec()
     source = get_episode_source("facts", people=2)
@@ -378,7 +378,7 @@ def test_per_episode_question_records_and_the_derived_split_by_hand():
 
 
 def test_cloze_is_the_sentence_up_to_the_answer():
-    from incontext.absorb.self_study import cloze
+    from incontext.absorb.study import cloze
 
     text = "Ada was born in Paris. She wrote about engines!\nBob has two cats"
     assert cloze(text, "Paris") == "Ada was born in"

@@ -10,7 +10,7 @@ pytest.importorskip("peft")
 
 from incontext.absorb import get_absorb_method  # noqa: E402
 from incontext.absorb.distill import Student, heldout_kl  # noqa: E402
-from incontext.absorb.self_study import StudyOptions, heldout_sequences  # noqa: E402
+from incontext.absorb.study import StudyOptions, heldout_sequences  # noqa: E402
 from test_kv_prefix import FAST, tiny  # noqa: E402  (the same tiny float64 Transformer)
 
 

@@ -15,7 +15,7 @@ from incontext.absorb import (
     convert,
     get_absorb_method,
 )
-from incontext.absorb.iclca import rotate_state
+from incontext.absorb.methods.iclca import rotate_state
 from incontext.models import Cache, Transformer, TransformerConfig
 
 

@@ -10,9 +10,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from incontext.absorb import AdaptedModel, KeepPrompt, get_absorb_method, self_study  # noqa: E402
+from incontext.absorb import AdaptedModel, KeepPrompt, get_absorb_method  # noqa: E402
+from incontext.absorb.study import stage as study_stage  # noqa: E402
 from incontext.absorb.distill import training_steps  # noqa: E402
-from incontext.absorb.generation import stream_tokens  # noqa: E402
+from incontext.absorb.decode import stream_tokens  # noqa: E402
 from incontext.interop.hf import to_hf_llama  # noqa: E402
 from incontext.models.hf_backend import HFCausalLM, prefix_cache  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
@@ -118,7 +119,7 @@ def test_transformers_generates_from_the_prefix_as_past_key_values(model):
 ])
 def test_bad_options_are_refused(options, message):
     """Through the registry (--set) and through the class from Python alike: one check, one-line errors."""
-    from incontext.absorb.kv_prefix import KVPrefix
+    from incontext.absorb.methods.kv_prefix import KVPrefix
 
     for make in (lambda: get_absorb_method("kv-prefix", **options), lambda: KVPrefix(**options)):
         with pytest.raises(ValueError, match=message) as error:
@@ -139,7 +140,7 @@ def test_the_wording_ensemble_without_groups_is_refused_not_ignored(name):
 
 def test_options_from_python_are_the_registrys():
     """The class built from Python holds the Options' defaults and the given values, converted as --set's are."""
-    from incontext.absorb.kv_prefix import KVPrefix, KVPrefixOptions
+    from incontext.absorb.methods.kv_prefix import KVPrefix, KVPrefixOptions
 
     method = KVPrefix(prefix_tokens=8, temperature=2, **{"study.seed_prompts": ["question", "creative"]})
     assert method.prefix_tokens == 8 and method.passes == KVPrefixOptions.passes and method.study.temperature == 2.0
@@ -259,7 +260,7 @@ def test_a_document_longer_than_the_context_is_absorbed_in_chunks(model):
     untrained prefix answers as keep-prompt does on those 32 tokens (1e-10, float64)."""
     prompt, query = prompt_and_query(300)
     adapted = get_absorb_method("kv-prefix", steps=0, **FAST).absorb(model, prompt)
-    assert adapted.position == 32 and adapted.history["pool"]["chunks"] == len(self_study.chunk_spans(300, 0, 128)) > 1
+    assert adapted.position == 32 and adapted.history["pool"]["chunks"] == len(study_stage.chunk_spans(300, 0, 128)) > 1
     keep = KeepPrompt().absorb(model, prompt[:32])
     assert (adapted(query) - keep(query)).abs().max() < 1e-10
     with pytest.raises(ValueError, match="chunk_tokens=128 leaves the teacher no room"):
@@ -269,7 +270,7 @@ def test_a_document_longer_than_the_context_is_absorbed_in_chunks(model):
 def test_composed_prefixes_at_full_length_are_both_documents_in_context(model):
     """Two documents' own K/V (p = M each), concatenated: the query sees both, as if each had been prefilled on its
     own and the caches joined (their positions as they were absorbed)."""
-    from incontext.absorb.kv_prefix import compose_prefixes
+    from incontext.absorb.methods.kv_prefix import compose_prefixes
     from incontext.models.lm import cache_kv
 
     first, query = prompt_and_query(9, seed=1)
@@ -290,7 +291,7 @@ def test_compose_steps_train_the_concatenation_on_both_stages(model, tmp_path):
     """compose_steps: the concatenated prefixes trained on the union of both documents' data stages, each
     document's first position (its sink) left as it was; it fits both stages better than the plain concatenation;
     0 is the plain concatenation; a prefix loaded from a folder has no data stage: a one-line error."""
-    from incontext.absorb.kv_prefix import compose_prefixes
+    from incontext.absorb.methods.kv_prefix import compose_prefixes
     from incontext.absorb.distill import distillation_kl
 
     first, query = prompt_and_query(12, seed=1)
@@ -344,7 +345,7 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeyp
 def test_rerotate_moves_rope_keys_to_other_positions():
     """A RoPE model's keys are shift-equivariant: the document read from position d has keys R(d) times those read
     from 0 in every layer, so rerotate(keys at 0, d) equals them (float64, 1e-10); negative shifts too."""
-    from incontext.absorb.kv_prefix import rerotate
+    from incontext.absorb.methods.kv_prefix import rerotate
     from incontext.models import Cache
     from incontext.models.lm import cache_kv
 
@@ -365,7 +366,7 @@ def test_rerotate_moves_rope_keys_to_other_positions():
 def test_document_spread_keeps_the_documents_own_kv_from_across_it(m, p):
     """init=document-spread: the prefix's values are the whole document's values at p positions spread over it (the
     first included), its keys those keys moved to the prefix's positions; at p = M it is keep-prompt exactly."""
-    from incontext.absorb.kv_prefix import rerotate
+    from incontext.absorb.methods.kv_prefix import rerotate
     from incontext.models.lm import cache_kv
 
     model = tiny(seed=m)

@@ -1,4 +1,4 @@
-"""kv-press (NVIDIA kvpress's presses, absorb/kv_press.py) and kv-prefix's press start: the masked cache against a plain
+"""kv-press (NVIDIA kvpress's presses, absorb/methods/kv_press.py) and kv-prefix's press start: the masked cache against a plain
 reference in float64, a press that keeps everything is keep-prompt on both backends, kept bytes are counted, the press
 compresses the document and not the chat template's tokens, the one adapter kvpress needs on this transformers, the
 press start reproduces the press's logits at step 0, re-rotation to 0..n-1, folders round-trip, one-line errors."""

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import rel_error
 
 from incontext.absorb import AdaptedModel, get_absorb_method
-from incontext.absorb.dynamic_eval import prompt_sgd
+from incontext.absorb.methods.dynamic_eval import prompt_sgd
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TintConfig, sgd_reference
 

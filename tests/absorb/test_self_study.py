@@ -8,10 +8,11 @@ import torch
 
 pytest.importorskip("peft")
 
-from incontext.absorb import get_absorb_method, self_study  # noqa: E402
+from incontext.absorb import get_absorb_method  # noqa: E402
+from incontext.absorb.study import answer as study_answer, cache as study_cache, stage as study_stage, writers as study_writers  # noqa: E402
 from incontext.absorb.distill import distillation_kl  # noqa: E402
-from incontext.absorb.self_study import StudyOptions, top_k_targets  # noqa: E402
-from incontext.absorb.self_study import study as _study  # noqa: E402
+from incontext.absorb.study import StudyOptions, top_k_targets  # noqa: E402
+from incontext.absorb.study import study as _study  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 from incontext.models.static_decode import StaticDecoder  # noqa: E402
 
@@ -29,7 +30,7 @@ PROMPT = torch.randint(0, 61, (18,), generator=torch.Generator().manual_seed(1))
 
 
 def study(model, prompt, queries, options, codec, generator, top_k=20, cache_dir=None, **kw):
-    """self_study.study with the options' top_k and cache given apart."""
+    """study_stage.study with the options' top_k and cache given apart."""
     return _study(model, prompt, queries, dataclasses.replace(options, top_k=top_k, cache=str(cache_dir or "")), codec,
                   generator, **kw)
 
@@ -81,8 +82,8 @@ def test_the_cache_is_reused_only_when_everything_matches(tmp_path, monkeypatch)
     built, counts = run(model, tmp_path)
     assert not counts["cached"] and len(list(tmp_path.glob("*.safetensors"))) == 1
     calls = []
-    original = self_study.teacher_sequences
-    monkeypatch.setattr(self_study, "teacher_sequences", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = study_stage.teacher_sequences
+    monkeypatch.setattr(study_stage, "teacher_sequences", lambda *a, **k: calls.append(1) or original(*a, **k))
     reused, counts = run(model, tmp_path)
     assert counts["cached"] and same(reused, built) and not calls
     for changed in (dict(seed=1), dict(top_k=4), dict(options=StudyOptions(window_tokens=5, n_questions=0)),
@@ -122,13 +123,13 @@ def test_seed_prompts_write_messages_the_teacher_answers():
     prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker."))
     options = StudyOptions(window_tokens=6, n_continuations=0, n_questions=0, n_conversations=3, message_tokens=6,
                            seed_prompts=("question", "creative"))
-    messages = [self_study._seed_messages(model, codec.decode(prompt.tolist()), codec, options, torch.Generator().manual_seed(5))
+    messages = [study_writers._seed_messages(model, codec.decode(prompt.tolist()), codec, options, torch.Generator().manual_seed(5))
                 for _ in range(2)]
     assert messages[0] == messages[1] and 1 <= len(messages[0]) <= 3
     sequences, counts = study(model, prompt, [], options, codec, torch.Generator().manual_seed(5), top_k=8)
     assert counts["conversations"] == len(messages[0]) and counts["chat_turns"] == counts["conversations"]
     with pytest.raises(ValueError, match="seed_prompts must be"):
-        self_study._seed_messages(model, codec.decode(prompt.tolist()), codec, StudyOptions(n_conversations=1, seed_prompts=("poetry",)),
+        study_writers._seed_messages(model, codec.decode(prompt.tolist()), codec, StudyOptions(n_conversations=1, seed_prompts=("poetry",)),
                                   torch.Generator())
 
 
@@ -163,10 +164,10 @@ def test_batched_answers_equal_one_query_at_a_time(seed):
     with torch.no_grad():
         cache = Cache.empty(model.config.n_layer)
         model(prompt[None], cache=cache)
-        reference = [self_study._answered(model, self_study._copy(cache), q, n) for q, n in zip(queries, n_answers)]
-        batched = self_study._answered_batched(model, cache, queries, n_answers, rows=2)
-        passes = self_study._answered_full_passes(model, cache, queries, n_answers, rows=3)  # transformers' on a GPU
-        static = self_study._answered_static(model, cache, queries, n_answers,  # ours on a GPU (here eager)
+        reference = [study_answer._answered(model, study_answer._copy(cache), q, n) for q, n in zip(queries, n_answers)]
+        batched = study_answer._answered_batched(model, cache, queries, n_answers, rows=2)
+        passes = study_answer._answered_full_passes(model, cache, queries, n_answers, rows=3)  # transformers' on a GPU
+        static = study_answer._answered_static(model, cache, queries, n_answers,  # ours on a GPU (here eager)
                                              StaticDecoder(model, cache, rows=4, room=8, capture=False))
     for answers in (batched, passes, static):
         assert len(answers) == len(reference)
@@ -196,14 +197,14 @@ def test_the_wording_ensemble_against_a_plain_loop(seed):
     with torch.no_grad():
         cache = Cache.empty(model.config.n_layer)
         model(prompt[None], cache=cache)
-        own = [self_study._answered(model, self_study._copy(cache), q, 3) for q in queries]
+        own = [study_answer._answered(model, study_answer._copy(cache), q, 3) for q in queries]
         expected = list(own)
         for question in (0, 1):
             rows = [i for i, q in enumerate(groups) if q == question]
             answers = [torch.cat([own[i][0][len(queries[i]):], own[i][1][-1:].argmax(-1)]) for i in rows]
             score = [sum(float(own[j][1][len(queries[j]) - 1, a[0]]) for j in rows) for a in answers]
             best = answers[score.index(max(score))]
-            forced = {i: self_study._answered(model, self_study._copy(cache), torch.cat([queries[i], best[:-1]]), 0)
+            forced = {i: study_answer._answered(model, study_answer._copy(cache), torch.cat([queries[i], best[:-1]]), 0)
                       for i in rows}
             mean = sum(forced[i][1][len(queries[i]) - 1:] for i in rows) / len(rows)
             poe = mean - mean.logsumexp(-1, keepdim=True)
@@ -255,21 +256,21 @@ def test_the_static_answers_take_fewer_rows_for_a_long_document(monkeypatch):
     model = tiny(0)
     queries = [torch.randint(0, 61, (3,), generator=torch.Generator().manual_seed(i)) for i in range(5)]
     seen = []
-    original = self_study.StaticDecoder.__init__
+    original = study_answer.StaticDecoder.__init__
 
     def spy(self, model, cache, rows, room, capture):
         seen.append(rows)
         original(self, model, cache, rows, room, capture)
 
-    monkeypatch.setattr(self_study.StaticDecoder, "__init__", spy)
+    monkeypatch.setattr(study_answer.StaticDecoder, "__init__", spy)
     with torch.no_grad():
         cache = Cache.empty(model.config.n_layer)
         model(PROMPT[None], cache=cache)
-        wide = self_study._answer(model, cache, queries, [2] * 5)
+        wide = study_answer._answer(model, cache, queries, [2] * 5)
         k = cache.layers[0][0]
         per_row = 2 * 2 * k.shape[1] * (cache.position + 5) * k.shape[3] * k.element_size()
-        monkeypatch.setattr(self_study, "STATIC_BYTES", 2 * per_row)
-        narrow = self_study._answer(model, cache, queries, [2] * 5)
+        monkeypatch.setattr(study_answer, "STATIC_BYTES", 2 * per_row)
+        narrow = study_answer._answer(model, cache, queries, [2] * 5)
     assert seen == [5, 2] and len(wide) == len(narrow) == 5
     for (ids, logp), (ids2, logp2) in zip(wide, narrow):  # batches of other sizes: float64 rounding apart
         assert torch.equal(ids, ids2) and torch.allclose(logp, logp2, atol=1e-10, rtol=0)
@@ -280,26 +281,26 @@ def test_the_static_answers_take_fewer_rows_for_a_long_document(monkeypatch):
 
 @pytest.mark.parametrize("m, size", [(10, 4), (97, 16), (200, 48), (33, 33), (7, 2)])
 def test_chunks_cover_the_document_and_hold_every_passage_of_half_a_chunk(m, size):
-    spans = self_study.chunk_spans(m, size, None)
+    spans = study_stage.chunk_spans(m, size, None)
     assert spans[0][0] == 0 and spans[-1][1] == m and all(b - a == min(size, m) for a, b in spans)
     half = max(1, size // 2)
     for start in range(m - half + 1):  # every passage of half a chunk lies whole in some chunk
         assert any(a <= start and start + half <= b for a, b in spans)
-    assert self_study.chunk_spans(m, 0, None) == [(0, m)] == self_study.chunk_spans(m, 0, m + 1)
-    assert self_study.chunk_spans(m, 0, m)[0] == (0, m // 2)  # a document the context does not hold: half of it
+    assert study_stage.chunk_spans(m, 0, None) == [(0, m)] == study_stage.chunk_spans(m, 0, m + 1)
+    assert study_stage.chunk_spans(m, 0, m)[0] == (0, m // 2)  # a document the context does not hold: half of it
 
 
 def test_a_chunk_the_context_cannot_hold_is_refused():
     with pytest.raises(ValueError, match="chunk_tokens=96 leaves the teacher no room within the model's context .96") as error:
-        self_study.chunk_spans(200, 96, 96)
+        study_stage.chunk_spans(200, 96, 96)
     assert "\n" not in str(error.value)
 
 
 def test_queries_go_to_the_chunk_that_holds_their_rare_tokens():
     prompt = torch.arange(60)  # every token once: chunk j alone holds its own tokens
-    spans = self_study.chunk_spans(60, 20, None)  # starts 0, 10, 20, 30, 40
+    spans = study_stage.chunk_spans(60, 20, None)  # starts 0, 10, 20, 30, 40
     queries = [torch.tensor([1, 2, 3]), torch.tensor([52, 55, 58]), torch.tensor([25, 26, 100]), torch.tensor([100])]
-    assert self_study.assign_chunks(prompt, spans, queries) == [0, 4, 1, 0]  # ties: the first chunk
+    assert study_stage.assign_chunks(prompt, spans, queries) == [0, 4, 1, 0]  # ties: the first chunk
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -314,10 +315,10 @@ def test_every_chunked_sequence_is_the_teacher_reading_its_chunk(seed):
     prompt = torch.randint(0, 61, (150,), generator=torch.Generator().manual_seed(seed + 5))
     queries = [prompt[100:106].clone(), prompt[3:8].clone()]
     options = StudyOptions(window_tokens=8, n_continuations=3, continuation_tokens=5, answer_tokens=4)
-    sequences, counts = self_study.teacher_sequences(model, prompt, queries, options, None, torch.Generator().manual_seed(0))
-    spans = self_study.chunk_spans(150, 0, 96)
+    sequences, counts = study_stage.teacher_sequences(model, prompt, queries, options, None, torch.Generator().manual_seed(0))
+    spans = study_stage.chunk_spans(150, 0, 96)
     assert counts["chunks"] == len(spans) > 1 and counts["continuations"] == 3 and counts["train_queries"] == 2
-    assert counts["recall_windows"] == len(self_study.window_starts(150, 8))
+    assert counts["recall_windows"] == len(study_stage.window_starts(150, 8))
     homes = []
     with torch.no_grad():
         for ids, logp in sequences:
@@ -326,7 +327,7 @@ def test_every_chunked_sequence_is_the_teacher_reading_its_chunk(seed):
                       for a, b in spans]
             assert min(errors) < 1e-10
             homes.append(errors.index(min(errors)))
-    again, _ = self_study.teacher_sequences(model, prompt, queries, options, None, torch.Generator().manual_seed(0))
+    again, _ = study_stage.teacher_sequences(model, prompt, queries, options, None, torch.Generator().manual_seed(0))
     assert same(sequences, again)
     for query in queries:  # its answered sequence: the query and 3 of its 4 answer tokens
         home, = [h for (ids, _), h in zip(sequences, homes)
@@ -346,7 +347,7 @@ def test_kv_prefix_absorbs_a_document_longer_than_the_context(init):
         get_absorb_method("keep-prompt").absorb(model, prompt)
     adapted = get_absorb_method("kv-prefix", init=init, steps=4, passes=0, progress=False, n_continuations=1,
                                 continuation_tokens=4, window_tokens=8).absorb(model, prompt)
-    assert adapted.position == 96 // 4 and adapted.history["pool"]["chunks"] == len(self_study.chunk_spans(150, 0, 96)) == 6
+    assert adapted.position == 96 // 4 and adapted.history["pool"]["chunks"] == len(study_stage.chunk_spans(150, 0, 96)) == 6
     assert torch.isfinite(adapted(prompt[None, :10])).all()
     with pytest.raises(ValueError, match="prefix_tokens=90 and the data stage's sequences of up to 24 tokens exceed") as error:
         get_absorb_method("kv-prefix", prefix_tokens=90, init="document", steps=1, progress=False,
@@ -358,12 +359,12 @@ def test_kv_prefix_absorbs_a_document_longer_than_the_context(init):
 def test_spread_start_of_a_long_document_is_each_chunks_own_keys_and_values():
     """init=document-spread over chunks: each prefix position holds the K/V its token has in the chunk that holds it
     most centrally, re-rotated to its prefix place (float64, 1e-10); with one chunk, the whole document's."""
-    from incontext.absorb.kv_prefix import rerotate, spread_prefix
+    from incontext.absorb.methods.kv_prefix import rerotate, spread_prefix
     from incontext.models.lm import cache_kv
 
     model = tiny(2)
     prompt = torch.randint(0, 61, (60,), generator=torch.Generator().manual_seed(4))
-    spans = self_study.chunk_spans(60, 20, None)
+    spans = study_stage.chunk_spans(60, 20, None)
     assert torch.equal(cache_kv(spread_prefix(model, prompt, 60, [(0, 60)]))[0][0], cache_kv(model.prefill(prompt[None]))[0][0])
     prefix = cache_kv(spread_prefix(model, prompt, 7, spans))
     index = torch.linspace(0, 59, 7, dtype=torch.float64).round().long().tolist()
@@ -383,7 +384,7 @@ def test_the_harness_and_a_direct_absorb_run_the_same_data_stage(tmp_path):
     from conftest import ByteCodec
     from test_composition import byte_model
 
-    from incontext.absorb.harness import compare
+    from incontext.harness.compare import compare
     from incontext.tasks.episodes import get_episode_source
 
     class Bytes(ByteCodec):  # the random model writes any byte: decoded leniently
@@ -437,8 +438,8 @@ def test_a_cached_stage_is_reused_only_with_the_same_tokenizer(tmp_path):
 
     assert [pool(CharCodec()), pool(CharCodec()), pool(OtherTemplate()), pool(None), pool(OtherTemplate())] == \
         [False, True, False, False, True]
-    assert self_study.tokenizer_fingerprint(None) is None
-    assert self_study.tokenizer_fingerprint(CharCodec()) == self_study.tokenizer_fingerprint(CharCodec())
+    assert study_cache.tokenizer_fingerprint(None) is None
+    assert study_cache.tokenizer_fingerprint(CharCodec()) == study_cache.tokenizer_fingerprint(CharCodec())
 
 
 def test_the_windows_only_ablation_trains_on_windows_of_the_document_alone():

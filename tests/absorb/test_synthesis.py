@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from test_distill_lora import CharCodec
 from test_self_study import tiny
 
-from incontext.absorb import self_study
-from incontext.absorb.self_study import StudyOptions, derived_queries, grounded, study
+from incontext.absorb.study import answer as study_answer, derived as study_derived, writers as study_writers
+from incontext.absorb.study import StudyOptions, derived_queries, grounded, study
 from incontext.models import Cache
 
 DOC = "The meeting is on Tuesday at 10:30 in Room B. Alice Brown chairs it. The budget is 4,500 euros."
@@ -27,7 +27,7 @@ def test_derived_queries_are_seeded_distinct_and_within_the_limit():
     assert sorted(derive(seed=3)) == sorted(every)  # the seed orders, the limit chooses
     for limit in range(1, 14):
         assert len(derive(limit=limit, seed=limit)) == min(limit, 12)
-    own = [set(derive(sentence)) for sentence in self_study._sentences(DOC)]
+    own = [set(derive(sentence)) for sentence in study_derived._sentences(DOC)]
     picked = [next(i for i, queries in enumerate(own) if q in queries) for q in derive(limit=3, seed=5)]
     assert picked == [0, 1, 2]  # three queries: one from each sentence, in the document's order
     assert derive(limit=0) == [] and derive("") == []
@@ -39,7 +39,7 @@ def test_each_kind_derives_what_it_should():
                 "The budget is 4,500": "euros"}
     assert set(derive(kinds="prefix")) == set(prefixes)
     for prefix, span in prefixes.items():  # the query stops right before its span
-        assert any(s.startswith(prefix + " " + span) for s in self_study._sentences(DOC))
+        assert any(s.startswith(prefix + " " + span) for s in study_derived._sentences(DOC))
     assert set(derive(kinds="about")) == {f"Q: What does the text say about {n}?\nA:" for n in
                                           ("Tuesday", "Room B", "Alice Brown")}
     assert set(derive(kinds="qa")) == {"Q: When is the meeting?\nA:", "Q: Who chairs it?\nA:", "Q: What is the budget?\nA:"}
@@ -95,8 +95,8 @@ def test_the_filter_keeps_answers_the_document_makes_likelier(monkeypatch):
     cache = Cache.empty(model.config.n_layer)
     with torch.no_grad():
         model(prompt[None], cache=cache)
-        plain = self_study._answer(model, cache, queries, [4] * len(queries))
-        chat = self_study._chat_turns(model, prompt, [q[3:-3] for q in questions[:3]], 200, codec, 5)
+        plain = study_answer._answer(model, cache, queries, [4] * len(queries))
+        chat = study_writers._chat_turns(model, prompt, [q[3:-3] for q in questions[:3]], 200, codec, 5)
     items = plain + chat
     starts = [q.shape[0] - 1 for q in queries] + [ids.shape[0] - logp.shape[0] for ids, logp in chat]
     rows = [(prompt.tolist() + q.tolist(), q.tolist()) for q in queries]
@@ -107,13 +107,13 @@ def test_the_filter_keeps_answers_the_document_makes_likelier(monkeypatch):
     assert [answer[0] for answer in answers] == [first for first, _ in reference]
     gains = sorted(gain for _, gain in reference)
     margin = (gains[len(gains) // 2 - 1] + gains[len(gains) // 2]) / 2
-    monkeypatch.setattr(self_study, "GROUNDED_MARGIN", margin)
-    monkeypatch.setattr(self_study, "grounded", lambda answer, document: True)
-    kept = self_study._grounded_rows(model, codec, text, items, starts)
+    monkeypatch.setattr(study_writers, "GROUNDED_MARGIN", margin)
+    monkeypatch.setattr(study_writers, "grounded", lambda answer, document: True)
+    kept = study_writers._grounded_rows(model, codec, text, items, starts)
     assert kept == [gain > margin for _, gain in reference] and True in kept and False in kept
     monkeypatch.undo()
-    monkeypatch.setattr(self_study, "GROUNDED_MARGIN", -float("inf"))
-    assert self_study._grounded_rows(model, codec, text, items, starts) == [
+    monkeypatch.setattr(study_writers, "GROUNDED_MARGIN", -float("inf"))
+    assert study_writers._grounded_rows(model, codec, text, items, starts) == [
         grounded(codec.decode([t for t in answer if t != codec.eos_token_id]), text) for answer in answers]
 
 
@@ -173,9 +173,9 @@ def test_the_rules_read_the_document_without_special_tokens():
         def decode(self, ids):
             return "".join(self.words[i] for i in ids)
 
-    text = self_study.document_text(Marked(), [0, 2, 3, 1, 4])
+    text = study_derived.document_text(Marked(), [0, 2, 3, 1, 4])
     assert text == "system\n" + DOC + "\n" and derive(text) == derive(DOC)
-    assert self_study.document_text(CharCodec(), [5, 6]) == CharCodec().decode([5, 6])  # no special ids: all of it
+    assert study_derived.document_text(CharCodec(), [5, 6]) == CharCodec().decode([5, 6])  # no special ids: all of it
 
 
 def test_kv_prefix_derives_queries_by_default_and_distill_lora_does_not():

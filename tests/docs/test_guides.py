@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from incontext import cli, cli_catalog, docs
-from incontext.absorb import base
-from incontext.absorb.harness import compare
+from incontext.cli import main as cli, catalog as cli_catalog
+from incontext import docs
+from incontext.absorb import protocol as base
+from incontext.harness.compare import compare
 from incontext.models import Transformer, TransformerConfig
 from incontext.tasks import episodes, metrics
 
@@ -56,12 +57,12 @@ def parses(args: list[str]) -> None:
 @pytest.fixture
 def registries(monkeypatch, tmp_path):
     """Copies of the registries (what a guide registers is gone after the test) and a catalog in tmp_path that
-    `write()` regenerates, as `python -m incontext.cli_catalog` does."""
+    `write()` regenerates, as `python -m incontext.cli.catalog` does."""
     monkeypatch.setattr(base, "_METHODS", dict(base._METHODS))
     monkeypatch.setattr(base, "_ADAPTED", dict(base._ADAPTED))
     monkeypatch.setattr(episodes, "_SOURCES", dict(episodes._SOURCES))
     monkeypatch.setattr(metrics, "METRICS", dict(metrics.METRICS))
-    monkeypatch.setattr(cli_catalog, "CATALOG", tmp_path / "cli_catalog.json")
+    monkeypatch.setattr(cli_catalog, "CATALOG", tmp_path / "catalog.json")
     return lambda: cli_catalog.write_catalog()
 
 
@@ -96,7 +97,7 @@ def test_add_an_absorb_method(registries, capsys, tmp_path):
     page = GUIDES / "add-absorb-method.md"
     guide = run_python(page)
     assert base.absorb_methods().count("keep-tail") == 1 and base.method_options("keep-tail") == ["tokens"]
-    registries()  # step 2: python -m incontext.cli_catalog
+    registries()  # step 2: python -m incontext.cli.catalog
     listed = help_text(capsys, ["absorb", "--list"])
     assert "keep-tail" in listed and guide["KeepTail"].summary in listed and "tokens=32" in listed
     compare_help = " ".join(help_text(capsys, ["compare", "--help"]).split())

@@ -10,8 +10,8 @@ from cgt_adapter_helpers import random_adapter, random_base, tokens
 from peft import PeftModel
 from test_hf import without_float32_steps
 
-from incontext.absorb.cgt_fold import prompt_context
-from incontext.absorb.cgt_fold_export import llama_adapter_factors, save_folded_llama, save_llama_adapter
+from incontext.absorb.methods.cgt_fold import prompt_context
+from incontext.absorb.methods.cgt_fold.export import llama_adapter_factors, save_folded_llama, save_llama_adapter
 from incontext.interop.hf import to_hf_llama
 
 

@@ -5,8 +5,8 @@ from peft import PeftModel
 from transformers import GPT2LMHeadModel
 
 from conftest import rel_error
-from incontext.absorb.cgt_fold import fold
-from incontext.absorb.cgt_fold_export import save_base_gpt2, save_folded_gpt2, save_lora_adapter
+from incontext.absorb.methods.cgt_fold import fold
+from incontext.absorb.methods.cgt_fold.export import save_base_gpt2, save_folded_gpt2, save_lora_adapter
 from incontext.models.cgt import CGT, CGTConfig
 
 

@@ -1,7 +1,7 @@
 """lm-evaluation-harness on absorb folders, offline: a tiny random Llama (a tokenizer with a chat template) absorbs
 tests/data/lm_eval/document.txt as its system turn (distill-lora: a PEFT adapter; kv-prefix: a K/V prefix;
 keep-prompt: the document's K/V cache), and lm-eval scores the folders on the local tasks of tests/data/lm_eval,
-through its own `hf` model with `peft=` (distill-lora) and through the `incontext` model of incontext.cli_lm_eval
+through its own `hf` model with `peft=` (distill-lora) and through the `incontext` model of incontext.cli.lm_eval
 (any folder). Every score is checked against one computed by hand from transformers' model (with the PEFT adapter),
 the prompted base model or the loaded adapted model."""
 
@@ -22,9 +22,9 @@ from lm_eval import simple_evaluate  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from incontext import cli  # noqa: E402
+from incontext.cli import main as cli  # noqa: E402
 from incontext.absorb import AdaptedModel  # noqa: E402
-from incontext.cli_lm_eval import IncontextLM  # noqa: E402  (registers the `incontext` model)
+from incontext.cli.lm_eval import IncontextLM  # noqa: E402  (registers the `incontext` model)
 from incontext.interop.models import load_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,18 +249,18 @@ def test_incontext_model_rolling_loglikelihood_and_its_errors(llama, folders):
 
 
 def test_the_documented_command_line(folders, tasks, tmp_path, monkeypatch, capsys):
-    """lm-eval's command line with the incontext model registered (`python -m incontext.cli_lm_eval ...`, run here
+    """lm-eval's command line with the incontext model registered (`python -m incontext.cli.lm_eval ...`, run here
     in this process: its main), as the docs give it, from the repository root; its results file holds the score
     simple_evaluate gives."""
     import lm_eval.tasks
 
-    from incontext import cli_lm_eval
+    from incontext.cli import lm_eval as cli_lm_eval
 
     folder = folders["distill-lora"]
     monkeypatch.chdir(ROOT)
     # the command line indexes lm-eval's ~13,000 shipped task files first (seconds): here only the local ones
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(TaskManager, include_defaults=False))
-    monkeypatch.setattr(sys, "argv", ["python -m incontext.cli_lm_eval"])
+    monkeypatch.setattr(sys, "argv", ["python -m incontext.cli.lm_eval"])
     cli_lm_eval.main(["--model", "incontext", "--model_args", f"absorbed={folder}", "--include_path", "tests/data/lm_eval",
                       "--tasks", "incontext_facts_tiny", "--device", "cpu", "--output_path", str(tmp_path / "results")])
     printed = capsys.readouterr().out

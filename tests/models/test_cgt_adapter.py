@@ -8,7 +8,7 @@ from cgt_adapter_helpers import VOCAB, random_adapter, random_base, tokens
 from hypothesis import given
 from hypothesis import strategies as st
 
-from incontext.absorb.cgt_fold import fold, lora_factors, prompt_context
+from incontext.absorb.methods.cgt_fold import fold, lora_factors, prompt_context
 from incontext.models import CGTAdapter, CGTAdapterConfig, Transformer, TransformerConfig
 from incontext.models.cgt_losses import sample_aux_chunks
 

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from conftest import ByteCodec
-from incontext.absorb import get_absorb_method, harness
-from incontext.absorb.generation import greedy_answers
-from incontext.absorb.harness import compare
-from incontext.cli_compare import table
+from incontext.absorb import get_absorb_method
+from incontext.harness import compare as harness
+from incontext.absorb.decode import greedy_answers
+from incontext.harness.compare import compare
+from incontext.cli.compare import table
 from incontext.models import Transformer, TransformerConfig
 from incontext.tasks.episodes import get_episode_source
 from incontext.tasks.jsonl import read_qa_file
@@ -208,7 +209,7 @@ def hand_greedy(model, context: list[int], n: int, codec) -> str:
 
 
 def test_greedy_answers_stop_at_the_newline_after_their_text_and_at_the_context(monkeypatch):
-    from incontext.absorb import generation
+    from incontext.absorb import decode as generation
 
     codec, calls = Codec(), []
     query = get_episode_source("jsonl", path=str(SMALL), max_answer_tokens=9).episodes(1, tokenizer=codec)[0].queries[0]

@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 from conftest import rel_error
 
-from incontext.cli import main
+from incontext.cli.main import main
 from incontext.absorb.prompt_update import full_mask
-from incontext.absorb.dynamic_eval import prompt_sgd
-from incontext.absorb.tint import tint_simulate, tint_update
+from incontext.absorb.methods.dynamic_eval import prompt_sgd
+from incontext.absorb.methods.tint import tint_simulate, tint_update
 from incontext.experiments.tint_classification import SETTINGS, Study, accuracy
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TinT, TintConfig

@@ -129,7 +129,7 @@ def test_r_exact_report():
 
 
 def test_dynamic_eval_lowers_training_loss():
-    from incontext.absorb.dynamic_eval import prompt_sgd  # R-dyn (tests may reach across layers)
+    from incontext.absorb.methods.dynamic_eval import prompt_sgd  # R-dyn (tests may reach across layers)
 
     model = auxiliary()
     ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(6))

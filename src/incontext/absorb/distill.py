@@ -1,6 +1,6 @@
 """The distillation pipeline kv-prefix and distill-lora share, in Cartridges' three stages:
 
-1. synthesis: the data stage (absorb/self_study.py: the sequences a prompt-free student reads and the teacher's
+1. synthesis: the data stage (absorb/study/: the sequences a prompt-free student reads and the teacher's
    next-token distributions on them, cached on disk with `study.cache`);
 2. objective: KL(teacher || student) on the teacher's top-k log-probabilities at the taught positions, plus
    `argmax_weight` times the cross-entropy of the teacher's top token (distillation_loss);
@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 
 from ..config import limit
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
-from .base import AbsorbMethod, AdaptedModel, Speed
-from .self_study import StudyOptions, heldout_sequences, study
+from .protocol import AbsorbMethod, AdaptedModel, Speed
+from .study import StudyOptions, heldout_sequences, study
 
 
 @dataclass
@@ -125,7 +125,7 @@ def distillation_kl(student, batch, argmax_weight: float = 0.0, tail: bool = Fal
 @torch.no_grad()
 def heldout_kl(student: "Student", sequences: list) -> float | None:
     """The full KL(teacher || student) in nats per taught position of `student` on sequences with the teacher's full
-    log-probabilities (self_study.heldout_sequences; distillation_loss at k = V: a true divergence, >= 0), in the
+    log-probabilities (study.stage.heldout_sequences; distillation_loss at k = V: a true divergence, >= 0), in the
     student's own dtype (no autocast); None for no sequences."""
     if not sequences:
         return None

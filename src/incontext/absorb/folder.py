@@ -23,8 +23,7 @@ import torch
 from ..config import to_dict
 from ..fileio import sha256_file, strict_json
 from ..outputs import EXPERIMENT_MARKER, claim_output_folder, code_version
-from .base import PEFT_FOLDER, AdaptedModel, get_absorb_method
-
+from .protocol import PEFT_FOLDER, AdaptedModel, get_absorb_method
 
 ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
 
@@ -163,7 +162,7 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
 def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
     """The distilled LoRA of `folder`'s PEFT adapter merged into a copy of `model`, or a kv-prefix's CARTRIDGE on
     `model` (checked against absorb.json)."""
-    from .distill_lora_export import load_peft_adapter
+    from .methods.distill_lora.export import load_peft_adapter
 
     weights = folder / PEFT_FOLDER / "adapter_model.safetensors"
     if not weights.is_file():
@@ -172,7 +171,7 @@ def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
         raise ValueError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is corrupt (its sha256 differs "
                          f"from the one in {ABSORB_RECORD})")
     if note.get("peft_type") == "CARTRIDGE":  # a kv-prefix's cartridge: the prefix back on `model` itself
-        from .kv_prefix_export import load_cartridge
+        from .methods.kv_prefix.export import load_cartridge
 
         try:
             return load_cartridge(folder / PEFT_FOLDER, model)

@@ -4,21 +4,23 @@ unmodified (`press_classes()`: every press of kvpress that takes a compression_r
 model's transformers twin (interop.hf.hf_twin) and its kept K/V come back as a cache of the model's own backend."""
 
 from __future__ import annotations
+
 import contextlib
 import dataclasses
 import logging
 import tempfile
 from pathlib import Path
 from typing import Any
+
 import torch
 from torch import nn
+
+from ..interop.hf import hf_twin
 from ..models import Cache
 from ..models.hf_backend import HFLayerState
 from ..models.lm import cache_kv, copy_cache
-from ..interop.hf import hf_twin
 from ..ops.masked_kv import MaskedKV
-from .base import AdaptedModel, tensor_bytes
-
+from .protocol import AdaptedModel, tensor_bytes
 
 _INSTALL = "the kv-press method needs NVIDIA kvpress: pip install 'incontext[press]' (kvpress==0.5.5)"
 

@@ -3,11 +3,14 @@ sequences with their target masks, and the adapted models an update gives (the u
 prompt kept in the context)."""
 
 from __future__ import annotations
+
 from typing import Any
+
 import torch
+
 from ..models import Cache
 from ..models.lm import CausalLM
-from .base import AdaptedModel, PromptInContext
+from .protocol import AdaptedModel, PromptInContext
 
 
 class UpdatedWeights(AdaptedModel):

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..absorb.distill_lora import DistilledLoRA
+from ..absorb.methods.distill_lora import DistilledLoRA
 from ..absorb.lora import LoRASpec, init_lora_factors
 from ..config import check_choices, to_dict
 from ..models import CGTAdapter, CGTAdapterConfig, Transformer
@@ -262,7 +262,7 @@ def export_example(adapter: CGTAdapter, prompt: torch.Tensor, query: torch.Tenso
     """One document's context as a PEFT adapter on LlamaForCausalLM; max |logit difference| to the adapter."""
     from peft import PeftModel
 
-    from ..absorb.cgt_fold_export import save_llama_adapter
+    from ..absorb.methods.cgt_fold.export import save_llama_adapter
     from ..interop.hf import to_hf_llama
 
     y = adapter.context(prompt[None])[0, -1]

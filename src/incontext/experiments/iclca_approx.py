@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..absorb import ICLCAApprox
-from ..absorb.harness import compare
+from ..harness.compare import compare
 from ..interop import from_hf_llama, load_smollm2
 from ..interop.models import HFCodec
 from ..outputs import Result, markdown_table

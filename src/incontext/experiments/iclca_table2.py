@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..absorb.harness import compare
+from ..harness.compare import compare
 from ..config import check_choices
 from ..models.transformer import FeatureMap, LinearNorm, Positions
 from ..outputs import Result, pyplot

@@ -46,9 +46,9 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from ..absorb.prompt_update import full_mask
-from ..absorb.dynamic_eval import prompt_sgd
-from ..absorb.tint import tint_simulate, tint_update
-from ..absorb.harness import compare
+from ..absorb.methods.dynamic_eval import prompt_sgd
+from ..absorb.methods.tint import tint_simulate, tint_update
+from ..harness.compare import compare
 from ..models import Transformer
 from ..outputs import Result, pyplot
 from ..stats import accuracy_interval95

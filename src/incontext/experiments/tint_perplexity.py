@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ..absorb.harness import compare
+from ..harness.compare import compare
 from ..outputs import Result, markdown_table
 from ..tasks.episodes import get_episode_source
 from ..tint import TinT, TintConfig

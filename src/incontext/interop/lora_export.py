@@ -1,5 +1,5 @@
 """LoRA adapters as PEFT adapters on Hugging Face models: the shared pieces (`attach_lora`, `save_adapter`), and the
-export of a distilled LoRA (absorb/distill_lora.py) onto the Llama or GPT-2 export of its base model.
+export of a distilled LoRA (absorb/methods/distill_lora/method.py) onto the Llama or GPT-2 export of its base model.
 
 Our attention uses one fused qkv projection and SwiGLU one fused [gate; up] projection; Llama has separate
 q/k/v and gate/up projections. A LoRA on a fused projection, W + s B A with B split by rows, is exactly one

@@ -20,7 +20,7 @@ Stage 2, blocks l+1..L, x only. Before every attention and every MLP, the normal
     sigma(y) = tanh(S [y; 1]) or softmax(S [y; 1])   (M mixing weights)
 
   with separate S, L^m, R^m per operator. The residual stream carries the plain x, so with y frozen each
-  T is a fixed affine map that folds exactly into the linear layer after it (absorb/cgt_fold.py). The
+  T is a fixed affine map that folds exactly into the linear layer after it (absorb/methods/cgt_fold/method.py). The
   d_x x d_x matrix of T is never formed: applying T costs two matmuls with the (d_x, M r) template stacks.
 
 y is either computed per position by stage 1 ("dynamic") or given (a frozen context, constant over the
@@ -380,7 +380,7 @@ class CGT(nn.Module):
 
     def x_only_transformer(self) -> Transformer:
         """The ordinary Transformer of width d_x with this model's x weights and every T = I (no context):
-        the base model that a folded context (absorb/cgt_fold.py) or a LoRA adapter modifies."""
+        the base model that a folded context (absorb/methods/cgt_fold/method.py) or a LoRA adapter modifies."""
         model = Transformer(self.config.transformer_config()).to(device=self.pos_emb.weight.device,
                                                                    dtype=self.pos_emb.weight.dtype)
         model.load_state_dict(x_only_state_dict(self), strict=True)

@@ -13,7 +13,7 @@ The frozen model is the x stream. With L blocks and split layer l (0-based block
 
 Only the y blocks and the generators (the `guide` submodule) train. The left templates start at zero, so the
 untrained adapter is exactly the frozen model. With y frozen, each T is affine and folds into the projections
-that read it (absorb/cgt_fold.py): a rank-r LoRA on q/k/v and gate/up of every guided block, plus a bias shift.
+that read it (absorb/methods/cgt_fold/method.py): a rank-r LoRA on q/k/v and gate/up of every guided block, plus a bias shift.
 
 The adapter speaks the CGT interface (`run`, `forward(inputs, y=, positions=, segments=)`, `context`), so
 models/cgt_losses.py's objective (CE + auxiliary truncation loss + R_C/R_D) applies unchanged; the trainer

@@ -178,7 +178,7 @@ class HFCausalLM(nn.Module):
 
 
 def prefix_cache(adapted, hf_config):
-    """A trained K/V prefix (absorb/kv_prefix.py, of either backend) as transformers' DynamicCache for a model with
+    """A trained K/V prefix (absorb/methods/kv_prefix/method.py, of either backend) as transformers' DynamicCache for a model with
     `hf_config`: pass it as `past_key_values` (`cache` from transformers 5.24) with `input_ids` = `adapted.position`
     placeholder ids followed by the query and an all-ones `attention_mask` (generate feeds only the tokens after
     the cache; without the mask it would take placeholders equal to the pad id for padding). Our keys are stored

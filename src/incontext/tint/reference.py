@@ -9,7 +9,7 @@
 - `sgd_reference(..., rules="exact")` (R-exact): exact autograd gradients of the same loss for the same
   parameter subset.
 R-dyn (exact SGD on all parameters: dynamic evaluation, Krause et al., the baseline TinT is compared with
-in the paper) is `absorb.dynamic_eval.prompt_sgd`, the project's one implementation.
+in the paper) is `absorb.methods.dynamic_eval.prompt_sgd`, the project's one implementation.
 
 Each returns the logits of a second forward on all tokens with the updated weights, those weights (our
 Transformer's parameter names) and the training loss before each step.

@@ -3,23 +3,25 @@ Llama or GPT-2 export of our Transformer, or directly on the Hugging Face backen
 The shared pieces (attach_lora, save_adapter, the fused-projection split) are interop/lora_export.py's."""
 
 from __future__ import annotations
+
 import json
-from pathlib import Path
-import torch
 import shutil
+from pathlib import Path
 from typing import Any
 
-from ..fileio import sha256_file
-from ..interop.lora_export import Factors, attach_lora, save_adapter
-from .base import PEFT_FOLDER, check_tensors, register_export
-from .distill_lora import DistilledLoRA
+import torch
+
+from ....fileio import sha256_file
+from ....interop.lora_export import Factors, attach_lora, save_adapter
+from ...protocol import PEFT_FOLDER, check_tensors, register_export
+from .method import DistilledLoRA
 
 
 def hf_lora_factors(adapted: DistilledLoRA, family: str | None = None) -> tuple[Factors, bool]:
     """The adapter's factors named as in the family's transformers class (families table; default: the first family
     our base exports to), and whether they need fan_in_fan_out."""
-    from ..models.families import FAMILIES, to_family_factors
-    from ..interop.hf import export_family, exported_families
+    from ....interop.hf import export_family, exported_families
+    from ....models.families import FAMILIES, to_family_factors
 
     if family is None:
         family = export_family(adapted.base)[0]
@@ -69,7 +71,7 @@ def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from .lora import LoRASpec
+    from ...lora import LoRASpec
 
     folder = Path(folder)
     try:
@@ -111,7 +113,7 @@ def load_peft_adapter(folder: str | Path, model, offset: int) -> DistilledLoRA:
 
 def _hf_backend_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: int) -> dict[str, tuple]:
     """Module of the wrapped transformers model -> (A, B), from a PEFT folder saved for that family."""
-    from .lora import linear_shape
+    from ...lora import linear_shape
 
     pieces: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
@@ -141,8 +143,8 @@ def _hf_backend_factors(folder: Path, tensors: dict[str, torch.Tensor], model, r
 def _our_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: int) -> dict[str, tuple]:
     """Fused module of our Transformer -> (A, B), from a PEFT folder for its Llama or GPT-2 export (the adapter's
     own module names tell which)."""
-    from ..models.families import FAMILIES, from_family_parts
-    from ..interop.hf import exported_families
+    from ....interop.hf import exported_families
+    from ....models.families import FAMILIES, from_family_parts
 
     exported = exported_families()  # the layouts our exports write
     family = next((name for name in exported if any(k.startswith(f"base_model.model.{FAMILIES[name].blocks}.")
@@ -182,7 +184,7 @@ def _our_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: in
 def peft_note(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
     """The distilled adapter as a PEFT folder for the family's own transformers class: directly on the Hugging Face
     backend, through the export of our Transformer (the first family in the table that takes it) otherwise."""
-    from ..interop.hf import export_family
+    from ....interop.hf import export_family
 
     check_tensors(((f"{name}.lora_{ab}", t) for name, pair in adapted.lora_factors().items() for ab, t in zip("AB", pair)),
                   "distill-lora")  # absorb checked the adapted model; the adapter's own tensors again, as written

@@ -12,21 +12,29 @@ start at position M (the prompt's length), as for dynamic evaluation (`UpdatedWe
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
-
-import math
 
 import torch
 from torch import nn
 
-from ..config import limit
-from ..models import Cache
-from ..models.lm import CausalLM, is_causal_lm
-from .base import AdaptedModel, tensor_bytes
-from .distill import Distiller, Student, TrainOptions
-from .lora import LoRASpec, add_lora_delta, init_lora_factors, inject_lora, injected_factors, linear_shape, lora_spec, \
-    lora_targets, merge_lora
+from ....config import limit
+from ....models import Cache
+from ....models.lm import CausalLM, is_causal_lm
+from ...distill import Distiller, Student, TrainOptions
+from ...lora import (
+    LoRASpec,
+    add_lora_delta,
+    init_lora_factors,
+    inject_lora,
+    injected_factors,
+    linear_shape,
+    lora_spec,
+    lora_targets,
+    merge_lora,
+)
+from ...protocol import AdaptedModel, tensor_bytes
 
 
 def _factor_key(module: str, factor: str) -> str:

@@ -1,4 +1,4 @@
-"""A trained K/V prefix (absorb/kv_prefix.py) on the Hugging Face backend as a PEFT CARTRIDGE adapter, and back.
+"""A trained K/V prefix (absorb/methods/kv_prefix/method.py) on the Hugging Face backend as a PEFT CARTRIDGE adapter, and back.
 
     save_cartridge(adapted, folder)           # adapter_config.json + adapter_model.safetensors, written by peft itself
     peft_model = PeftModel.from_pretrained(<the family's transformers model>, folder)
@@ -27,17 +27,16 @@ transformers model, so it would add a second training path for one backend witho
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import shutil
-
-from ..fileio import sha256_file
-from .base import PEFT_FOLDER, register_export
-from .kv_prefix import TrainedPrefix
-from ..models.lm import cache_kv, with_kv
+from ....fileio import sha256_file
+from ....models.lm import cache_kv, with_kv
+from ...protocol import PEFT_FOLDER, register_export
+from .method import TrainedPrefix
 
 PEFT_TYPE = "CARTRIDGE"
 
@@ -46,7 +45,9 @@ def _peft():
     """peft's CARTRIDGE pieces, or a ValueError naming what is missing."""
     try:
         from peft import CartridgeConfig, PeftConfig, get_peft_model
-        from peft.tuners.cartridge.utils import initialize_kv_prefix_from_past_key_values
+        from peft.tuners.cartridge.utils import (
+            initialize_kv_prefix_from_past_key_values,
+        )
         from peft.utils.save_and_load import load_peft_weights
     except ImportError:
         raise ValueError("a PEFT CARTRIDGE needs a peft with CARTRIDGE adapters (0.21 has them); the installed one has none") from None
@@ -62,7 +63,7 @@ def _check_model(model) -> None:
         raise ValueError("a PEFT CARTRIDGE serves a transformers model (the Hugging Face backend); a prefix of our "
                          "Transformer saves as adapted.safetensors")
     if model.family is None:
-        from ..models.families import FAMILIES
+        from ....models.families import FAMILIES
 
         raise ValueError(f"model_type {model.config.model_type!r} is not in the families table ({', '.join(FAMILIES)})")
 
@@ -120,8 +121,7 @@ def peft_cartridge_model(adapted: TrainedPrefix, hf_model, num_frozen_tokens: in
 def on_transformers_twin(adapted: TrainedPrefix) -> TrainedPrefix:
     """A prefix of our Transformer as the same prefix (the same tensors) on its transformers twin (interop.hf.hf_twin,
     on the Hugging Face backend); a ValueError naming why where our Transformer exports to no family."""
-    from ..interop.hf import hf_twin
-    from ..interop.hf import wrap_hf
+    from ....interop.hf import hf_twin, wrap_hf
 
     try:
         twin = hf_twin(adapted.base)

@@ -251,7 +251,7 @@ class NoOptions:
 class AbsorbMethod(ABC):
     """A way to absorb a prompt into a model. Subclasses set `name` (the registry key), `summary` (what the
     method does with the context, one line) and `needs` (what it needs of the model), which `compare --help`,
-    `absorb --help` and `absorb --list` show (through cli_catalog.json), `Options` (a dataclass of the
+    `absorb --help` and `absorb --list` show (through cli/catalog.json), `Options` (a dataclass of the
     constructor's keyword options with their types, defaults and ranges: `get_absorb_method` checks given options
     against it through config.parse_options), and implement `_absorb` for one prompt (or, with `batched = True`,
     for a batch of prompts); `absorb` checks the input once for every method. Why a method does not apply to a

@@ -29,12 +29,17 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ..config import limit
-from ..models.lm import CausalLM, is_causal_lm
-from .base import AbsorbMethod, AdaptedModel
-from .lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
-from .param_groups import select_groups, selected_parameters, untie
-from .prompt_update import check_separator, full_mask, training_sequences, updated_adapted
+from ...config import limit
+from ...models.lm import CausalLM, is_causal_lm
+from ..lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
+from ..param_groups import select_groups, selected_parameters, untie
+from ..prompt_update import (
+    check_separator,
+    full_mask,
+    training_sequences,
+    updated_adapted,
+)
+from ..protocol import AbsorbMethod, AdaptedModel
 
 
 def masked_lm_loss(model: CausalLM, ids: torch.Tensor, targets: torch.Tensor, reduction: str = "sum") -> torch.Tensor:

@@ -3,7 +3,7 @@
     incontext absorb --model smollm2 --method distill-lora --prompt-file facts.txt --out adapted/
     incontext generate --model smollm2 --adapted adapted/ "Q: Where was Alia Brenno born?\\nA:"
 
-cli.py imports this module only when one of the two commands runs (it imports torch).
+cli/main.py imports this module only when one of the two commands runs (it imports torch).
 """
 
 from __future__ import annotations
@@ -19,17 +19,23 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .absorb import get_absorb_method
-from .absorb.base import PEFT_FOLDER, Speed, max_context
-from .absorb.folder import (ABSORB_RECORD, adapted_placement, check_absorb_out, composed_folders, staging_folder,
-                            swap_into, write_folder)
-from .absorb.generation import context_room, stop_tokens, stream_tokens
-from .config import parse_overrides, to_dict
-from .interop.models import load_model
-from .outputs import claim_output_folder
-from .runtime import Runtime, device_of, generator_for
-from .tasks.placement import chat_turn, placed_document, resolve_placement
-
+from ..absorb import get_absorb_method
+from ..absorb.decode import context_room, stop_tokens, stream_tokens
+from ..absorb.folder import (
+    ABSORB_RECORD,
+    adapted_placement,
+    check_absorb_out,
+    composed_folders,
+    staging_folder,
+    swap_into,
+    write_folder,
+)
+from ..absorb.protocol import PEFT_FOLDER, Speed, max_context
+from ..config import parse_overrides, to_dict
+from ..interop.models import load_model
+from ..outputs import claim_output_folder
+from ..runtime import Runtime, device_of, generator_for
+from ..tasks.placement import chat_turn, placed_document, resolve_placement
 
 # ----------------------------------------------------------------------------- shared checks
 
@@ -161,7 +167,7 @@ def _prepare(args, runtime: Runtime):
 
 
 def absorb(args, runtime: Runtime) -> int:
-    """`incontext absorb`, on the command's Runtime (its --device / --dtype, resolved once by cli.py)."""
+    """`incontext absorb`, on the command's Runtime (its --device / --dtype, resolved once by cli/main.py)."""
     if getattr(args, "prompts", None) is not None:
         return absorb_many(args, runtime)
     prompt_text = read_prompt(args.prompt, args.prompt_file)
@@ -247,7 +253,7 @@ def absorb_many(args, runtime: Runtime) -> int:
 
     from tqdm.auto import tqdm
 
-    from .train.distributed import init_distributed, shutdown
+    from ..train.distributed import init_distributed, shutdown
 
     if args.prompt is not None or args.prompt_file is not None:
         raise ValueError("give the prompts with exactly one of --prompt, --prompt-file and --prompts")
@@ -261,7 +267,7 @@ def absorb_many(args, runtime: Runtime) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if world > 1 and runtime.device == torch.device("cuda"):  # one GPU per process: its own, checked as --device was
-        from .runtime import resolve_runtime
+        from ..runtime import resolve_runtime
 
         runtime = resolve_runtime(f"cuda:{local_rank}", runtime.dtype)
     if runtime.device.type == "cuda":
@@ -303,7 +309,7 @@ def absorb_many(args, runtime: Runtime) -> int:
 def export_model(args, runtime: Runtime) -> int:
     """`incontext export-model`: the model as a transformers folder (its transformers twin, interop.hf.hf_twin, saved by
     transformers itself, and its tokenizer with the chat template), the base of an absorb folder's peft_adapter/."""
-    from .interop.hf import hf_twin
+    from ..interop.hf import hf_twin
 
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise FileExistsError(f"--out {args.out} is not a new or empty folder; export-model writes only into one")
@@ -351,7 +357,7 @@ def check_generation_options(args, dtype: torch.dtype) -> None:
 
 
 def generate(args, runtime: Runtime) -> int:
-    """`incontext generate TEXT`, on the command's Runtime (its --device / --dtype, resolved once by cli.py)."""
+    """`incontext generate TEXT`, on the command's Runtime (its --device / --dtype, resolved once by cli/main.py)."""
     check_generation_options(args, runtime.dtype)
     if not args.text:
         raise ValueError("TEXT is empty: give the text to continue")

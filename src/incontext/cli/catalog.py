@@ -8,7 +8,7 @@ the metrics they score with.
     catalog()["tasks"][name] == {"description": ..., "metric": ..., "models": ..., "options": ["key=default", ...]}
     catalog()["metrics"][name] == {"label": ..., "higher_is_better": ..., "description": ...}
 
-The data lives in cli_catalog.json, generated from the registries by `python -m incontext.cli_catalog` (run it
+The data lives in cli/catalog.json, generated from the registries by `python -m incontext.cli.catalog` (run it
 after adding or changing an experiment, a method, a task or a metric); help reads it so that it needs no torch
 import (the registries import torch), and tests/test_cli_help.py checks that it matches the registries and that
 every registered name is in the help.
@@ -26,7 +26,7 @@ import tokenize
 import typing
 from pathlib import Path
 
-CATALOG = Path(__file__).with_name("cli_catalog.json")
+CATALOG = Path(__file__).with_name("catalog.json")
 
 
 def catalog() -> dict:
@@ -81,7 +81,7 @@ def _type_text(field: dataclasses.Field, hint: object) -> str:
 
 def experiments_catalog() -> dict[str, list]:
     """name -> [description, [[key, type, default, comment], ...]] for every registered experiment."""
-    from .experiments.registry import list_experiments
+    from ..experiments.registry import list_experiments
 
     out = {}
     for experiment in list_experiments():
@@ -113,8 +113,8 @@ def _options(config_class: type) -> list[list[str]]:
 def methods_catalog() -> dict[str, dict]:
     """name -> summary, needs and options ([name, default, help]) of every registered absorb method (the two
     reference points, keep-prompt and drop-prompt, first)."""
-    from .absorb.base import _METHODS, absorb_methods
-    from .absorb.reference import DropPrompt, KeepPrompt
+    from ..absorb.methods.reference import DropPrompt, KeepPrompt
+    from ..absorb.protocol import _METHODS, absorb_methods
 
     first = (KeepPrompt.name, DropPrompt.name)
     names = [*first, *(name for name in absorb_methods() if name not in first)]
@@ -125,7 +125,7 @@ def methods_catalog() -> dict[str, dict]:
 def option_groups_catalog() -> dict[str, dict]:
     """The nested options classes the methods share (`--set study.OPTION=VALUE`): name -> which methods take it and
     its options."""
-    from .absorb.base import _METHODS, absorb_methods
+    from ..absorb.protocol import _METHODS, absorb_methods
 
     groups: dict[str, dict] = {}
     for name in absorb_methods():
@@ -144,7 +144,7 @@ def option_groups_catalog() -> dict[str, dict]:
 def tasks_catalog() -> dict[str, dict]:
     """name -> description, metric, the models it is for and its options (`--set key=value`, with defaults) of every
     registered episode task."""
-    from .tasks.episodes import _SOURCES, episode_sources
+    from ..tasks.episodes import _SOURCES, episode_sources
 
     def options(config_class) -> list[str]:  # a string default as it is typed after --set key=, others as JSON
         return [f"{f.name}={value if isinstance(value, str) else _default_text(f)}"
@@ -158,14 +158,14 @@ def tasks_catalog() -> dict[str, dict]:
 
 
 def metrics_catalog() -> dict[str, dict]:
-    from .tasks.metrics import METRICS
+    from ..tasks.metrics import METRICS
 
     return {name: {"label": m.label, "higher_is_better": m.higher_is_better, "description": m.description}
             for name, m in sorted(METRICS.items())}
 
 
 def build_catalog() -> dict[str, dict]:
-    """Every registry's entries as JSON data (what cli_catalog.json holds)."""
+    """Every registry's entries as JSON data (what cli/catalog.json holds)."""
     return {"experiments": experiments_catalog(), "methods": methods_catalog(), "option_groups": option_groups_catalog(),
             "tasks": tasks_catalog(), "metrics": metrics_catalog()}
 

@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, Any, Collection
 import torch
 from torch import nn
 
-from ..models import Cache
-from ..models.lm import is_causal_lm
+from ...models import Cache
+from ...models.lm import is_causal_lm
 
 if TYPE_CHECKING:  # annotations only: the method runs on the model the protocol hands it
-    from ..models import Transformer
-from ..ops.feature_maps import LearnedFeatures, draw_favor_projection
-from ..ops.prefix_attention import FeaturePrefix, absorb_layer
-from ..config import limit
-from .base import AbsorbMethod, AdaptedModel, ConversionError
-from ..train.attention_transfer import load_feature_maps
+    from ...models import Transformer
+from ...config import limit
+from ...ops.feature_maps import LearnedFeatures, draw_favor_projection
+from ...ops.prefix_attention import FeaturePrefix, absorb_layer
+from ...train.attention_transfer import load_feature_maps
+from ..protocol import AbsorbMethod, AdaptedModel, ConversionError
 
 
 def convert_approximately(model: Transformer, prompt: torch.Tensor, *, n_features: int = 256,

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-from ..config import limit
-from ..interop.hf import hf_twin
-from ..models.lm import is_causal_lm
-from .presses import CacheBuffers, press_cache, press_classes
-from .base import AbsorbMethod, AdaptedModel
+from ...config import limit
+from ...interop.hf import hf_twin
+from ...models.lm import is_causal_lm
+from ..presses import CacheBuffers, press_cache, press_classes
+from ..protocol import AbsorbMethod, AdaptedModel
 
 
 class PressedCache(CacheBuffers):

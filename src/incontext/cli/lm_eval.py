@@ -1,6 +1,6 @@
 """lm-evaluation-harness on any absorb folder: the `incontext` model of lm-eval, and its command line.
 
-    python -m incontext.cli_lm_eval --model incontext --model_args absorbed=runs/absorbed-facts \\
+    python -m incontext.cli.lm_eval --model incontext --model_args absorbed=runs/absorbed-facts \\
         --include_path tests/data/lm_eval --tasks incontext_facts_tiny --device cpu
 
 The command is lm-eval's own (`lm_eval ...`, every option the same) with the `incontext` model registered first:
@@ -36,13 +36,13 @@ try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
 except ImportError as error:  # pragma: no cover - the module is only imported to use lm-eval
-    raise ImportError("incontext.cli_lm_eval needs lm-evaluation-harness: pip install lm-eval==0.4.13 "
+    raise ImportError("incontext.cli.lm_eval needs lm-evaluation-harness: pip install lm-eval==0.4.13 "
                       f"(bash scripts/env.sh installs it) ({error})") from None
 
-from .absorb.generation import context_room, stream_tokens
-from .absorb.folder import ABSORB_RECORD, adapted_placement, load_adapted
-from .interop.models import load_model
-from .tasks.placement import conversation_after
+from ..absorb.decode import context_room, stream_tokens
+from ..absorb.folder import ABSORB_RECORD, adapted_placement, load_adapted
+from ..interop.models import load_model
+from ..tasks.placement import conversation_after
 
 NAME = "incontext"
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm-eval's command line passes it when --device is not given
@@ -207,7 +207,7 @@ class IncontextLM(TemplateLM):
         token or max_gen_toks (default 256); the context loses its oldest tokens to leave room for the answer."""
         from tqdm import tqdm
 
-        from .runtime import generator_for
+        from ..runtime import generator_for
 
         results = []
         for context, gen_kwargs in tqdm([r.args for r in requests], disable=disable_tqdm, desc="incontext generate"):

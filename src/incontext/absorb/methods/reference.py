@@ -2,16 +2,25 @@
 model without a cache, prepended to each query) and drop-prompt (the prompt removed)."""
 
 from __future__ import annotations
+
 from typing import Any
+
 import torch
-from .base import AbsorbMethod, AdaptedModel, BaseAlone, PromptInContext, tensor_bytes
 from torch import nn
+
+from ..protocol import (
+    AbsorbMethod,
+    AdaptedModel,
+    BaseAlone,
+    PromptInContext,
+    tensor_bytes,
+)
 
 
 def reads_whole_sequences(model: nn.Module) -> bool:
     """A model of ours without the causal-LM protocol's cache (CGT, a CGT adapter): its forward over prompt and query
     together is the prompted model."""
-    from ..models import CGT, CGTAdapter
+    from ...models import CGT, CGTAdapter
 
     return isinstance(model, (CGT, CGTAdapter))
 

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
-from .cgt_fold import fold, lora_factors
-from ..models.cgt import CGT
-from ..models.cgt_adapter import CGTAdapter
-from ..models.families import FAMILIES, to_family_factors
-from ..interop.hf import to_hf_gpt2, to_hf_llama
-from ..interop.lora_export import Factors, attach_lora, save_adapter
+from ....interop.hf import to_hf_gpt2, to_hf_llama
+from ....interop.lora_export import Factors, attach_lora, save_adapter
+from ....models.cgt import CGT
+from ....models.cgt_adapter import CGTAdapter
+from ....models.families import FAMILIES, to_family_factors
+from .method import fold, lora_factors
+
 
 def save_folded_gpt2(model: CGT, y: torch.Tensor, folder: str | Path) -> Path:
     """The model with context y folded in, saved as a transformers GPT2LMHeadModel checkpoint."""

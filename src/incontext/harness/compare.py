@@ -39,12 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..absorb.decode import greedy_answers
+from ..absorb.protocol import get_absorb_method
 from ..config import to_dict
 from ..stats import bootstrap_interval95, t_interval95
 from ..tasks.episodes import Episode, EpisodeSource, Query
 from ..tasks.metrics import choice_scores, get_metric
-from .base import get_absorb_method
-from .generation import greedy_answers
 
 REFERENCE = "keep-prompt"
 QUESTION_METRICS = ("exact", "generated")  # metrics of asked questions: compare(per_episode=True) keeps each one's record
@@ -217,8 +217,8 @@ def question_records(queries: list[Query], scores: list, codec, document: str | 
     whether it was answered `right` (the metric's exact hit), the generated `answer_given` (metrics that generate),
     and, for a method whose data stage derived queries from the document (`derived`: the texts it trained on), whether
     the question itself (`asked_derived`) or its fact's cloze (`cloze_derived`: the document's sentence up to the
-    answer, self_study.cloze) was among them (None for other methods)."""
-    from .self_study import cloze
+    answer, study.derived.cloze) was among them (None for other methods)."""
+    from ..absorb.study import cloze
 
     trained = None if derived is None else {d.strip() for d in derived}
     out = []
@@ -273,7 +273,7 @@ def _document_text(codec, prompt: torch.Tensor) -> Callable[[], str | None]:
 
     def get() -> str | None:
         if not text:
-            from .self_study import document_text
+            from ..absorb.study import document_text
 
             ids = None if prompt.is_floating_point() else prompt.flatten().tolist()
             text.append(None if codec is None or ids is None else document_text(codec, ids))
@@ -422,7 +422,7 @@ def consensus_outputs(adapted, query: Query, out: torch.Tensor, wordings: list[t
     """`out` (the query's outputs from the prompted model `adapted`) with each scored position replaced by the
     wordings' consensus: the log-probabilities of the query's own wording and of each training wording (read with
     the query's answer, teacher-forced), averaged and renormalised (the product of experts the wording ensemble
-    teaches, self_study.wording_ensemble). The scored positions must be the query's last ones (its answer)."""
+    teaches, study.answer.wording_ensemble). The scored positions must be the query's last ones (its answer)."""
     mask = query.mask
     n = int(mask.sum())
     if not bool(mask[-n:].all()):

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..models import Cache
-from ..models.lm import is_causal_lm
+from ...models import Cache
+from ...models.lm import is_causal_lm
 
 if TYPE_CHECKING:  # annotations only: the method runs on the model the protocol hands it
-    from ..models import Transformer
-from ..ops import apply_rope, rope_cos_sin
-from .base import AbsorbMethod, AdaptedModel, ConversionError
+    from ...models import Transformer
+from ...ops import apply_rope, rope_cos_sin
+from ..protocol import AbsorbMethod, AdaptedModel, ConversionError
 
 
 def check_exactly_convertible(model: Transformer) -> None:
@@ -39,7 +39,7 @@ def check_exactly_convertible(model: Transformer) -> None:
         raise ConversionError(
             f"exact ICLCA conversion needs linear (kernelized) attention; this model uses attention={c.attention!r}, "
             "whose exp(q.k) does not factor through a fixed-size state. Use the approximate conversion "
-            "(incontext.absorb.iclca_approx, FAVOR+ random features) for softmax attention."
+            "(incontext.absorb.methods.iclca_approx, FAVOR+ random features) for softmax attention."
         )
     if model.training and (c.dropout > 0 or c.attn_dropout > 0):
         raise ConversionError("the model is in training mode with dropout: call model.eval() before converting")

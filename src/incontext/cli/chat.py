@@ -6,7 +6,7 @@
 
 A model with a chat template converses through it (the whole conversation re-read each turn, answers stop at the
 end of the assistant's turn); one without (a base model) in plain "Q: ...\\nA:" turns, each answer ending at its
-line's end. cli.py imports this module only when one of the two commands runs (it imports torch).
+line's end. cli/main.py imports this module only when one of the two commands runs (it imports torch).
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .absorb.generation import context_room, stream_tokens
-from .absorb.generation import stop_tokens
-from .cli_absorb import _codec, check_generation_options
-from .absorb.folder import adapted_placement, composed_folders
-from .interop.models import load_model
-from .runtime import Runtime, device_of, generator_for
-from .tasks.placement import chat_turn, conversation_after
+from ..absorb.decode import context_room, stop_tokens, stream_tokens
+from ..absorb.folder import adapted_placement, composed_folders
+from ..interop.models import load_model
+from ..runtime import Runtime, device_of, generator_for
+from ..tasks.placement import chat_turn, conversation_after
+from .absorb import _codec, check_generation_options
 
 COMMANDS = "/reset (forget the conversation), /adapted DIR [DIR ...] (answer from absorb folders, composed), " \
            "/base (the model alone), /exit"
@@ -141,7 +140,7 @@ def _say(message: str) -> None:
 
 def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     """An interactive conversation with the model (and --adapted folders) on the command's Runtime (its --device /
-    --dtype, resolved once by cli.py); reads lines from stdin (a prompt on a terminal), answers on stdout (read from a
+    --dtype, resolved once by cli/main.py); reads lines from stdin (a prompt on a terminal), answers on stdout (read from a
     pipe: one line each, line breaks in an answer written as \\n); notes and one-line complaints on stderr."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     check_generation_options(args, runtime.dtype)

@@ -26,7 +26,7 @@ DEFAULT_OUT = Path("runs")
 
 def _methods_help(width: int, what: bool = True) -> str:
     """The registered absorb methods, one a line, from the catalog (no torch import)."""
-    from .cli_catalog import catalog
+    from .catalog import catalog
 
     return "\n".join(f"  {name:{width}s} needs {m['needs']}" + (f": {m['summary']}" if what else "")
                      for name, m in catalog()["methods"].items())
@@ -34,7 +34,7 @@ def _methods_help(width: int, what: bool = True) -> str:
 
 def _tasks_help() -> str:
     """The registered episode tasks with their metric and the models they are for, from the catalog."""
-    from .cli_catalog import catalog
+    from .catalog import catalog
 
     data = catalog()
     return "\n".join(f"  {name:18s} {t['description']} [{data['metrics'][t['metric']]['label']}]; {t['models']}"
@@ -43,9 +43,9 @@ def _tasks_help() -> str:
 
 
 def _run_experiment(name: str, overrides: list[str], out: Path | None) -> dict:
-    from .config import apply_overrides
-    from .experiments import get_experiment
-    from .outputs import output_folder
+    from ..config import apply_overrides
+    from ..experiments import get_experiment
+    from ..outputs import output_folder
 
     experiment = get_experiment(name)
     config = apply_overrides(experiment.config_class(), overrides)
@@ -71,8 +71,8 @@ DEMO = {"model": "smollm2", "task": "facts", "episodes": 5, "split": "test", "ta
 
 
 def _compare(spec, out: Path, runtime, owner: str = "compare") -> dict:
-    from .cli_compare import run_compare
-    from .outputs import output_folder
+    from ..outputs import output_folder
+    from .compare import run_compare
 
     with output_folder(out, owner):  # a foreign or unwritable folder is refused before the model loads
         results = run_compare(spec, out, owner=owner, runtime=runtime)
@@ -84,14 +84,14 @@ def _compare(spec, out: Path, runtime, owner: str = "compare") -> dict:
 def _runtime(args: argparse.Namespace):
     """--device / --dtype checked once, before any file is written or model loaded (runtime.resolve_runtime): the
     command's one Runtime, passed down to whatever loads the model or needs the device or dtype."""
-    from .runtime import resolve_runtime
+    from ..runtime import resolve_runtime
 
     return resolve_runtime(args.device, args.dtype)
 
 
 def demo_spec(args: argparse.Namespace):
     """The CompareSpec `incontext demo` runs (DEMO with the command's --device, --dtype, --tf32, --writer)."""
-    from .cli_compare import CompareSpec
+    from .compare import CompareSpec
 
     return CompareSpec(**{k: v for k, v in DEMO.items()}, device=args.device, dtype=args.dtype, tf32=args.tf32,
                        writer=args.writer)
@@ -114,10 +114,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def compare_spec(args: argparse.Namespace):
-    """The CompareSpec of an `incontext compare` command line (its results.json records cli_compare.command_line of
+    """The CompareSpec of an `incontext compare` command line (its results.json records cli.compare.command_line of
     it: tests/docs/test_commands.py reads both back to check a result file against its run script)."""
-    from .config import parse_overrides
-    from .cli_compare import CompareSpec, parse_tune, split_settings
+    from ..config import parse_overrides
+    from .compare import CompareSpec, parse_tune, split_settings
 
     task_options, method_options = split_settings(parse_overrides(args.set))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else []
@@ -149,7 +149,7 @@ def cmd_absorb(args: argparse.Namespace) -> int:
                    if value]
         if missing:
             raise ValueError(f"--list takes no other options (got {', '.join(missing)})")
-        from .cli_catalog import catalog
+        from .catalog import catalog
 
         data = catalog()  # the catalog: listing needs no torch
         print("absorb methods (incontext absorb --method NAME; method options with --set OPTION=VALUE):")
@@ -166,7 +166,7 @@ def cmd_absorb(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"absorb needs {', '.join(missing)} (or --list)")
     runtime = _runtime(args)
-    from .cli_absorb import absorb
+    from .absorb import absorb
 
     return absorb(args, runtime)
 
@@ -178,10 +178,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.text is not None:
             raise ValueError("give the text with exactly one of TEXT and --prompts-file")
         runtime = _runtime(args)
-        from .cli_chat import generate_many
+        from .chat import generate_many
 
         return generate_many(args, runtime)
-    from .cli_absorb import generate
+    from .absorb import generate
 
     runtime = _runtime(args)
     return generate(args, runtime)
@@ -189,14 +189,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_export_model(args: argparse.Namespace) -> int:
     runtime = _runtime(args)
-    from .cli_absorb import export_model
+    from .absorb import export_model
 
     return export_model(args, runtime)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     runtime = _runtime(args)
-    from .cli_chat import chat
+    from .chat import chat
 
     return chat(args, runtime)
 
@@ -204,7 +204,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     _runtime(args)
     overrides = list(args.set)
-    from .experiments import get_experiment
+    from ..experiments import get_experiment
 
     fields = {f.name for f in dataclasses.fields(get_experiment(args.experiment).config_class)}
     for flag, key, default in (("--device", "device", "cpu"), ("--dtype", "dtype", "float32")):
@@ -221,8 +221,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train import load_config, train
-    from .train.config import replace_run
+    from ..train import load_config, train
+    from ..train.config import replace_run
 
     extra = []
     if args.device is not None:  # the same flags as the other commands, mapped onto the run section
@@ -255,8 +255,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .train import evaluate_checkpoint, resolve_checkpoint
-    from .train.checkpoint import read_state
+    from ..train import evaluate_checkpoint, resolve_checkpoint
+    from ..train.checkpoint import read_state
 
     runtime = _runtime(args)
     checkpoint = resolve_checkpoint(args.checkpoint)
@@ -272,10 +272,10 @@ def _scalars(metrics: dict) -> dict:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .experiments import list_experiments
-    from .config import choices
-    from .tasks import get_task, list_tasks
-    from .train.config import MODEL_KINDS
+    from ..config import choices
+    from ..experiments import list_experiments
+    from ..tasks import get_task, list_tasks
+    from ..train.config import MODEL_KINDS
 
     print("tasks:")
     for name in list_tasks():
@@ -310,7 +310,7 @@ class _RunHelp(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from .cli_catalog import catalog
+        from .catalog import catalog
 
         experiments = catalog()["experiments"]
         name = getattr(namespace, "experiment", None)
@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         _fail(error)  # full files; FloatingPointError: an absorb that diverged (its options)
         return 2
     except RuntimeError as error:
-        from .train import NonFiniteLossError
+        from ..train import NonFiniteLossError
 
         if not isinstance(error, NonFiniteLossError):
             raise

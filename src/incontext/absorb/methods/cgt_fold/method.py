@@ -6,13 +6,13 @@ layer (W, b) that reads T h (the fused qkv, or the MLP's fc_in) becomes
     W' = W + (W L) R_x^T,    b' = b + W L r_b.
 
 The result is an ordinary `Transformer` of width d_x: the x-only model plus a rank-r update per stage-2 linear
-layer, i.e. a LoRA adapter with B = W L, A = R_x^T and a bias B_b = W L r_b (absorb/cgt_fold_export.py exports it).
+layer, i.e. a LoRA adapter with B = W L, A = R_x^T and a bias B_b = W L r_b (absorb/methods/cgt_fold/export.py exports it).
 The prompt is no longer in the context: queries start at position 0, as in the paper's specialised models.
 
 The same holds for a CGT adapter over a frozen pretrained model (models/cgt_adapter.py): its guided blocks' q/k/v
 and gate/up projections get the rank-r update. A base without biases (Llama, SmolLM2) gets them: the folded model
 is the base with bias=True, zero biases everywhere except the shifts W L r_b on q/k/v and gate/up (exported as a
-LlamaForCausalLM with attention_bias = mlp_bias = True, or as a LoRA adapter with lora_bias: absorb/cgt_fold_export.py).
+LlamaForCausalLM with attention_bias = mlp_bias = True, or as a LoRA adapter with lora_bias: absorb/methods/cgt_fold/export.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from ..models.cgt import CGT
-from ..models.cgt_adapter import CGTAdapter
-from ..models.lm import is_causal_lm
-from ..models.transformer import Transformer
-from .base import AbsorbMethod, AdaptedModel, BaseAlone
+from ....models.cgt import CGT
+from ....models.cgt_adapter import CGTAdapter
+from ....models.lm import is_causal_lm
+from ....models.transformer import Transformer
+from ...protocol import AbsorbMethod, AdaptedModel, BaseAlone
 
 
 @dataclasses.dataclass

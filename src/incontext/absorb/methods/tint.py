@@ -2,13 +2,21 @@
 auxiliary model on the prompt inside its own forward pass; the updated weights are read back from its prefixes."""
 
 from __future__ import annotations
+
 import copy
 import dataclasses
 from dataclasses import dataclass
+
 import torch
-from ..models.lm import CausalLM, is_causal_lm
-from .base import AbsorbMethod, AdaptedModel
-from .prompt_update import check_separator, full_mask, training_sequences, updated_adapted
+
+from ...models.lm import CausalLM, is_causal_lm
+from ..prompt_update import (
+    check_separator,
+    full_mask,
+    training_sequences,
+    updated_adapted,
+)
+from ..protocol import AbsorbMethod, AdaptedModel
 
 
 class LabelLossGradient:
@@ -28,7 +36,7 @@ class LabelLossGradient:
 def tint_simulate(model: CausalLM, ids: torch.Tensor, targets: torch.Tensor | None, config):
     """The simulator on one sequence, trained on its target tokens (the training segment ends at the last
     target; None: every token); returns (simulator, logits of its second forward, updated prefixes)."""
-    from ..tint import TinT
+    from ...tint import TinT
 
     sim = TinT(model, config)
     targets = full_mask(ids) if targets is None else targets
@@ -61,7 +69,7 @@ def tint_update(model: CausalLM, sequences: list[torch.Tensor], targets: list[to
 
 def _tint_options() -> type:
     """TinT's options: the simulator's (TintConfig, with its ranges) and the two that say what the update trains on."""
-    from ..tint import TintConfig
+    from ...tint import TintConfig
 
     @dataclass
     class TintOptions(TintConfig):
@@ -80,7 +88,7 @@ class TinTStep(AbsorbMethod):
     summary = "a simulated SGD step on the prompt"
 
     def setup(self) -> None:
-        from ..tint import TintConfig
+        from ...tint import TintConfig
 
         check_separator(self.separator)
         self.config = TintConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TintConfig)})
@@ -90,7 +98,7 @@ class TinTStep(AbsorbMethod):
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
             return "needs a token-input causal LM"
-        from ..tint.simulator import check_auxiliary
+        from ...tint.simulator import check_auxiliary
 
         try:
             check_auxiliary(model)

@@ -18,7 +18,7 @@ from torch import nn
 from ..models import Cache
 from ..models.lm import is_causal_lm
 from ..models.transformer import pick_next_token
-from .base import AdaptedModel
+from .protocol import AdaptedModel
 
 
 def start_position(model: nn.Module) -> int:

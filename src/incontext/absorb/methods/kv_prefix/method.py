@@ -27,13 +27,13 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..config import limit
-from ..models import Cache
-from ..models.lm import cache_kv, is_causal_lm, with_kv
-from ..ops import apply_rope, rope_cos_sin
-from .presses import CacheBuffers, empty_cache, press_cache, press_classes
-from .distill import Distiller, Student, TrainOptions
-from .self_study import StudyOptions, chunk_spans
+from ....config import limit
+from ....models import Cache
+from ....models.lm import cache_kv, is_causal_lm, with_kv
+from ....ops import apply_rope, rope_cos_sin
+from ...distill import Distiller, Student, TrainOptions
+from ...presses import CacheBuffers, empty_cache, press_cache, press_classes
+from ...study import StudyOptions, chunk_spans
 
 
 class TrainedPrefix(CacheBuffers):
@@ -196,7 +196,7 @@ def rerotated_press(model, prompt: torch.Tensor, pressed: Cache, press: str) -> 
     0..n-1, the PEFT CARTRIDGE layout. The positions are found by matching each kept key with the document's own
     keys (kvpress gathers them unchanged). A press that keeps a different number of pairs per head (kvzip) has no
     such layout: a one-line ValueError (use init=press)."""
-    from ..ops.masked_kv import MaskedKV
+    from ....ops.masked_kv import MaskedKV
 
     if any(isinstance(layer, MaskedKV) for layer in pressed.layers):
         raise ValueError(f"kv-prefix: init=press-rerotated needs a press that keeps the same number of pairs in every "
@@ -236,7 +236,7 @@ def spread_prefix(model, prompt: torch.Tensor, p: int, spans: list[tuple[int, in
     (the first one always, the attention sink), computed with the whole document in context, each key re-rotated
     from its document position to its place in the prefix (0 .. p-1): a quarter of the document's cache that covers
     all of it, where `document` keeps its first quarter. At p = M it is the document's own cache (keep-prompt).
-    With `spans` (the data stage's chunks, self_study.chunk_spans), each pair is computed with the chunk that holds
+    With `spans` (the data stage's chunks, study.stage.chunk_spans), each pair is computed with the chunk that holds
     its position most centrally in context, and re-rotated from its place in that chunk."""
     m = prompt.shape[0]
     spans = spans or [(0, m)]
@@ -264,7 +264,7 @@ def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
     """Several documents absorbed separately, answered together: their prefixes concatenated (Cartridges composes
     cartridges the same way, without retraining). Each prefix keeps the positions it was trained at; queries start
     after every position the prefixes hold: the sum of their lengths, and on a model that reads its BOS first the
-    BOS each prefix holds after the first (as PEFT's compose_cartridge_adapters: absorb/kv_prefix_export.py)."""
+    BOS each prefix holds after the first (as PEFT's compose_cartridge_adapters: absorb/methods/kv_prefix/export.py)."""
     if len(prefixes) < 2:
         raise ValueError("compose at least two prefixes")
     base = prefixes[0].base

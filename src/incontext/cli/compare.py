@@ -15,14 +15,14 @@ from typing import Any
 
 import yaml
 
-from .absorb import absorb_methods, get_absorb_method
-from .absorb.base import Speed
-from .absorb.base import method_options as method_option_names
-from .absorb.harness import compare, method_name
-from .outputs import Result, claim_output_folder, pyplot, save_result
-from .runtime import Runtime, machine, resolve_runtime
-from .tasks.episodes import get_episode_source, questions_label
-from .tasks.metrics import get_metric
+from ..absorb import absorb_methods, get_absorb_method
+from ..absorb.protocol import Speed
+from ..absorb.protocol import method_options as method_option_names
+from ..harness.compare import compare, method_name
+from ..outputs import Result, claim_output_folder, pyplot, save_result
+from ..runtime import Runtime, machine, resolve_runtime
+from ..tasks.episodes import get_episode_source, questions_label
+from ..tasks.metrics import get_metric
 
 # The episode splits: an episode's seed is its split's base plus --seed. dev: the seeds compare used for its test
 # episodes before splits were named (run about ten times for kv-prefix alone, and its diagnoses fed choices: no longer
@@ -73,7 +73,7 @@ def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 def parse_tune(items: list[str]) -> dict[str, list[Any]]:
     """["dynamic-eval.learning_rate=1e-5,1e-4"] -> {"dynamic-eval.learning_rate": [1e-05, 0.0001]}."""
-    from .config import scalar
+    from ..config import scalar
 
     out = {}
     for item in items:
@@ -95,8 +95,8 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     """Runs the comparison (loading the model unless `loaded` is given) and writes the result files into `out_dir`,
     the output folder of `owner` (compare, or demo). `runtime`: spec's device and dtype as the caller resolved them
     (the CLI's one Runtime); resolved here from the spec when None."""
-    from .cli_absorb import load_writer
-    from .interop.models import load_model
+    from ..interop.models import load_model
+    from .absorb import load_writer
 
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
     seed = episode_seed(spec.split, spec.seed)

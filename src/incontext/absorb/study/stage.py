@@ -1,0 +1,277 @@
+"""The distillation data stage: from a document (a prompt) and the model, the sequences a prompt-free student
+learns and the teacher's next-token distributions on them (Cartridges' "self-study", Eyuboglu et al. 2025, in the
+form this project's methods share: distill-lora and kv-prefix train on the same sequences).
+
+The teacher is the model with the document in its context (a document longer than `chunk_tokens`, or than the
+model's context, one chunk at a time: teacher_sequences); the student reads the sequences without it:
+
+- recall windows: the document cut into windows (stride half a window); the teacher reads the whole document
+  and then the window again, the student the window alone;
+- continuations the teacher samples after the document (seeded, drawn on the CPU);
+- training queries a task provides (never evaluation queries), answered greedily by the teacher;
+- with a tokenizer: questions the model itself writes about the document's sentences (a generic few-shot
+  question writer), answered by the teacher as "Q: ...\nA:" and, where the tokenizer has a chat template, as a
+  chat turn (the teacher reads the document and the question in the user turn, the student the question);
+- with a tokenizer: queries derived from the document's text by rules, no writer model (derived_queries: sentence
+  prefixes the teacher continues, and questions answered like the written ones);
+- `grounded`: a written or derived question, or a self-study message, is kept only where the teacher's answer is
+  grounded in the document (_grounded_rows).
+
+Every tensor is made on the model's device; all randomness comes from the caller's generator. Our Transformer
+decodes the continuations and answers on a cache of fixed size (`static_decode`, models/static_decode.py): all the
+training queries in one batch of rows, each at its own position, whatever their lengths; on a GPU its one-token step
+is replayed as a CUDA graph. It equals the plain decode up to float rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ...models import Cache
+from .answer import _answer, _copy, _log_probs, _sample, _wide, wording_ensemble
+from .cache import load_stage, save_stage, stage_key, tokenizer_fingerprint
+from .derived import derived_queries, document_text
+from .options import StudyOptions
+from .writers import (
+    _chat_turns,
+    _grounded_rows,
+    _has_template,
+    _questions,
+    _seed_messages,
+)
+
+
+@torch.no_grad()
+def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
+                      generator: torch.Generator, groups: list[int] | None = None,
+                      decode: str = "always", writer=None) -> tuple[list, dict[str, int]]:
+    """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L positions)
+    pairs, and how many of each kind (see the module docstring). `codec` (encode/decode, chat) may be None.
+
+    A document longer than a chunk (chunk_spans: `chunk_tokens`, or half the model's context for a document the
+    context does not hold) is read by the teacher one chunk at a time: each recall window with the chunk that holds it
+    most centrally, each training query with the chunk that shares most of its rare tokens (assign_chunks), and
+    the continuations, written and derived questions, conversations and foreign queries shared out over the chunks (each chunk's
+    own, in turn). `groups`: a question's id for each training query (its wordings share one; None: each query its
+    own), read with `wording_ensemble`, which also sends all the wordings of one question to one chunk."""
+    m = prompt.shape[0]
+    spans = chunk_spans(m, options.chunk_tokens, model.config.max_seq_len)
+    groups = groups if options.wording_ensemble else None
+    if len(spans) == 1:
+        return _chunk_sequences(model, prompt, queries, None, options, codec, generator, groups=groups, decode=decode,
+                                writer=writer)
+    size = spans[0][1] - spans[0][0]
+    width = max(1, min(options.window_tokens, size // 2, model.config.max_seq_len - size))  # each whole in a chunk
+    k, starts = len(spans), window_starts(m, width)
+    # each window to the chunk that holds it most centrally (the first of equals)
+    windows = [max(range(k), key=lambda j: min(s - spans[j][0], spans[j][1] - s - width)
+                   if spans[j][0] <= s and s + width <= spans[j][1] else -1) for s in starts]
+    if groups is None:
+        homes = assign_chunks(prompt, spans, queries)
+    else:  # a question's wordings together, in the chunk its wordings' tokens point to
+        ids = list(dict.fromkeys(groups))
+        merged = assign_chunks(prompt, spans, [torch.cat([q for q, g in zip(queries, groups) if g == i]) for i in ids])
+        home_of = dict(zip(ids, merged))
+        homes = [home_of[g] for g in groups]
+    sequences, counts = [], {}
+
+    def share(n: int, j: int) -> int:
+        return n * (j + 1) // k - n * j // k
+
+    for j, (a, b) in enumerate(spans):
+        part = dataclasses.replace(options, n_continuations=share(options.n_continuations, j),
+                                   n_questions=share(options.n_questions, j), derived=share(options.derived, j),
+                                   n_conversations=share(options.n_conversations, j))
+        mine = [s - a for s, home in zip(starts, windows) if home == j]
+        out, seen = _chunk_sequences(model, prompt[a:b], [q for q, home in zip(queries, homes) if home == j], mine,
+                                     part, codec, generator, width,
+                                     groups=None if groups is None else [g for g, home in zip(groups, homes) if home == j],
+                                     decode=decode, writer=writer)
+        sequences += out
+        for key, value in seen.items():  # counts add up; the derived queries' texts join
+            counts[key] = counts[key] + value if key in counts else value
+    counts["chunks"] = k
+    return sequences, counts
+
+
+def heldout_sequences(model, prompt: torch.Tensor, options: StudyOptions, generator: torch.Generator,
+                      n: int) -> list:
+    """`n` fresh continuations of the document (the data stage's continuation kind: `continuation_tokens` at
+    `temperature`, after the first chunk the teacher reads) with the teacher's full log-probabilities: a held-out
+    batch, never trained on, on which the full KL(teacher || student) is measured (distill.heldout_kl)."""
+    a, b = chunk_spans(prompt.shape[0], options.chunk_tokens, model.config.max_seq_len)[0]
+    room = (model.config.max_seq_len or b - a + options.continuation_tokens) - (b - a)
+    if n <= 0 or room <= 0:
+        return []
+    cache = Cache.empty(model.config.n_layer)
+    last = model(prompt[None, a:b], cache=cache)[0, -1]
+    tokens, logits = _sample(model, cache, last, n, min(options.continuation_tokens, room), options.temperature,
+                             generator, decode="never")
+    return [(t, F.log_softmax(_wide(x), -1)) for t, x in zip(tokens, logits)]
+
+
+def chunk_spans(m: int, chunk_tokens: int, max_len: int | None) -> list[tuple[int, int]]:
+    """The chunks of an m-token document the teacher reads, as (start, end): the whole document when `chunk_tokens`
+    is 0 and the model's context (max_len) holds it, else windows of `chunk_tokens` (0: half the context) at a
+    stride of half a chunk, the last flush with the end, so that every passage of at most half a chunk lies whole
+    in one of them."""
+    size = chunk_tokens or (m if max_len is None or m < max_len else max_len // 2)
+    if max_len is not None and size >= max_len:
+        raise ValueError(f"chunk_tokens={size} leaves the teacher no room within the model's context ({max_len} tokens)")
+    if m <= size:
+        return [(0, m)]
+    stride = max(1, size // 2)
+    return [(s, s + size) for s in sorted(set(range(0, m - size + 1, stride)) | {m - size})]
+
+
+def window_starts(m: int, width: int) -> list[int]:
+    """Where the recall windows of `width` tokens start: a stride of half a window, the last flush with the end."""
+    return sorted(set(list(range(0, m - width + 1, max(1, width // 2))) + [m - width]))
+
+
+def assign_chunks(prompt: torch.Tensor, spans: list[tuple[int, int]], queries: list[torch.Tensor]) -> list[int]:
+    """For each query, the chunk that shares most of its rare tokens: the sum, over the query's distinct tokens that
+    the chunk holds, of log(chunks / chunks holding the token) (a token in every chunk counts nothing; a name
+    counts most); ties go to the earliest chunk."""
+    held = [set(prompt[a:b].tolist()) for a, b in spans]
+    out = []
+    for query in queries:
+        tokens = set(query.tolist())
+        weight = {t: math.log(len(spans) / n) for t in tokens if (n := sum(t in h for h in held))}
+        scores = [sum(weight[t] for t in tokens & h) for h in held]
+        out.append(scores.index(max(scores)))
+    return out
+
+
+def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], starts: list[int] | None,
+                     options: StudyOptions, codec, generator: torch.Generator, width: int | None = None,
+                     groups: list[int] | None = None, decode: str = "always", writer=None):
+    """teacher_sequences for the teacher reading `prompt` (the document, or one chunk of it); `starts`: its recall
+    windows' starts (None: every window of the prompt), of `width` tokens; `groups`: the training queries' question
+    ids, for wording_ensemble (None: none); `writer`: (model, tokenizer) that writes the questions and self-study
+    messages (None: the model itself)."""
+    m, max_len = prompt.shape[0], model.config.max_seq_len
+    cache = Cache.empty(model.config.n_layer)
+    prompt_logits = model(prompt[None], cache=cache)[0]
+    room = max_len - m
+    sequences, counts = [], {}
+    windows = _recall_windows(model, cache, prompt, width or min(options.window_tokens, m, room), starts)
+    sequences += windows
+    counts["recall_windows"] = len(windows)
+    if options.n_continuations:
+        tokens, logits = _sample(model, cache, prompt_logits[-1], options.n_continuations,
+                                 min(options.continuation_tokens, room), options.temperature, generator, decode)
+        sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
+    counts["continuations"] = options.n_continuations
+    text = document_text(codec, prompt.tolist()) if codec is not None else ""
+    writer, pen = writer if writer is not None else (model, codec)  # who writes the questions and messages
+    questions = _questions(writer, text, pen, options.n_questions) if codec is not None and options.n_questions else []
+    derived = derived_queries(text, options.derived_kinds, options.derived, generator) if text and options.derived else []
+    device = prompt.device  # every tensor made here follows the model (a CUDA model gets CUDA ids)
+
+    def encode(t):
+        return torch.tensor(codec.encode(t), device=device)
+
+    written = [("questions", encode(f"Q: {t}\nA:"), t) for t in questions] + [("derived", encode(t), t) for t in derived]
+    written = [(kind, q, t) for kind, q, t in written if q.shape[0] + options.answer_tokens < room]
+    texts = [t for _, _, t in written]
+    written = [(kind, q) for kind, q, _ in written]
+    plain = queries + [q for _, q in written]
+    answered = _answer(model, cache, plain, [min(options.answer_tokens, room - q.shape[0]) for q in plain], decode)
+    if groups is not None:
+        answered[: len(queries)], counts["ensembled"] = wording_ensemble(model, cache, queries, answered[: len(queries)],
+                                                                         groups, decode)
+    sequences += answered[: len(queries)]
+    counts.update(train_queries=len(queries), questions=0, derived=0, chat_turns=0)
+    counts.update({"ungrounded": 0} if options.grounded else {})
+
+    def keep(items, starts, kinds):  # the items (grounded ones only, with `grounded`) into sequences, counted by kind
+        ok = _grounded_rows(model, codec, text, items, starts) if options.grounded and items else [True] * len(items)
+        for item, tags, fine in zip(items, kinds, ok):
+            sequences.extend([item] * fine)
+            for tag in tags if fine else ("ungrounded",):
+                counts[tag] += 1
+        return ok
+
+    ok = keep(answered[len(queries):], [q.shape[0] - 1 for _, q in written], [(kind,) for kind, _ in written])
+    # the derived queries trained on, as text (the harness reads which asked questions they cover: harness.coverage)
+    counts["derived_queries"] = [t for (kind, _), t, fine in zip(written, texts, ok) if kind == "derived" and fine]
+    messages = _seed_messages(writer, text, pen, options, generator) if codec is not None and options.n_conversations else []
+    counts["conversations"] = len(messages)
+    templated = codec is not None and _has_template(codec)  # a base model (Gemma-3-270M) has no chat template
+    if messages and not templated:  # a base model: the messages as plain Q/A turns
+        asked = [q for q in map(encode, (f"Q: {t}\nA:" for t in messages)) if q.shape[0] + options.answer_tokens < room]
+        keep(_answer(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked], decode),
+             [q.shape[0] - 1 for q in asked], [()] * len(asked))
+    if templated:  # the written and derived questions, and the messages, as chat turns
+        asked = ([(t, ("chat_turns",)) for t in questions] + [(t[3:-3], ("chat_turns",)) for t in derived
+                                                               if t.startswith("Q: ") and t.endswith("\nA:")]
+                 + [(t, ("chat_turns",)) for t in messages])
+        chat = _chat_turns(model, prompt, [t for t, _ in asked], room, codec, options.chat_answer_tokens) if asked else []
+        kept = [(turn, tags) for turn, (_, tags) in zip(chat, asked) if turn is not None]
+        keep([t for t, _ in kept], [t[0].shape[0] - t[1].shape[0] for t, _ in kept], [tags for _, tags in kept])
+    return sequences, counts
+
+
+# ----------------------------------------------------------------------------- queries derived from the text
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def top_k_targets(sequences: list, k: int) -> list:
+    """Each (ids, teacher log-probs (n, V)) as (ids, top-k log-probs (n, k), their token ids (n, k)): the student
+    sees the teacher's distribution where it holds its mass (Cartridges keeps k = 20), at k / V of the memory."""
+    out = []
+    for ids, logp in sequences:
+        values, index = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        out.append((ids, values, index))
+    return out
+
+
+# ----------------------------------------------------------------------------- the stage's cache on disk
+
+
+def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
+          generator: torch.Generator, *, seed: int | None = None, groups: list[int] | None = None,
+          static_decode: str = "always", writer=None) -> tuple[list, dict]:
+    """The data stage with its cache: the teacher's sequences (top-k targets unless options.top_k is None), read
+    from `options.cache` when an entry with the same model, document, queries and settings is there, else built
+    (from `generator`) and stored. `seed` names the generator's seed in the key (the cached draws depend on it);
+    `groups` (the training queries' question ids) is read with `options.wording_ensemble`; `static_decode`: where
+    the decodes run on a fixed-size cache (_static; a speed switch, the same sequences); `writer`: (model, tokenizer)
+    that writes the questions and self-study messages, e.g. a larger local model (None: the model itself)."""
+    key = None
+    if options.cache:  # the key (a pass over the weights, the tokenizer's fingerprint) only where there is a cache
+        shaping = {k: v for k, v in dataclasses.asdict(options).items() if k not in ("cache", "top_k")}
+        settings = {"options": shaping, "top_k": options.top_k, "seed": seed, "tokenizer": tokenizer_fingerprint(codec)}
+        if options.wording_ensemble:
+            settings["groups"] = None if groups is None else list(map(int, groups))
+        if writer is not None:  # another writer, other questions: its weights' sample and tokenizer name the stage
+            settings["writer"] = [stage_key(writer[0], prompt[:0], [], {}), tokenizer_fingerprint(writer[1])]
+        key = stage_key(model, prompt, queries, settings)
+        cached = load_stage(options.cache, key, settings, prompt.device)
+        if cached is not None:
+            return cached[0], {**cached[1], "cached": True}
+    sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator, groups, static_decode,
+                                          writer)
+    if options.top_k is not None:
+        sequences = top_k_targets(sequences, options.top_k)
+    if key is not None:
+        save_stage(options.cache, key, sequences, counts, settings)
+    return sequences, {**counts, "cached": False}
+
+
+def _recall_windows(model, cache, prompt, width, starts: list[int] | None = None):
+    """The prompt in windows of `width` tokens (at `starts`; None: window_starts, a stride of width // 2, the last one
+    flush with the end): the teacher reads the cached prompt and then the window, the student the window alone."""
+    starts = window_starts(prompt.shape[0], width) if starts is None else starts
+    if not starts:
+        return []
+    windows = torch.stack([prompt[s: s + width] for s in starts])
+    logits = torch.cat([model(chunk, cache=_copy(cache, chunk.shape[0])) for chunk in windows.split(16)])
+    return [(w, _log_probs(x)) for w, x in zip(windows, logits)]
