@@ -113,7 +113,7 @@ def test_demo_refuses_a_foreign_out_folder_before_loading_anything(tmp_path, cap
 
 
 def test_names_of_nearly_coinciding_points_are_stacked_not_drawn_over_each_other():
-    from incontext.cli.compare import _labels
+    from incontext.harness.report import _labels
     from incontext.outputs import pyplot
 
     fig, ax = pyplot().subplots()

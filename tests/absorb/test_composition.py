@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 from incontext.absorb import get_absorb_method  # noqa: E402
 from incontext.absorb.methods.distill_lora import compose_loras  # noqa: E402
 from incontext.harness.compare import compare  # noqa: E402
-from incontext.cli.compare import table  # noqa: E402
+from incontext.harness.report import table  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 from incontext.tasks.episodes import Episode, get_episode_source  # noqa: E402
 

@@ -11,7 +11,7 @@ from incontext.absorb import get_absorb_method
 from incontext.harness import compare as harness
 from incontext.absorb.decode import greedy_answers
 from incontext.harness.compare import compare
-from incontext.cli.compare import table
+from incontext.harness.report import table
 from incontext.models import Transformer, TransformerConfig
 from incontext.tasks.episodes import get_episode_source
 from incontext.tasks.jsonl import read_qa_file

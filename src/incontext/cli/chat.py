@@ -22,7 +22,8 @@ from ..absorb.folder import adapted_placement, composed_folders
 from ..interop.models import load_model
 from ..runtime import Runtime, device_of, generator_for
 from ..tasks.placement import chat_turn, conversation_after
-from .absorb import _codec, check_generation_options
+from .absorb import _codec
+from .generate import check_generation_options
 
 COMMANDS = "/reset (forget the conversation), /adapted DIR [DIR ...] (answer from absorb folders, composed), " \
            "/base (the model alone), /exit"

@@ -181,7 +181,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from .chat import generate_many
 
         return generate_many(args, runtime)
-    from .absorb import generate
+    from .generate import generate
 
     runtime = _runtime(args)
     return generate(args, runtime)

@@ -289,6 +289,26 @@ def _on_model(query: Query, model: nn.Module) -> Query:
                                mask=query.mask.to(device), choices=choices)
 
 
+def _methods(model: nn.Module, source: EpisodeSource, episodes: list[Episode], methods: dict[str, dict[str, Any]],
+             speed, writer) -> tuple[dict[str, MethodRecord], dict[str, Any]]:
+    """Each row's record and, for the methods that apply to `model`, the method itself (the others "n/a" with the
+    reason); unknown names and options, and a method that needs training groups the task does not give, fail here,
+    before any work."""
+    records = {label: MethodRecord(label, options) for label, options in methods.items()}
+    instances = {}
+    for label, options in methods.items():
+        method = get_absorb_method(method_name(label), **{"progress": False, "speed": speed, "writer": writer, **options})
+        reason = method.unsupported(model)
+        if reason is not None:
+            records[label].status, records[label].reason = "n/a", reason
+        else:
+            instances[label] = method
+        if method.needs_train_groups and any(e.train_groups is None for e in episodes):
+            raise ValueError(f"{label}: wording_ensemble=true groups the training queries by question, and task "
+                             f"{source.name!r} gives no groups")
+    return records, instances
+
+
 def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], methods: dict[str, dict[str, Any]], *,
             progress: bool = True, max_failures: int = 3, references: bool = True,
             per_episode: bool = False, codec=None, speed=None, writer=None) -> list[dict[str, Any]]:
@@ -312,18 +332,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     device = _model_device(model)
     tokens = getattr(model.config, "tokens", True)
     timer = CostTimer(device)
-    records = {label: MethodRecord(label, options) for label, options in methods.items()}
-    instances = {}
-    for label, options in methods.items():
-        method = get_absorb_method(method_name(label), **{"progress": False, "speed": speed, "writer": writer, **options})  # unknown names and options fail here, before any work
-        reason = method.unsupported(model)
-        if reason is not None:
-            records[label].status, records[label].reason = "n/a", reason
-        else:
-            instances[label] = method
-        if method.needs_train_groups and any(e.train_groups is None for e in episodes):  # before any work
-            raise ValueError(f"{label}: wording_ensemble=true groups the training queries by question, and task "
-                             f"{source.name!r} gives no groups")
+    records, instances = _methods(model, source, episodes, methods, speed, writer)
     from tqdm.auto import tqdm
 
     names = list(instances)
@@ -343,6 +352,7 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
     if not names:
         reasons = "; ".join(f"{label}: {records[label].reason}" for label in methods)
         raise ValueError(f"no compared method applies to this model ({reasons})")
+    run = _Run(metric, timer, device, codec, tokens, per_episode, max_failures)
     for index, episode in enumerate(tqdm(episodes, desc=f"{source.name} episodes", disable=not progress)):
         prompt = _as_model_input(episode.prompt, model)
         loss_mask = None if episode.prompt_loss_mask is None else episode.prompt_loss_mask.to(device)
@@ -352,48 +362,11 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
         order = names[index % len(names):] + names[: index % len(names)]
         document = _document_text(codec, episode.prompt) if per_episode else lambda: None
         outputs: dict[str, list[torch.Tensor]] = {}
+        at = _At(index, episode, prompt, loss_mask, queries, calibration_query, train, document)
         for name in order:
-            record = records[name]
-            if record.status != "ok":
-                continue
-            adapted = None
-            try:
-                with PeakMemory(device) as peak:
-                    adapted, absorb_ms = timer(lambda: instances[name].absorb(
-                        model, prompt, loss_mask=loss_mask, train_queries=train, codec=codec,
-                        train_groups=episode.train_groups))
-                adapted.eval()
-                with torch.no_grad():
-                    if index == 0:
-                        adapted(queries[0].inputs[None])  # warm-up, untimed (first calls allocate and dispatch)
-                    outs = _answer(adapted, queries, timer, record)
-                    answers = greedy_answers(adapted, queries, codec) if metric.generates else None  # untimed
-                    calibration = None if calibration_query is None else \
-                        choice_scores(adapted(calibration_query.inputs[None])[0], calibration_query)
-                record.absorb_ms.append(absorb_ms)
-                record.kept_bytes.append(adapted.kept_bytes(instances[name].runs_on(model)))
-                record.peak_bytes.append(peak.peak)
-                steps = (getattr(adapted, "history", None) or {}).get("steps")
-                if isinstance(steps, int):
-                    record.train_steps.append(steps)
-                scores = [metric.score_query(out, q, calibration) for out, q in zip(outs, queries)] if answers is None \
-                    else [metric.score_answer(out, q, a) for out, q, a in zip(outs, queries, answers)]
-                record.episode_scores.append(metric.episode_score(scores))
-                record.episode_positions.append(sum(s.total for s in scores))
-                if per_episode and codec is not None and tokens and metric.name in QUESTION_METRICS:
-                    derived = (getattr(adapted, "history", None) or {}).get("derived_queries")
-                    record.questions.append(question_records(queries, scores, codec, document(), derived, answers))
-                outputs[name] = outs
-                if name == REFERENCE and consensus is not None and episode.query_groups is not None:
-                    try:
-                        with torch.no_grad():
-                            _consensus_episode(consensus, adapted, episode, queries, train, outs, metric, timer,
-                                               absorb_ms, record.kept_bytes[-1], outputs)
-                    except (ValueError, RuntimeError, FloatingPointError) as error:
-                        consensus.failed(index, error, max_failures)
-            except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
-                record.failed(index, error, max_failures)
-            adapted = None  # free the adapted weights before the next method
+            if records[name].status == "ok":
+                _method_episode(records[name], instances[name], model, at, run, outputs,
+                                consensus if name == REFERENCE else None)
         for name, label in composed.items():
             if records[label].status == "ok" and episode.parts:
                 _composed_episode(records[label], instances[name], model, episode, queries, metric, timer,
@@ -416,6 +389,77 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
         if method is not None and getattr(method, "options", None) is not None:
             row["resolved_options"] = to_dict(method.options)
     return rows
+
+
+@dataclass
+class _Run:
+    """What every method's episode shares in one compare call."""
+
+    metric: Any
+    timer: CostTimer
+    device: torch.device
+    codec: Any
+    tokens: bool
+    per_episode: bool
+    max_failures: int
+
+
+@dataclass
+class _At:
+    """One episode, its tensors on the model."""
+
+    index: int
+    episode: Episode
+    prompt: torch.Tensor
+    loss_mask: torch.Tensor | None
+    queries: list[Query]
+    calibration: Query | None
+    train: list[torch.Tensor]
+    document: Callable[[], str | None]
+
+
+def _method_episode(record: MethodRecord, method, model: nn.Module, at: _At, run: _Run, outputs: dict,
+                    consensus: MethodRecord | None = None) -> None:
+    """One method on one episode: absorb (timed, its peak memory), each query answered alone (timed), scored, into
+    `record` and `outputs`; keep-prompt also gives the consensus reference's row (`consensus`). An error is noted in
+    the record (MethodRecord.failed), not raised."""
+    metric, queries, adapted = run.metric, at.queries, None
+    try:
+        with PeakMemory(run.device) as peak:
+            adapted, absorb_ms = run.timer(lambda: method.absorb(
+                model, at.prompt, loss_mask=at.loss_mask, train_queries=at.train, codec=run.codec,
+                train_groups=at.episode.train_groups))
+        adapted.eval()
+        with torch.no_grad():
+            if at.index == 0:
+                adapted(queries[0].inputs[None])  # warm-up, untimed (first calls allocate and dispatch)
+            outs = _answer(adapted, queries, run.timer, record)
+            answers = greedy_answers(adapted, queries, run.codec) if metric.generates else None  # untimed
+            calibration = None if at.calibration is None else \
+                choice_scores(adapted(at.calibration.inputs[None])[0], at.calibration)
+        record.absorb_ms.append(absorb_ms)
+        record.kept_bytes.append(adapted.kept_bytes(method.runs_on(model)))
+        record.peak_bytes.append(peak.peak)
+        steps = (getattr(adapted, "history", None) or {}).get("steps")
+        if isinstance(steps, int):
+            record.train_steps.append(steps)
+        scores = [metric.score_query(out, q, calibration) for out, q in zip(outs, queries)] if answers is None \
+            else [metric.score_answer(out, q, a) for out, q, a in zip(outs, queries, answers)]
+        record.episode_scores.append(metric.episode_score(scores))
+        record.episode_positions.append(sum(s.total for s in scores))
+        if run.per_episode and run.codec is not None and run.tokens and metric.name in QUESTION_METRICS:
+            derived = (getattr(adapted, "history", None) or {}).get("derived_queries")
+            record.questions.append(question_records(queries, scores, run.codec, at.document(), derived, answers))
+        outputs[record.name] = outs
+        if consensus is not None and at.episode.query_groups is not None:
+            try:
+                with torch.no_grad():
+                    _consensus_episode(consensus, adapted, at.episode, queries, at.train, outs, metric, run.timer,
+                                       absorb_ms, record.kept_bytes[-1], outputs)
+            except (ValueError, RuntimeError, FloatingPointError) as error:
+                consensus.failed(at.index, error, run.max_failures)
+    except (ValueError, RuntimeError, FloatingPointError, NotImplementedError) as error:
+        record.failed(at.index, error, run.max_failures)
 
 
 def consensus_outputs(adapted, query: Query, out: torch.Tensor, wordings: list[torch.Tensor]) -> torch.Tensor:
