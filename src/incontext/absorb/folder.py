@@ -140,9 +140,8 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
                                  and record["model_fingerprint_bf16"] == model_fingerprint(model, rounded=True))
         if not same_in_another_dtype:
             raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
-    if not (folder / ADAPTED_FILES[0]).is_file() and peft_note.get("written"):
-        # folders written before query_position was recorded: distill-lora's queries start after the prompt
-        return _load_peft(folder, {"query_position": record.get("prompt_tokens"), **peft_note}, model)
+    if not (folder / ADAPTED_FILES[0]).is_file() and peft_note.get("written"):  # the PEFT adapter alone
+        return _load_peft(folder, peft_note, model)
     description_file = folder / "adapted.json"
     if not description_file.is_file():
         raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and "
@@ -187,8 +186,9 @@ def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
 
 
 def adapted_placement(folders: list[Path]) -> str:
-    """Where the absorbed documents of `folders` were placed (absorb.json's placement; raw for folders written
-    before it was recorded, and for none): one placement for all, or a one-line error."""
+    """Where the absorbed documents of `folders` were placed (absorb.json's placement; raw, absorb's default, where
+    the record names none or there is no record, which load_adapted then refuses): one placement for all, or a
+    one-line error."""
     found = set()
     for folder in folders:
         try:

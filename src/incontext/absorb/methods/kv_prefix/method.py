@@ -49,18 +49,11 @@ class TrainedPrefix(CacheBuffers):
 
     @classmethod
     def empty(cls, base, extra):
-        """Buffers of the saved layout. A folder written before the layout was recorded (no "masked" key) holds a
-        prefix at positions 0..p-1: a prefill of `position` tokens gives its layers' types and bookkeeping."""
-        if "masked" in extra:
-            return cls(base, empty_cache(base, extra))
-        device = next(base.parameters()).device
-        with torch.no_grad():
-            template = base.prefill(torch.zeros(1, extra["position"], dtype=torch.long, device=device))
-        kv = cache_kv(template)
-        if [list(k.shape) for k, _ in kv] != extra["shapes"]:
-            raise ValueError(f"the saved prefix has shapes {extra['shapes']}; this base model makes "
-                             f"{[list(k.shape) for k, _ in kv]}")
-        return cls(base, template)
+        """Buffers of the saved layout (presses.cache_layout, recorded by every save)."""
+        if "masked" not in extra:
+            raise ValueError("the saved prefix records no cache layout (an absorb folder of an older incontext): absorb "
+                             "the document again")
+        return cls(base, empty_cache(base, extra))
 
 
 @dataclass
