@@ -34,7 +34,7 @@ import torch
 from incontext import runtime
 from incontext.absorb import get_absorb_method
 from incontext.absorb.study import answer as study_answer
-from incontext.absorb.protocol import Speed
+from incontext.absorb.distill import Speed, distiller_args
 from incontext.harness.compare import CostTimer
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
@@ -55,7 +55,7 @@ ANSWERS = {
 }
 
 
-# peers that flip a speed switch (absorb.protocol.Speed, passed as get_absorb_method(..., speed=Speed(...))): METHOD:VARIANT
+# peers that flip a speed switch (absorb.distill.Speed, passed as get_absorb_method(..., speed=Speed(...)) to a distiller): METHOD:VARIANT
 # where VARIANT (or one of its "+"-joined parts) names one of these; `--set LABEL.FIELD=VALUE` with FIELD a Speed field
 # (cuda_graph, tf32, static_decode, cast_once, fixed_shapes) sets one for that label too
 SPEEDS = {
@@ -157,7 +157,7 @@ def main() -> None:
     try:  # speed switches are no method options: each label's Speed, bad options named before the model loads
         speeds = {m: speed_of(m, options[m]) for m in methods}
         for m in methods:
-            get_absorb_method(base(m), speed=speeds[m], **options[m])
+            get_absorb_method(base(m), **distiller_args(base(m), speeds[m]), **options[m])
     except (ValueError, TypeError) as error:
         p.error(str(error))
     models = {}
@@ -183,13 +183,13 @@ def main() -> None:
         if args.warmup and index == 0:
             for m in methods:
                 with answers_by(m):
-                    get_absorb_method(base(m), speed=speeds[m], **options[m]).absorb(
+                    get_absorb_method(base(m), **distiller_args(base(m), speeds[m]), **options[m]).absorb(
                         models[dtypes[m]], prompt, train_queries=train, codec=codec)
         times = {m: [] for m in methods}
         splits = {m: [] for m in methods}
         for r in range(args.repeats):
             for m in methods[r % len(methods):] + methods[: r % len(methods)]:
-                method = get_absorb_method(base(m), speed=speeds[m], **options[m])
+                method = get_absorb_method(base(m), **distiller_args(base(m), speeds[m]), **options[m])
                 model = models[dtypes[m]]
                 wall = time.perf_counter()
                 with answers_by(m):

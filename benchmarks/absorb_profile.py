@@ -27,7 +27,7 @@ from absorb_cost import random_smollm2  # noqa: E402
 
 from incontext.absorb import distill, get_absorb_method  # noqa: E402
 from incontext.absorb.study import answer as study_answer, stage as study_stage  # noqa: E402
-from incontext.absorb.protocol import Speed  # noqa: E402
+from incontext.absorb.distill import Speed  # noqa: E402
 from incontext.models import Cache  # noqa: E402
 from incontext.tasks.episodes import get_episode_source  # noqa: E402
 

@@ -162,7 +162,7 @@ def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
     our Transformer, with several sequence lengths per batch and the argmax term in the loss (argmax_weight); on a CPU
     all three are eager."""
     from incontext.absorb import distill, get_absorb_method
-    from incontext.absorb.protocol import Speed
+    from incontext.absorb.distill import Speed
 
     model = _tiny_transformer(device)
     g = torch.Generator().manual_seed(1)
@@ -287,7 +287,7 @@ def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
     finite and near its best window (float64, our Transformer; Speed(fixed_shapes=True): on a CPU the same
     fixed-shape steps run eagerly)."""
     from incontext.absorb import distill, get_absorb_method
-    from incontext.absorb.protocol import Speed
+    from incontext.absorb.distill import Speed
 
     model = _tiny_transformer(device, sharpen=True)
     prompt = torch.randint(0, 61, (20,), generator=torch.Generator().manual_seed(1)).to(device)
@@ -333,7 +333,7 @@ def kv_prefix_tf32(device: str, work: Path) -> dict:
     """kv-prefix with Speed(tf32=True) (float32 matmuls in TF32 on CUDA; nothing changes elsewhere) trains a finite
     prefix close to the float32 one, and the matmul precision is the caller's again afterwards."""
     from incontext.absorb import get_absorb_method
-    from incontext.absorb.protocol import Speed
+    from incontext.absorb.distill import Speed
 
     model, prompt, options = _tiny_prefix_run(device)
     before = torch.get_float32_matmul_precision()
@@ -355,7 +355,7 @@ def distill_lora_autocast(device: str, work: Path) -> dict:
     CPU) and trains the same finite LoRA factors on the frozen weights cast once (Speed(cast_once=True), the default)
     as on autocast's own per-step casts (Speed(cast_once=False))."""
     from incontext.absorb import get_absorb_method
-    from incontext.absorb.protocol import Speed
+    from incontext.absorb.distill import Speed
 
     model, prompt, _ = _tiny_prefix_run(device)
     options = {"steps": 6, "passes": 0, "n_continuations": 1, "continuation_tokens": 4, "window_tokens": 6,
@@ -382,7 +382,7 @@ def kv_prefix_autocast(device: str, work: Path) -> dict:
     read through functional_call, also inside the captured step) train the same prefix as autocast's own casts
     (Speed(cast_once=False))."""
     from incontext.absorb import get_absorb_method
-    from incontext.absorb.protocol import Speed
+    from incontext.absorb.distill import Speed
 
     model, prompt, options = _tiny_prefix_run(device)
     options = {**options, "learning_rate": 0.02}
@@ -511,7 +511,7 @@ def self_study_from_the_document(device: str, work: Path) -> dict:
 
 @check
 def absorb_and_generate_commands(device: str, work: Path) -> dict:
-    from incontext.cli import main as cli
+    from incontext.cli import commands as cli
 
     folder = tiny_hf_folder(work / "llama-cli")
     questions = work / "questions.txt"  # --train-queries: the queries' ids follow the model onto the device

@@ -15,7 +15,7 @@ from conftest import tiny_bpe_tokenizer
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
-from incontext.cli import main as cli  # noqa: E402
+from incontext.cli import commands as cli  # noqa: E402
 from incontext.absorb.decode import stream_tokens  # noqa: E402
 from incontext.absorb.decode import END_OF_TURN
 from incontext.absorb.folder import composed_folders  # noqa: E402

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from incontext.cli import main as cli
+from incontext.cli import commands as cli
 from incontext.train import load_config, train
 
 INDUCTION = [

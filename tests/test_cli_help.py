@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from incontext.cli.main import main
+from incontext.cli.commands import main
 from incontext.cli.catalog import EXPERIMENTS, build_catalog, catalog
 
 

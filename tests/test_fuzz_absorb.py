@@ -40,7 +40,7 @@ QUICK = ["progress=false", "n_questions=0", "n_continuations=0"]  # distill-lora
 def world(tmp_path_factory) -> Path:
     """LLAMA (a Hugging Face folder), OTHER (the same config, other weights), CGT (a CGT run on arithmetic), KEEP and
     LORA (absorb folders of LLAMA)."""
-    from incontext.cli.main import main
+    from incontext.cli.commands import main
 
     root = tmp_path_factory.mktemp("world")
     tiny_llama(root / "LLAMA", seed=0)
@@ -435,7 +435,7 @@ def test_the_harness_refuses_what_does_not_fit_in_one_line(capsys, world, tmp_pa
 def test_an_untrained_kv_prefix_is_written_and_says_so(capsys, world, tmp_path):
     """steps=0 keeps kv-prefix's initial prefix, the document's own K/V (a result: keep-prompt's at full length);
     the command says in one line that nothing was trained. distill-lora's steps=0 is refused (HARNESS_CASES)."""
-    from incontext.cli.main import main
+    from incontext.cli.commands import main
 
     code = main(resolve(absorb_args("kv-prefix", "steps=0", *QUICK), world, tmp_path))
     printed = capsys.readouterr()

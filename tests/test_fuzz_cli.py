@@ -1,7 +1,7 @@
 """Bad inputs across the command line, configs, checkpoints and the Python API.
 
 Every case must end in a one-line error (no traceback) with a non-zero exit status, and leave every file that
-existed before it byte-for-byte as it was. The command line runs in-process (`incontext.cli.main`), on a tiny
+existed before it byte-for-byte as it was. The command line runs in-process (`incontext.cli.commands`), on a tiny
 model, so the whole file takes seconds.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from incontext.cli.main import main
+from incontext.cli.commands import main
 from incontext.config import ConfigError
 from incontext.train import load_config, train
 from incontext.train.checkpoint import save_checkpoint

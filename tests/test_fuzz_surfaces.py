@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from incontext.cli import main as cli  # noqa: E402
+from incontext.cli import commands as cli  # noqa: E402
 from test_cli_chat import QUESTIONS, tiny_llama  # noqa: E402
 from test_fuzz_cli import assert_one_line_error, run_cli, sets, snapshot  # noqa: E402
 

@@ -20,7 +20,7 @@ if not hasattr(peft, "CartridgeConfig"):
 from peft import PeftModel  # noqa: E402
 from peft.tuners.cartridge.utils import compose_cartridge_adapters  # noqa: E402
 
-from incontext.cli import main as cli  # noqa: E402
+from incontext.cli import commands as cli  # noqa: E402
 from incontext.absorb import AdaptedModel, get_absorb_method  # noqa: E402
 from incontext.absorb.decode import stream_tokens  # noqa: E402
 from incontext.absorb.methods.kv_prefix import TrainedPrefix, compose_prefixes  # noqa: E402

@@ -9,7 +9,9 @@ import torch
 pytest.importorskip("peft")
 
 from incontext.absorb import get_absorb_method  # noqa: E402
-from incontext.absorb.study import answer as study_answer, cache as study_cache, stage as study_stage, writers as study_writers  # noqa: E402
+from incontext.absorb.study import (
+    answer as study_answer, cache as study_cache, stage as study_stage, writers as study_writers,
+)  # noqa: E402
 from incontext.absorb.distill import distillation_kl  # noqa: E402
 from incontext.absorb.study import StudyOptions, top_k_targets  # noqa: E402
 from incontext.absorb.study import study as _study  # noqa: E402

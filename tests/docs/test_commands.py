@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from incontext import docs
-from incontext.cli.main import build_parser, compare_spec, demo_spec
+from incontext.cli.commands import build_parser, compare_spec, demo_spec
 from incontext.cli.compare import command_line
 
 ROOT = docs.repo_root()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from incontext.cli import main as cli, catalog as cli_catalog
+from incontext.cli import commands as cli, catalog as cli_catalog
 from incontext import docs
 from incontext.absorb import protocol as base
 from incontext.harness.compare import compare

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from incontext.cli.main import main
+from incontext.cli.commands import main
 from incontext.experiments.cgt_table1 import recompute
 
 TINY_MODEL = ["--set", "n_layer=2", "--set", "split_layer=1", "--set", "d_x=16", "--set", "n_head_x=2", "--set", "d_y=8",

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from incontext.cli.main import main
+from incontext.cli.commands import main
 from incontext.experiments import list_experiments
 
 

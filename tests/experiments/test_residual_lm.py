@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from incontext.cli.main import main
+from incontext.cli.commands import main
 from incontext.experiments.residual_lm import first_step, first_step_below, rewrite_outputs
 from incontext.train.lm_probes import continuation_logprobs, in_context_score, induction_accuracy, ioi_scores
 from incontext.models import Transformer, TransformerConfig

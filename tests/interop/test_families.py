@@ -12,7 +12,7 @@ from conftest import randomize64, tiny_bpe_tokenizer, without_float32_steps
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from incontext.cli import main as cli  # noqa: E402
+from incontext.cli import commands as cli  # noqa: E402
 from incontext.interop.hf import CONVERSIONS, wrap_hf  # noqa: E402
 from incontext.interop.models import load_model  # noqa: E402
 from incontext.models.families import FAMILIES, families_table  # noqa: E402

@@ -22,7 +22,7 @@ from lm_eval import simple_evaluate  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from incontext.cli import main as cli  # noqa: E402
+from incontext.cli import commands as cli  # noqa: E402
 from incontext.absorb import AdaptedModel  # noqa: E402
 from incontext.cli.lm_eval import IncontextLM  # noqa: E402  (registers the `incontext` model)
 from incontext.interop.models import load_model  # noqa: E402

@@ -14,7 +14,7 @@ peft = pytest.importorskip("peft")
 from peft import PeftModel  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from incontext.cli import main as cli  # noqa: E402
+from incontext.cli import commands as cli  # noqa: E402
 from incontext.absorb import get_absorb_method  # noqa: E402
 from incontext.absorb.decode import stream_tokens  # noqa: E402
 from incontext.absorb.methods.kv_prefix.export import save_cartridge  # noqa: E402

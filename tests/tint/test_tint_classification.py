@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from conftest import rel_error
 
-from incontext.cli.main import main
+from incontext.cli.commands import main
 from incontext.absorb.prompt_update import full_mask
 from incontext.absorb.methods.dynamic_eval import prompt_sgd
 from incontext.absorb.methods.tint import tint_simulate, tint_update

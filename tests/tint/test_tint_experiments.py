@@ -1,6 +1,6 @@
 import json
 
-from incontext.cli.main import main
+from incontext.cli.commands import main
 
 
 def test_tint_table3_runs_at_toy_size(tmp_path):

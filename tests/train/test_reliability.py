@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from incontext.cli.main import main
+from incontext.cli.commands import main
 from incontext.fileio import sha256_file, strict_json
 from incontext.train import NonFiniteLossError, latest_checkpoint, train
 from incontext.train.checkpoint import is_finite_checkpoint, save_checkpoint

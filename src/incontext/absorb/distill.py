@@ -15,6 +15,7 @@ make. Speed switches that change no result are explicit arguments (`Speed`), not
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -28,8 +29,19 @@ from tqdm.auto import tqdm
 
 from ..config import limit
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
-from .protocol import AbsorbMethod, AdaptedModel, Speed
+from .protocol import AbsorbMethod, AdaptedModel, method_class
 from .study import StudyOptions, heldout_sequences, study
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How fast, never what: each switch leaves the result the same up to float rounding (the benchmarks' peers)."""
+
+    cuda_graph: bool = True  # on a CUDA device, our Transformer: the training step captured once and replayed
+    tf32: bool = False  # on a CUDA device: float32 matmuls in TF32 (rounds inputs: a small change of the numbers)
+    static_decode: Literal["always", "cuda", "never"] = "always"  # the data stage's decodes on a fixed-size cache
+    cast_once: bool = True  # under autocast: the frozen weights' half-precision copies made once, not per step
+    fixed_shapes: bool = False  # every batch padded to the longest sequence (what a CUDA graph needs; on with one)
 
 
 @dataclass
@@ -394,6 +406,22 @@ class Distiller(AbsorbMethod):
 
     takes_codec = True  # with the tokenizer the data stage also writes questions and chat turns
 
+    def __init__(self, *, speed: "Speed | None" = None, writer=None, **options):
+        """The method's options (AbsorbMethod's one constructor), and what only a distiller takes: `speed`, its
+        speed switches (Speed), never results; `writer`, (model, tokenizer) that writes the data stage's questions and
+        messages (None: the model being adapted)."""
+        if speed is not None and not isinstance(speed, Speed):  # not an option: from --set, a mistyped name
+            raise ValueError(f"{self.name}: unknown option 'speed'; options: "
+                             f"{', '.join(f.name for f in dataclasses.fields(self.Options))}")
+        if writer is not None and not (isinstance(writer, tuple) and len(writer) == 2 and hasattr(writer[1], "encode")):
+            raise ValueError(f"{self.name}: writer must be a (model, tokenizer) pair, got {type(writer).__name__}")
+        self.speed, self.writer = speed or Speed(), writer
+        super().__init__(**options)
+
+    @property
+    def needs_train_groups(self) -> bool:
+        return bool(self.study.wording_ensemble)
+
     def prepare(self, model, prompt: torch.Tensor) -> dict[str, Any]:
         """Checks before the data stage; returns what `student` needs (e.g. kv-prefix's p)."""
         return {}
@@ -484,3 +512,8 @@ class Distiller(AbsorbMethod):
         out.history = {"compose": history}
         return out.eval()
 
+
+def distiller_args(name: str, speed: Speed | None = None, writer=None) -> dict[str, Any]:
+    """speed= and writer= for method `name` where it is a distiller (they go to the distillers alone), else {}: what
+    the harness and `incontext absorb` add to get_absorb_method's options."""
+    return {"speed": speed, "writer": writer} if issubclass(method_class(name), Distiller) else {}

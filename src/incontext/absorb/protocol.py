@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import typing
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -232,17 +231,6 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
-@dataclasses.dataclass(frozen=True)
-class Speed:
-    """How fast, never what: each switch leaves the result the same up to float rounding (the benchmarks' peers)."""
-
-    cuda_graph: bool = True  # on a CUDA device, our Transformer: the training step captured once and replayed
-    tf32: bool = False  # on a CUDA device: float32 matmuls in TF32 (rounds inputs: a small change of the numbers)
-    static_decode: typing.Literal["always", "cuda", "never"] = "always"  # the data stage's decodes on a fixed-size cache
-    cast_once: bool = True  # under autocast: the frozen weights' half-precision copies made once, not per step
-    fixed_shapes: bool = False  # every batch padded to the longest sequence (what a CUDA graph needs; on with one)
-
-
 @dataclasses.dataclass
 class NoOptions:
     """The options of a method that takes none."""
@@ -265,21 +253,14 @@ class AbsorbMethod(ABC):
     long_prompts: ClassVar[bool] = False  # absorbs a prompt longer than the model's context (in chunks)
     takes_codec: ClassVar[bool] = False  # _absorb takes codec= (the model's tokenizer; its data stage writes text)
 
-    def __init__(self, *, progress: bool = True, speed=None, writer=None, **options):
+    def __init__(self, *, progress: bool = True, **options):
         """The one constructor of every method: `options` (Python values, or YAML scalars from `--set`) checked
         through `Options` (config.parse_options: one-line errors naming the option), the defaults filled in and each
         set as an attribute (a nested options class, such as the distillers' `study`, as its instance); then `setup`.
-        `progress`: the method's progress bars; `speed`: a method's speed switches (Speed), never results; `writer`:
-        (model, tokenizer) that writes a data stage's questions and messages (the methods with `takes_codec`; None: the
-        model being adapted)."""
+        `progress`: the method's progress bars. (The distillers also take `speed` and `writer`: distill.Distiller.)"""
         if not isinstance(progress, bool):
             raise ValueError(f"{self.name}: progress must be true or false, got {progress!r}")
-        if speed is not None and not isinstance(speed, Speed):
-            raise ValueError(f"{self.name}: unknown option 'speed'; options: "
-                             f"{', '.join(f.name for f in dataclasses.fields(self.Options)) or '(none)'}")
-        if writer is not None and not (isinstance(writer, tuple) and len(writer) == 2 and hasattr(writer[1], "encode")):
-            raise ValueError(f"{self.name}: writer must be a (model, tokenizer) pair, got {type(writer).__name__}")
-        self.progress, self.speed, self.writer = progress, speed or Speed(), writer
+        self.progress = progress
         self._set_options(options)
         self.setup()
 
@@ -324,9 +305,9 @@ class AbsorbMethod(ABC):
 
     @property
     def needs_train_groups(self) -> bool:
-        """Whether an absorb needs train_groups (the `wording_ensemble` option of a method that has it): callers
-        without them refuse the method in one line rather than let the option be ignored."""
-        return bool(getattr(getattr(self, "study", None), "wording_ensemble", False))
+        """Whether an absorb needs train_groups (a distiller's `wording_ensemble`): callers without them refuse the
+        method in one line rather than let the option be ignored."""
+        return False
 
     def runs_on(self, model: nn.Module) -> nn.Module:
         """The model the method works on: `model` itself, or for a method that needs our internals its conversion
@@ -463,13 +444,18 @@ def method_options(name: str) -> list[str]:
             for f in dataclasses.fields(_METHODS[name].Options)]
 
 
-def get_absorb_method(name: str, *, progress: bool = True, speed=None, **options) -> AbsorbMethod:
+def method_class(name: str) -> type[AbsorbMethod]:
+    """The registered class of method `name` (KeyError naming the registered ones)."""
+    if name not in _METHODS:
+        raise KeyError(f"unknown absorb method {name!r}; registered: {', '.join(sorted(_METHODS))}")
+    return _METHODS[name]
+
+
+def get_absorb_method(name: str, *, progress: bool = True, **options) -> AbsorbMethod:
     """The method `name` with `options` (Python values, or YAML scalars from `--set KEY=VALUE`) checked and converted
     through the method's `Options` (config.parse_options): one-line ValueError for an unknown option, a value of
     the wrong type, a non-finite number or one out of range."""
-    if name not in _METHODS:
-        raise KeyError(f"unknown absorb method {name!r}; registered: {', '.join(sorted(_METHODS))}")
-    return _METHODS[name](progress=progress, speed=speed, **options)
+    return method_class(name)(progress=progress, **options)
 
 
 # ----------------------------------------------------------------------------- the two reference points

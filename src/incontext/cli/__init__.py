@@ -2,6 +2,6 @@
 compare.py; lm_eval.py is lm-evaluation-harness's model for absorb folders, `python -m incontext.cli.lm_eval`; help
 comes from catalog.json without importing torch)."""
 
-from .main import DEMO, build_parser, main
+from .commands import DEMO, build_parser, main
 
 __all__ = ["DEMO", "build_parser", "main"]

@@ -3,7 +3,7 @@
     incontext absorb --model smollm2 --method distill-lora --prompt-file facts.txt --out adapted/
     incontext generate --model smollm2 --adapted adapted/ "Q: Where was Alia Brenno born?\\nA:"
 
-cli/main.py imports this module only when one of the two commands runs (it imports torch).
+cli/commands.py imports this module only when one of the two commands runs (it imports torch).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from ..absorb.folder import (
     swap_into,
     write_folder,
 )
-from ..absorb.protocol import PEFT_FOLDER, Speed, max_context
+from ..absorb.distill import Speed, distiller_args
+from ..absorb.protocol import PEFT_FOLDER, max_context
 from ..config import parse_overrides, to_dict
 from ..interop.models import load_model
 from ..outputs import claim_output_folder
@@ -138,8 +139,8 @@ def _prepare(args, runtime: Runtime):
     """The method (options checked), the loaded model on `runtime`'s device in its dtype and its codec; one-line errors
     first."""
     options = parse_overrides(args.set, flat=True)
-    method = get_absorb_method(args.method, **{"speed": Speed(tf32=getattr(args, "tf32", False)),
-                                               **options})  # names, types and ranges checked (config.parse_options)
+    speed = Speed(tf32=getattr(args, "tf32", False))  # a distiller's (distiller_args); names, types, ranges checked
+    method = get_absorb_method(args.method, **{**distiller_args(args.method, speed), **options})
     if getattr(args, "writer", "") and not method.takes_codec:
         raise ValueError(f"{args.method} writes no questions (--writer: distill-lora, kv-prefix)")
     if getattr(args, "train_queries", None) is not None and not method.takes_codec:
@@ -162,7 +163,7 @@ def _prepare(args, runtime: Runtime):
 
 
 def absorb(args, runtime: Runtime) -> int:
-    """`incontext absorb`, on the command's Runtime (its --device / --dtype, resolved once by cli/main.py)."""
+    """`incontext absorb`, on the command's Runtime (its --device / --dtype, resolved once by cli/commands.py)."""
     if getattr(args, "prompts", None) is not None:
         return absorb_many(args, runtime)
     prompt_text = read_prompt(args.prompt, args.prompt_file)

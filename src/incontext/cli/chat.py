@@ -6,7 +6,7 @@
 
 A model with a chat template converses through it (the whole conversation re-read each turn, answers stop at the
 end of the assistant's turn); one without (a base model) in plain "Q: ...\\nA:" turns, each answer ending at its
-line's end. cli/main.py imports this module only when one of the two commands runs (it imports torch).
+line's end. cli/commands.py imports this module only when one of the two commands runs (it imports torch).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def _say(message: str) -> None:
 
 def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
     """An interactive conversation with the model (and --adapted folders) on the command's Runtime (its --device /
-    --dtype, resolved once by cli/main.py); reads lines from stdin (a prompt on a terminal), answers on stdout (read from a
+    --dtype, resolved once by cli/commands.py); reads lines from stdin (a prompt on a terminal), answers on stdout (read from a
     pipe: one line each, line breaks in an answer written as \\n); notes and one-line complaints on stderr."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     check_generation_options(args, runtime.dtype)

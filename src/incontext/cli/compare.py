@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ..absorb import absorb_methods, get_absorb_method
-from ..absorb.protocol import Speed
+from ..absorb.distill import Speed
 from ..absorb.protocol import method_options as method_option_names
 from ..harness.compare import compare, method_name
 from ..harness.report import write_results

@@ -35,7 +35,7 @@ def check_generation_options(args, dtype: torch.dtype) -> None:
 
 
 def generate(args, runtime: Runtime) -> int:
-    """`incontext generate TEXT`, on the command's Runtime (its --device / --dtype, resolved once by cli/main.py)."""
+    """`incontext generate TEXT`, on the command's Runtime (its --device / --dtype, resolved once by cli/commands.py)."""
     check_generation_options(args, runtime.dtype)
     if not args.text:
         raise ValueError("TEXT is empty: give the text to continue")

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..absorb.decode import greedy_answers
+from ..absorb.distill import distiller_args
 from ..absorb.protocol import get_absorb_method
 from ..config import to_dict
 from ..stats import bootstrap_interval95, t_interval95
@@ -297,7 +298,8 @@ def _methods(model: nn.Module, source: EpisodeSource, episodes: list[Episode], m
     records = {label: MethodRecord(label, options) for label, options in methods.items()}
     instances = {}
     for label, options in methods.items():
-        method = get_absorb_method(method_name(label), **{"progress": False, "speed": speed, "writer": writer, **options})
+        name = method_name(label)
+        method = get_absorb_method(name, **{"progress": False, **distiller_args(name, speed, writer), **options})
         reason = method.unsupported(model)
         if reason is not None:
             records[label].status, records[label].reason = "n/a", reason
