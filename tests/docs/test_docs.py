@@ -83,6 +83,13 @@ def curve_share(task: str, method: str, budget: float, group: str = "presses") -
     return 100 * curve(task, method, budget, group)["share_of_keep_prompt"]
 
 
+def curve_cell(task: str, method: str, budget: float, group: str = "presses") -> str:
+    """'104% [100, 114]': a curve point's share of keep-prompt's answers with its paired bootstrap interval."""
+    point = curve(task, method, budget, group)
+    low, high = point["share_interval"]
+    return f"{100 * point['share_of_keep_prompt']:.0f}% [{100 * low:.0f}, {100 * high:.0f}]"
+
+
 def share_of(path: str, method: str, reference: str) -> float:
     """A row's exact match as a percentage of another row's in the same run."""
     return 100 * row(path, method)["score"]["mean"] / row(path, reference)["score"]["mean"]
@@ -161,21 +168,22 @@ HEADLINES = [
     ("{:.1f}% exact match vs keep-prompt's {:.1f}% at a quarter of its bytes from the document alone (demo, {:.1f} s to absorb on",
      lambda: (100 * row(DEMO, "kv-prefix")["score"]["mean"], 100 * row(DEMO, "keep-prompt")["score"]["mean"],
               seconds(DEMO, "kv-prefix"))),
-    ("KVzip at a quarter of the document's K/V: {:.0f}% of keep-prompt's answers on {} `facts` test episodes, {:.0f}% on "
-     "`documents`; at a tenth {:.0f}% and {:.0f}%, in {:.1f} s; the five other presses at most {:.0f}% at a quarter |",
-     lambda: (curve_share("facts", "kv-press:kvzip", 0.25), curve("facts", "kv-press:kvzip", 0.25)["episodes"],
-              curve_share("documents", "kv-press:kvzip", 0.25), curve_share("facts", "kv-press:kvzip", 0.1),
-              curve_share("documents", "kv-press:kvzip", 0.1),
+    ("KVzip at a quarter of the document's K/V: {} of keep-prompt's answers on {} `facts` test episodes, {} on "
+     "`documents`; at a tenth {} and {}, in {:.1f} s; the five other presses at most {:.0f}% at a quarter |",
+     lambda: (curve_cell("facts", "kv-press:kvzip", 0.25), curve("facts", "kv-press:kvzip", 0.25)["episodes"],
+              curve_cell("documents", "kv-press:kvzip", 0.25), curve_cell("facts", "kv-press:kvzip", 0.1),
+              curve_cell("documents", "kv-press:kvzip", 0.1),
               max(curve(t, "kv-press:kvzip", b)["absorb_ms"] for t in ("facts", "documents") for b in (0.25, 0.1)) / 1000,
               max(curve_share(t, f"kv-press:{m}", 0.25) for t in ("facts", "documents")
                   for m in ("snapkv", "expectedattention", "knorm", "tova", "streamingllm")))),
-    ("KVzip keeps {:.0f}% and {:.0f}% of keep-prompt's answers on `facts` and `documents` ({} episodes each), kv-prefix started\n"
-     "from KVzip's kept K/V and trained {:.0f}% and {:.0f}%; at a tenth KVzip {:.0f}% and {:.0f}%, kv-prefix {:.0f}% and {:.0f}%",
-     lambda: (curve_share("facts", "kv-press:kvzip", 0.25, "trained"), curve_share("documents", "kv-press:kvzip", 0.25, "trained"),
+    ("KVzip keeps {} and {} of keep-prompt's answers on `facts` and `documents` ({} episodes each, paired\n"
+     "bootstrap intervals), kv-prefix started from KVzip's kept K/V and trained {} and {}; at a tenth KVzip {} and\n"
+     "{}, kv-prefix {} and {}",
+     lambda: (curve_cell("facts", "kv-press:kvzip", 0.25, "trained"), curve_cell("documents", "kv-press:kvzip", 0.25, "trained"),
               curve("facts", "kv-press:kvzip", 0.25, "trained")["episodes"],
-              curve_share("facts", "kv-prefix:press", 0.25, "trained"), curve_share("documents", "kv-prefix:press", 0.25, "trained"),
-              curve_share("facts", "kv-press:kvzip", 0.1, "trained"), curve_share("documents", "kv-press:kvzip", 0.1, "trained"),
-              curve_share("facts", "kv-prefix:press", 0.1, "trained"), curve_share("documents", "kv-prefix:press", 0.1, "trained"))),
+              curve_cell("facts", "kv-prefix:press", 0.25, "trained"), curve_cell("documents", "kv-prefix:press", 0.25, "trained"),
+              curve_cell("facts", "kv-press:kvzip", 0.1, "trained"), curve_cell("documents", "kv-press:kvzip", 0.1, "trained"),
+              curve_cell("facts", "kv-prefix:press", 0.1, "trained"), curve_cell("documents", "kv-prefix:press", 0.1, "trained"))),
     ("{:.1f}% exact match on `facts` (demo); perplexity", lambda: 100 * row(DEMO, "dynamic-eval")["score"]["mean"]),
     ("{:.1f}% exact match on `facts` (demo, FAVOR+); {:.1f}% vs keep-prompt's {:.1f}% with learned maps",
      lambda: (100 * row(DEMO, "iclca-approx")["score"]["mean"], 100 * row(LEARNED, "iclca-approx")["score"]["mean"],

@@ -87,3 +87,29 @@ def test_the_shipped_models_kv_prefix_folder_works_in_peft_as_a_user_writes_it(t
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     answer = tokenizer.decode(tokens[: tokens.index(end)] if end in tokens else tokens)
     assert printed.strip() == answer.strip()
+
+
+@pytest.mark.slow
+def test_the_second_shipped_models_kv_prefix_folder_works_in_peft_as_a_user_writes_it(tmp_path, capsys):
+    """The same for Gemma-3-270M (a base model on the Hugging Face backend: the document raw, the query after it;
+    its CARTRIDGE holds the BOS the model reads first, so the user's query goes without one, as absorb.json says).
+    Slow: the model loads from its GGUF parts and export-model writes its ~1 GB of float32 weights."""
+    pytest.importorskip("gguf")
+    document = "Noor Abadzhieva lives in Reykjavik. She works as a translator and keeps a cat named Pip."
+    question = "\nQ: Where does Noor Abadzhieva live?\nA:"
+    run(capsys, "absorb", "--model", "gemma3-270m", "--method", "kv-prefix", "--prompt", document, "--out",
+        str(tmp_path / "folder"), *[x for o in ("steps=2", "passes=0", "heldout=0", "study.derived=0",
+                                               "study.n_continuations=0", "progress=false") for x in ("--set", o)])
+    record = json.loads((tmp_path / "folder" / "absorb.json").read_text())
+    assert record["peft_adapter"]["written"], record.get("peft_adapter")
+    assert "give the query without it" in record["peft_adapter"]["load"]
+    run(capsys, "export-model", "--model", "gemma3-270m", "--out", str(tmp_path / "base"))
+    printed = run(capsys, "generate", "--model", "gemma3-270m", "--adapted", str(tmp_path / "folder"),
+                  "--max-new-tokens", "8", question)
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "base")
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
+                                      tmp_path / "folder" / "peft_adapter")
+    ids = tokenizer(question, add_special_tokens=False, return_tensors="pt").input_ids
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    assert printed.strip() == tokenizer.decode(out[0, ids.shape[1]:]).strip()

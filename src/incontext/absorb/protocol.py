@@ -278,14 +278,26 @@ class AbsorbMethod(ABC):
 
     def _set_options(self, options: dict[str, Any]) -> None:
         """`options` checked through `Options` (config.parse_options, the one check of every method's options, from
-        Python as from `--set`: one-line errors naming the option), the defaults filled in and each set as an
-        attribute of the method."""
+        Python as from `--set`: one-line errors naming the option) into `self.options`, the defaults filled in: the one
+        place they live (`self.steps` reads `self.options.steps`, __getattr__)."""
         given = parse_options(self.Options, options, where=self.name)
         self.given_options = given  # converted to their types, nested ones as "study.x" (check_options_fit)
-        checked = build_options(self.Options, given)
-        self.options = checked  # every option, defaults filled in (results record them: harness.compare)
-        for field in dataclasses.fields(checked):
-            setattr(self, field.name, getattr(checked, field.name))
+        self.options = build_options(self.Options, given)  # every option (results record them: harness.compare)
+
+    def __getattr__(self, name: str):
+        """An option read as an attribute of the method (`self.learning_rate`): the value in `self.options`."""
+        options = self.__dict__.get("options")
+        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        """An option's value set on the method (a method's `setup` normalising it) is set in `self.options`."""
+        options = self.__dict__.get("options")
+        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
+            setattr(options, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def check_options_fit(self, model: nn.Module) -> None:
         """One-line ValueError naming the first float option given a value that the dtype of `model`'s weights cannot
