@@ -113,9 +113,15 @@ def from_dict(cls: type[T], values: dict[str, Any], where: str | None = None) ->
         raise ConfigError(f"{where}: {error}") from error
 
 
-def limit(default: Any, **bounds: float) -> Any:
-    """A dataclass field with a range that `parse_options` checks: min / max (inclusive), gt / lt (exclusive)."""
-    return dataclasses.field(default=default, metadata=bounds)
+def limit(default: Any, help: str = "", **bounds: float) -> Any:
+    """A dataclass field with a range that `parse_options` checks: min / max (inclusive), gt / lt (exclusive); `help`:
+    its one line for `--help` and `absorb --list` (the field's metadata, which the catalog reads)."""
+    return dataclasses.field(default=default, metadata={**bounds, **({"help": help} if help else {})})
+
+
+def option(default: Any, help: str) -> Any:
+    """A dataclass field with its one line of help (metadata "help", which the catalog reads)."""
+    return dataclasses.field(default=default, metadata={"help": help})
 
 
 _BOUND_WORDS = {"min": ">=", "gt": ">", "max": "<=", "lt": "<"}

@@ -27,7 +27,7 @@ from torch import nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from ..config import limit
+from ..config import limit, option
 from ..runtime import device_of, frozen_casts, parse_dtype, resolve_runtime, tf32_matmuls
 from .protocol import AbsorbMethod, AdaptedModel, method_class
 from .study import StudyOptions, heldout_sequences, study
@@ -48,19 +48,22 @@ class Speed:
 class TrainOptions:
     """The options of every distillation method (each sets its own defaults); `study` is the data stage's."""
 
-    steps: int = limit(96, min=0)  # train at least this many steps (0: no training)
-    passes: int = limit(8, min=0)  # and at least this many passes over the data stage (a long document's is large)
-    learning_rate: float = limit(0.05, gt=0)  # AdamW's rate (halved at each rollback of the divergence guard)
-    batch_size: int = limit(4, min=1)  # sequences per step
-    patience: int = limit(16, min=1)  # the divergence guard's window in steps; the plateau's (at least one pass)
-    min_improvement: float = limit(0.01, min=0, max=1)  # stop where a window's mean loss falls less than this share
-    argmax_weight: float = limit(0.0, min=0)  # plus this times the cross-entropy of the teacher's top token
-    tail: bool = False  # the top-k KL plus one bucket for the rest of the mass (a true divergence, >= 0)
-    autocast: Literal["none", "bfloat16", "float16"] = "bfloat16"  # training's matmuls in this dtype ("none": the model's)
-    seed: int = limit(0, min=0)  # every draw of the data stage and of training
-    compose_steps: int = limit(0, min=0)  # compose: train the combination this many steps on both data stages
-    heldout: int = limit(2, min=0)  # fresh continuations never trained on: the full KL before and after training
-    study: StudyOptions = field(default_factory=StudyOptions)  # the data stage (--set study.OPTION=VALUE)
+    steps: int = limit(96, min=0, help="train at least this many steps (0: no training)")
+    passes: int = limit(8, min=0, help="and at least this many passes over the data stage (a long document's is large)")
+    learning_rate: float = limit(0.05, gt=0, help="AdamW's rate (halved at each rollback of the divergence guard)")
+    batch_size: int = limit(4, min=1, help="sequences per step")
+    patience: int = limit(16, min=1, help="the divergence guard's window in steps; the plateau's (at least one pass)")
+    min_improvement: float = limit(0.01, min=0, max=1, help=
+        "stop where a window's mean loss falls less than this share")
+    argmax_weight: float = limit(0.0, min=0, help="plus this times the cross-entropy of the teacher's top token")
+    tail: bool = option(False, "the top-k KL plus one bucket for the rest of the mass (a true divergence, >= 0)")
+    autocast: Literal["none", "bfloat16", "float16"] = option("bfloat16",
+        "training's matmuls in this dtype (\"none\": the model's)")
+    seed: int = limit(0, min=0, help="every draw of the data stage and of training")
+    compose_steps: int = limit(0, min=0, help="compose: train the combination this many steps on both data stages")
+    heldout: int = limit(2, min=0, help="fresh continuations never trained on: the full KL before and after training")
+    study: StudyOptions = field(default_factory=StudyOptions, metadata={"help":
+        "the data stage (--set study.OPTION=VALUE)"})
 
 
 # ----------------------------------------------------------------------------- the objective

@@ -39,15 +39,21 @@ EXPERIMENTS = {name: (description, [tuple(field) for field in fields])
 
 
 def _field_comments(config_class: type) -> dict[str, str]:
-    """Field name -> the comment at the end of its line in the class source (a subclass's own line first, then the
-    classes it inherits from)."""
+    """Field name -> its help: the field's own (`help` of config.limit / config.option: its metadata), else the comment
+    at the end of its line in the class source (an experiment's config); a subclass's own definition first, then the
+    classes it inherits from."""
     out: dict[str, str] = {}
     for cls in config_class.__mro__:
         if not dataclasses.is_dataclass(cls) or cls is object:
             continue
+        own = cls.__dict__.get("__annotations__", {})
+        for name in own:
+            field = cls.__dataclass_fields__.get(name)
+            if field is not None and field.metadata.get("help") and not out.get(name):
+                out[name] = field.metadata["help"]
         try:
             source = textwrap.dedent(inspect.getsource(cls))
-        except (OSError, TypeError):  # a class without a source file (defined in exec'd code): no help lines
+        except (OSError, TypeError):  # a class without a source file (defined in exec'd code): its metadata alone
             continue
         comments = {token.start[0]: token.string.lstrip("#").strip()
                     for token in tokenize.generate_tokens(io.StringIO(source).readline)

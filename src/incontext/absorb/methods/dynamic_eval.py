@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ...config import limit
+from ...config import limit, option
 from ...models.lm import CausalLM, is_causal_lm
 from ..lora import LORA_TARGETS, inject_lora, lora_spec, merge_lora
 from ..param_groups import select_groups, selected_parameters, untie
@@ -153,18 +153,19 @@ def check_lora_options(rank, alpha, targets) -> None:
 
 @dataclass
 class DynamicEvalOptions:
-    learning_rate: float = limit(3e-4, gt=0)  # the optimizer's rate
-    n_steps: int = limit(1, min=1)  # gradient steps on the prompt
-    reduction: Literal["sum", "mean"] = "sum"  # the loss over the prompt's tokens
-    optimizer: Literal["sgd", "adamw"] = "sgd"  # plain SGD (Krause et al., TinT's R-dyn) or AdamW
-    n_top_layers: int | None = limit(None, min=1)  # only the top n blocks descend (null: all)
-    keep_prompt: bool = False  # the prompt also stays in the context of the updated model
-    separator: list[int] | None = None  # token ids that split the prompt into training sequences
-    lora_rank: int | None = limit(None, min=1)  # the steps train a LoRA of this rank instead (merged)
-    lora_alpha: float | None = limit(None, gt=0)  # its alpha (null: twice the rank)
-    lora_targets: tuple[str, ...] | str = ("attn.qkv", "attn.out")  # its linears
-    seed: int = limit(0, min=0)  # the LoRA's initial draw
-    params: str | list[str] | None = None  # parameter groups that descend (e.g. tint, attention,mlp; our Transformer)
+    learning_rate: float = limit(3e-4, gt=0, help="the optimizer's rate")
+    n_steps: int = limit(1, min=1, help="gradient steps on the prompt")
+    reduction: Literal["sum", "mean"] = option("sum", "the loss over the prompt's tokens")
+    optimizer: Literal["sgd", "adamw"] = option("sgd", "plain SGD (Krause et al., TinT's R-dyn) or AdamW")
+    n_top_layers: int | None = limit(None, min=1, help="only the top n blocks descend (null: all)")
+    keep_prompt: bool = option(False, "the prompt also stays in the context of the updated model")
+    separator: list[int] | None = option(None, "token ids that split the prompt into training sequences")
+    lora_rank: int | None = limit(None, min=1, help="the steps train a LoRA of this rank instead (merged)")
+    lora_alpha: float | None = limit(None, gt=0, help="its alpha (null: twice the rank)")
+    lora_targets: tuple[str, ...] | str = option(("attn.qkv", "attn.out"), "its linears")
+    seed: int = limit(0, min=0, help="the LoRA's initial draw")
+    params: str | list[str] | None = option(None,
+        "parameter groups that descend (e.g. tint, attention,mlp; our Transformer)")
 
 
 class DynamicEval(AbsorbMethod):

@@ -33,7 +33,7 @@ from ...models.lm import is_causal_lm
 
 if TYPE_CHECKING:  # annotations only: the method runs on the model the protocol hands it
     from ...models import Transformer
-from ...config import limit
+from ...config import limit, option
 from ...ops.feature_maps import LearnedFeatures, draw_favor_projection
 from ...ops.prefix_attention import FeaturePrefix, absorb_layer
 from ...train.attention_transfer import load_feature_maps
@@ -179,12 +179,12 @@ def parse_layers(spec: str | int) -> list[int] | None:
 
 @dataclass
 class ICLCAApproxOptions:
-    n_features: int = limit(256, min=1)  # FAVOR+ random features per head
-    orthogonal: bool = True  # orthogonal random features
-    seed: int = limit(0, min=0)  # their draw
-    exact_sinks: int = limit(1, min=0)  # the first n prompt tokens keep their exact keys and values
-    features: str = "favor"  # favor, or a folder of learned feature maps (train/attention_transfer.py)
-    layers: str | int = "all"  # the layers converted (e.g. 0-14); the others keep the prompt's exact K/V
+    n_features: int = limit(256, min=1, help="FAVOR+ random features per head")
+    orthogonal: bool = option(True, "orthogonal random features")
+    seed: int = limit(0, min=0, help="their draw")
+    exact_sinks: int = limit(1, min=0, help="the first n prompt tokens keep their exact keys and values")
+    features: str = option("favor", "favor, or a folder of learned feature maps (train/attention_transfer.py)")
+    layers: str | int = option("all", "the layers converted (e.g. 0-14); the others keep the prompt's exact K/V")
 
 
 class ICLCAApprox(AbsorbMethod):

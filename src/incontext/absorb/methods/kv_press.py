@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import limit
+from ...config import limit, option
 from ...interop.hf import hf_twin
 from ...models.lm import is_causal_lm
 from ..presses import CacheBuffers, press_cache, press_classes
@@ -40,9 +40,13 @@ class PressedCache(CacheBuffers):
 
 @dataclass
 class KVPressOptions:
-    press: str = "kvzip"  # a press of the installed kvpress that takes a ratio alone (kvzip, snapkv, tova, knorm, ...)
-    ratio: float = limit(0.25, gt=0, max=1)  # the share of the document's K/V kept (kvpress's compression_ratio = 1 - ratio)
-    document_start: int | None = limit(None, min=0)  # the template's tokens before the document (default: from the chat template)
+    press: str = option("kvzip",
+        "a press of the installed kvpress that takes a ratio alone (kvzip, snapkv, tova, knorm, "
+        "...)")
+    ratio: float = limit(0.25, gt=0, max=1, help=
+        "the share of the document's K/V kept (kvpress's compression_ratio = 1 - ratio)")
+    document_start: int | None = limit(None, min=0, help=
+        "the template's tokens before the document (default: from the chat template)")
 
 
 class KVPress(AbsorbMethod):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...config import option
 from ...models.lm import CausalLM, is_causal_lm
 from ..prompt_update import (
     check_separator,
@@ -73,8 +74,8 @@ def _tint_options() -> type:
 
     @dataclass
     class TintOptions(TintConfig):
-        keep_prompt: bool = False  # the prompt also stays in the context of the updated model
-        separator: list[int] | None = None  # token ids that split the prompt into training sequences
+        keep_prompt: bool = option(False, "the prompt also stays in the context of the updated model")
+        separator: list[int] | None = option(None, "token ids that split the prompt into training sequences")
 
     return TintOptions
 

@@ -4,30 +4,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import limit
+from ...config import limit, option
 
 
 @dataclass
 class StudyOptions:
     """The data stage's options (`--set study.OPTION=VALUE`)."""
 
-    window_tokens: int = limit(24, min=1)  # recall windows of this many tokens (stride half a window)
-    n_continuations: int = limit(2, min=0)  # continuations the teacher samples after the document
-    continuation_tokens: int = limit(32, min=1)  # tokens per continuation
-    answer_tokens: int = limit(8, min=0)  # the teacher's greedy answer tokens after each training query
-    n_questions: int = limit(0, min=0)  # questions the model writes about the document's sentences
-    n_conversations: int = limit(0, min=0)  # self-study: messages the model writes from the seed prompts
-    seed_prompts: str | tuple[str, ...] = "structuring,summarization,question,use-case,creative"  # their kinds
-    derived: int = limit(0, min=0)  # queries derived from the document's text by rules (no writer model)
-    derived_kinds: str | tuple[str, ...] = "prefix,about,qa"  # their kinds (derived_queries)
-    grounded: bool = False  # keep only questions and messages whose answers use the document's words, surer with it
-    message_tokens: int = limit(32, min=1)  # tokens per written message
-    chat_answer_tokens: int = limit(24, min=1)  # the teacher's answer tokens in a chat turn
-    temperature: float = limit(1.0, gt=0)  # of the sampled continuations and messages
-    chunk_tokens: int = limit(0, min=0)  # the teacher reads the document in chunks of this many tokens (0: whole)
-    wording_ensemble: bool = False  # one target for the wordings of one training question
-    top_k: int | None = limit(20, min=1)  # the teacher's top-k log-probs per taught position (null: all)
-    cache: str = ""  # a folder where the stage is kept and reused for the same model, document and options
+    window_tokens: int = limit(24, min=1, help="recall windows of this many tokens (stride half a window)")
+    n_continuations: int = limit(2, min=0, help="continuations the teacher samples after the document")
+    continuation_tokens: int = limit(32, min=1, help="tokens per continuation")
+    answer_tokens: int = limit(8, min=0, help="the teacher's greedy answer tokens after each training query")
+    n_questions: int = limit(0, min=0, help="questions the model writes about the document's sentences")
+    n_conversations: int = limit(0, min=0, help="self-study: messages the model writes from the seed prompts")
+    seed_prompts: str | tuple[str, ...] = option("structuring,summarization,question,use-case,creative", "their kinds")
+    derived: int = limit(0, min=0, help="queries derived from the document's text by rules (no writer model)")
+    derived_kinds: str | tuple[str, ...] = option("prefix,about,qa", "their kinds (derived_queries)")
+    grounded: bool = option(False,
+        "keep only questions and messages whose answers use the document's words, surer with it")
+    message_tokens: int = limit(32, min=1, help="tokens per written message")
+    chat_answer_tokens: int = limit(24, min=1, help="the teacher's answer tokens in a chat turn")
+    temperature: float = limit(1.0, gt=0, help="of the sampled continuations and messages")
+    chunk_tokens: int = limit(0, min=0, help="the teacher reads the document in chunks of this many tokens (0: whole)")
+    wording_ensemble: bool = option(False, "one target for the wordings of one training question")
+    top_k: int | None = limit(20, min=1, help="the teacher's top-k log-probs per taught position (null: all)")
+    cache: str = option("", "a folder where the stage is kept and reused for the same model, document and options")
 
     def __post_init__(self):
         self.seed_prompts = seed_kinds(self.seed_prompts)  # a comma string from --set, or a sequence from Python

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ....config import option
 from ....models.cgt import CGT
 from ....models.cgt_adapter import CGTAdapter
 from ....models.lm import is_causal_lm
@@ -32,7 +33,7 @@ from ...protocol import AbsorbMethod, AdaptedModel, BaseAlone
 
 @dataclasses.dataclass
 class CGTFoldOptions:
-    adapter: str = ""  # a folder of a CGT adapter trained on this model (a plain Transformer needs one)
+    adapter: str = option("", "a folder of a CGT adapter trained on this model (a plain Transformer needs one)")
 
 
 def _dtype(model: CGT | CGTAdapter) -> torch.dtype:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ....config import limit
+from ....config import limit, option
 from ....models import Cache
 from ....models.lm import CausalLM, is_causal_lm
 from ...distill import Distiller, Student, TrainOptions
@@ -139,16 +139,18 @@ def compose_loras(*adapted: DistilledLoRA) -> DistilledLoRA:
 
 @dataclass
 class DistillLoRAOptions(TrainOptions):
-    rank: int = limit(8, min=1)  # the adapter's rank r
-    alpha: float = limit(16.0, gt=0)  # its scale alpha (the update is alpha / r B A)
-    target_modules: tuple[str, ...] | str = ("attn.qkv", "attn.out")  # the linears it adapts (attn.qkv,attn.out,mlp.fc_in,mlp.fc_out)
-    merge: bool = True  # merged into a copy of the base (queries at base speed), or peft's layers
-    steps: int = limit(48, min=0)  # train at least this many steps (0: no training)
-    passes: int = limit(12, min=0)  # and at least this many passes over the data stage
-    learning_rate: float = limit(3e-3, gt=0)  # AdamW's rate on the factors (halved at each rollback)
-    patience: int = limit(8, min=1)  # the divergence guard's window in steps; the plateau's (at least one pass)
-    argmax_weight: float = limit(1.0, min=0)  # plus this times the cross-entropy of the teacher's top token
-    autocast: Literal["none", "bfloat16", "float16"] = "none"  # training's matmuls in this dtype ("none": the model's)
+    rank: int = limit(8, min=1, help="the adapter's rank r")
+    alpha: float = limit(16.0, gt=0, help="its scale alpha (the update is alpha / r B A)")
+    target_modules: tuple[str, ...] | str = option(("attn.qkv", "attn.out"),
+        "the linears it adapts (attn.qkv,attn.out,mlp.fc_in,mlp.fc_out)")
+    merge: bool = option(True, "merged into a copy of the base (queries at base speed), or peft's layers")
+    steps: int = limit(48, min=0, help="train at least this many steps (0: no training)")
+    passes: int = limit(12, min=0, help="and at least this many passes over the data stage")
+    learning_rate: float = limit(3e-3, gt=0, help="AdamW's rate on the factors (halved at each rollback)")
+    patience: int = limit(8, min=1, help="the divergence guard's window in steps; the plateau's (at least one pass)")
+    argmax_weight: float = limit(1.0, min=0, help="plus this times the cross-entropy of the teacher's top token")
+    autocast: Literal["none", "bfloat16", "float16"] = option("none",
+        "training's matmuls in this dtype (\"none\": the model's)")
 
     def __post_init__(self):
         self.target_modules = lora_targets(self.target_modules)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ....config import limit
+from ....config import limit, option
 from ....models import Cache
 from ....models.lm import cache_kv, is_causal_lm, with_kv
 from ....ops import apply_rope, rope_cos_sin
@@ -61,22 +61,25 @@ class KVPrefixStudy(StudyOptions):
     """kv-prefix's data stage: the recall windows and continuations, plus 16 queries derived from the document by
     rules (chosen on validation episodes of `facts` and `documents`, the document alone: docs/absorb-methods.md)."""
 
-    derived: int = limit(16, min=0)  # queries derived from the document's text by rules (no writer model)
+    derived: int = limit(16, min=0, help="queries derived from the document's text by rules (no writer model)")
 
 
 @dataclass
 class KVPrefixOptions(TrainOptions):
-    prefix_tokens: int | None = limit(None, min=1)  # p, the prefix's length (default: a quarter of the document)
+    prefix_tokens: int | None = limit(None, min=1, help="p, the prefix's length (default: a quarter of the document)")
     # the start: the first p tokens' K/V; p spread over all; a kvpress press's kept K/V at their own positions (queries
     # after the whole document); or those re-rotated to 0..p-1 (the PEFT CARTRIDGE layout)
     init: Literal["document", "document-spread", "press", "press-rerotated"] = "document"
-    ratio: float | None = limit(None, gt=0, max=1)  # p as a share of the document's tokens (when prefix_tokens is unset)
-    press: str = "kvzip"  # init=press / press-rerotated: the kvpress press whose kept K/V start the prefix
-    steps: int = limit(96, min=0)  # train at least this many steps (0: the start is the result)
-    passes: int = limit(8, min=0)  # and at least this many passes over the data stage
-    learning_rate: float = limit(0.05, gt=0)  # AdamW's rate on the prefix (halved at each rollback)
-    autocast: Literal["none", "bfloat16", "float16"] = "bfloat16"  # training's matmuls in this dtype ("none": the model's)
-    study: KVPrefixStudy = field(default_factory=KVPrefixStudy)  # the data stage (--set study.OPTION=VALUE)
+    ratio: float | None = limit(None, gt=0, max=1, help=
+        "p as a share of the document's tokens (when prefix_tokens is unset)")
+    press: str = option("kvzip", "init=press / press-rerotated: the kvpress press whose kept K/V start the prefix")
+    steps: int = limit(96, min=0, help="train at least this many steps (0: the start is the result)")
+    passes: int = limit(8, min=0, help="and at least this many passes over the data stage")
+    learning_rate: float = limit(0.05, gt=0, help="AdamW's rate on the prefix (halved at each rollback)")
+    autocast: Literal["none", "bfloat16", "float16"] = option("bfloat16",
+        "training's matmuls in this dtype (\"none\": the model's)")
+    study: KVPrefixStudy = field(default_factory=KVPrefixStudy, metadata={"help":
+        "the data stage (--set study.OPTION=VALUE)"})
 
 
 class KVPrefix(Distiller):
