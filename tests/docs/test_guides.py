@@ -100,6 +100,7 @@ def test_add_an_absorb_method(registries, capsys, tmp_path):
     registries()  # step 2: python -m incontext.cli.catalog
     listed = help_text(capsys, ["absorb", "--list"])
     assert "keep-tail" in listed and guide["KeepTail"].summary in listed and "tokens=32" in listed
+    assert "how many of the prompt's last tokens stay in the context" in listed  # the field's help (its metadata)
     compare_help = " ".join(help_text(capsys, ["compare", "--help"]).split())
     assert "keep-tail needs a causal LM: keeps only the prompt's last `tokens` tokens" in compare_help
     assert "keep-tail" in help_text(capsys, ["absorb", "--help"])
