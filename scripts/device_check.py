@@ -31,7 +31,7 @@ SENTENCES = ["Ada Lovelace was born in London.", "Q: Where was Ada born?\nA: Lon
              "mathematician and has a pet cat named Mat.", "What is the name of the pet? Born in the year 1815."]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-FAST = {"distill-lora": {"steps": 4, "n_continuations": 1, "continuation_tokens": 8, "progress": False},
+FAST = {"distill-lora": {"steps": 4, "study.n_continuations": 1, "study.continuation_tokens": 8, "progress": False},
         "dynamic-eval": {"learning_rate": 1e-3}, "iclca-approx": {"n_features": 32}, "tint": {"rows_per_prefix": 4},
         "kv-press": {"press": "knorm", "ratio": 0.5}}  # KVzip needs the tokenizer, which compare is not given here
 CHECKS = []
@@ -116,7 +116,7 @@ def composition_and_argmax_weight(device: str, work: Path) -> dict:
     from incontext.tasks.episodes import get_episode_source
 
     folder = tiny_hf_folder(work / "llama-compose")
-    fast = {"steps": 2, "n_continuations": 1, "continuation_tokens": 8, "progress": False}
+    fast = {"steps": 2, "study.n_continuations": 1, "study.continuation_tokens": 8, "progress": False}
     out = {}
     for backend in ("incontext", "hf"):
         loaded = load_model(str(folder), device, "float32")
@@ -169,7 +169,7 @@ def kv_prefix_cuda_graph_equals_eager(device: str, work: Path) -> dict:
     prompt = torch.randint(0, 61, (16,), generator=g).to(device)
     queries = [torch.randint(0, 61, (1, n), generator=g).to(device) for n in (3, 5, 9, 2)]
     options = {"prefix_tokens": 4, "steps": 12, "learning_rate": 0.05, "patience": 50, "progress": False,
-               "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 6, "answer_tokens": 2,
+               "study.n_continuations": 1, "study.continuation_tokens": 6, "study.window_tokens": 6, "study.answer_tokens": 2,
                "argmax_weight": 0.5, "autocast": "none"}
 
     def absorb(speed: Speed):
@@ -275,8 +275,8 @@ def _tiny_prefix_run(device: str):
                                positions="rope", norm="rmsnorm", mlp="swiglu", bias=False)
     model = Transformer(config).to(device).eval()
     prompt = torch.randint(0, 61, (16,), generator=torch.Generator().manual_seed(1)).to(device)
-    options = {"prefix_tokens": 4, "steps": 8, "patience": 50, "progress": False, "n_continuations": 1,
-               "continuation_tokens": 4, "window_tokens": 6, "autocast": "none"}  # float32 training unless a check asks
+    options = {"prefix_tokens": 4, "steps": 8, "patience": 50, "progress": False, "study.n_continuations": 1,
+               "study.continuation_tokens": 4, "study.window_tokens": 6, "autocast": "none"}  # float32 training unless a check asks
     return model, prompt, options
 
 
@@ -292,7 +292,7 @@ def kv_prefix_rollback_recaptures(device: str, work: Path) -> dict:
     model = _tiny_transformer(device, sharpen=True)
     prompt = torch.randint(0, 61, (20,), generator=torch.Generator().manual_seed(1)).to(device)
     options = {"prefix_tokens": 5, "steps": 48, "learning_rate": 0.2, "patience": 4, "progress": False,
-               "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8, "passes": 0}
+               "study.n_continuations": 1, "study.continuation_tokens": 6, "study.window_tokens": 8, "passes": 0}
     calls, resets = {"n": 0}, []
     real_call, real_reset, real_plateau = distill._Steps.__call__, distill._Steps.reset, distill.plateau
 
@@ -358,7 +358,7 @@ def distill_lora_autocast(device: str, work: Path) -> dict:
     from incontext.absorb.distill import Speed
 
     model, prompt, _ = _tiny_prefix_run(device)
-    options = {"steps": 6, "passes": 0, "n_continuations": 1, "continuation_tokens": 4, "window_tokens": 6,
+    options = {"steps": 6, "passes": 0, "study.n_continuations": 1, "study.continuation_tokens": 4, "study.window_tokens": 6,
                "progress": False, "merge": False}
     runs = {}
     for name, cast_once, autocast in (("once", True, "bfloat16"), ("per_step", False, "bfloat16"), ("plain", True, "none")):

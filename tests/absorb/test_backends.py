@@ -21,7 +21,7 @@ ABSORB = Path(absorb_package.__file__).parent
 # a LoRA on our fused qkv shares one A across q, k and v; peft on the Hugging Face model puts one A on each
 # module (its standard layout): the same method trains different parameterizations on the two backends
 PARAMETERIZED_APART = {"distill-lora"}
-FAST = {"distill-lora": {"steps": 2, "n_continuations": 1, "continuation_tokens": 4, "progress": False, "n_questions": 0},
+FAST = {"distill-lora": {"steps": 2, "study.n_continuations": 1, "study.continuation_tokens": 4, "progress": False, "study.n_questions": 0},
         "dynamic-eval": {"learning_rate": 1e-2, "n_steps": 2}, "iclca-approx": {"n_features": 16},
         "tint": {"rows_per_prefix": 4},
         "kv-press": {"press": "knorm", "ratio": 0.5},

@@ -102,8 +102,8 @@ def test_the_harness_adds_a_composed_row_per_composing_method():
     model = byte_model(torch.float32)
     source = get_episode_source("facts", people=2, documents=2)
     episodes = source.episodes(2, seed=0, tokenizer=ByteCodec())
-    fast = {"steps": 2, "progress": False, "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8,
-            "n_questions": 0}
+    fast = {"steps": 2, "progress": False, "study.n_continuations": 1, "study.continuation_tokens": 6, "study.window_tokens": 8,
+            "study.n_questions": 0}
     rows = compare(model, source, episodes, {"kv-prefix": fast, "distill-lora": fast, "iclca-approx": {}},
                    progress=False, codec=ByteCodec())
     labels = [r["method"] for r in rows]

@@ -27,8 +27,8 @@ def ids(n, seed, low=0):
 
 
 def method(**options):
-    return get_absorb_method("distill-lora", **{"steps": 6, "passes": 0, "n_continuations": 2, "continuation_tokens": 8,
-                                                 "window_tokens": 16, "progress": False, **options})
+    return get_absorb_method("distill-lora", **{"steps": 6, "passes": 0, "study.n_continuations": 2, "study.continuation_tokens": 8,
+                                                 "study.window_tokens": 16, "progress": False, **options})
 
 
 def kl(model, adapted, prompt, text):

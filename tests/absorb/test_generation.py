@@ -24,7 +24,7 @@ CASES = [  # (method, its options, the model it absorbs into)
     ("iclca-approx", {"n_features": 16, "exact_sinks": 1}, {}),
     ("dynamic-eval", {"learning_rate": 0.1}, {"positions": "learned"}),
     ("dynamic-eval", {"learning_rate": 0.1, "keep_prompt": True}, {}),
-    ("distill-lora", {"steps": 2, "learning_rate": 0.05, "n_continuations": 1, "continuation_tokens": 3,
+    ("distill-lora", {"steps": 2, "learning_rate": 0.05, "study.n_continuations": 1, "study.continuation_tokens": 3,
                       "progress": False, "merge": False}, {}),
     ("cgt-fold", {}, None),
 ]

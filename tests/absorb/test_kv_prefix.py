@@ -18,7 +18,7 @@ from incontext.interop.hf import to_hf_llama  # noqa: E402
 from incontext.models.hf_backend import HFCausalLM, prefix_cache  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 
-FAST = {"progress": False, "n_continuations": 1, "continuation_tokens": 6, "window_tokens": 8, "passes": 0}
+FAST = {"progress": False, "study.n_continuations": 1, "study.continuation_tokens": 6, "study.window_tokens": 8, "passes": 0}
 
 
 def tiny(dtype=torch.float64, seed=0):

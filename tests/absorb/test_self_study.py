@@ -396,8 +396,8 @@ def test_the_harness_and_a_direct_absorb_run_the_same_data_stage(tmp_path):
     model, codec = byte_model(torch.float32), Bytes()
     source = get_episode_source("facts", people=1)
     episode = source.episodes(1, seed=0, tokenizer=codec)[0]
-    fast = {"steps": 1, "progress": False, "n_continuations": 0, "window_tokens": 64, "n_questions": 1,
-            "cache": str(tmp_path)}
+    fast = {"steps": 1, "progress": False, "study.n_continuations": 0, "study.window_tokens": 64, "study.n_questions": 1,
+            "study.cache": str(tmp_path)}
     compare(model, source, [episode], {"kv-prefix": fast}, progress=False, references=False, codec=codec)
     method = get_absorb_method("kv-prefix", **fast)
     pool = method.absorb(model, episode.prompt, train_queries=list(episode.train_queries), codec=codec).history["pool"]
