@@ -269,9 +269,10 @@ def test_no_training_query_reaches_a_method_by_default_for_any_task():
         name = "spy-train-queries"
         takes_codec = True
 
-        def _absorb(self, model, prompt, loss_mask, train_queries, codec=None, train_groups=None):
+        def _absorb(self, model, given):
+            train_queries, train_groups = given.train_queries, given.train_groups
             seen.append((list(train_queries or []), train_groups))
-            return get_absorb("keep-prompt")._absorb(model, prompt, loss_mask, None)
+            return get_absorb("keep-prompt")._absorb(model, given)
 
     try:
         model = tiny()

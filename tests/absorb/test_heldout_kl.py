@@ -51,7 +51,7 @@ def test_the_readout_is_recorded_and_changes_nothing_trained(method):
     read = get_absorb_method(method, **options).absorb(model, ids[None])
     plain = get_absorb_method(method, **options, heldout=0).absorb(model, ids[None])
     record = read.history["heldout_kl"]
-    assert record["sequences"] == 2 and record["positions"] == 2 * FAST["continuation_tokens"]
+    assert record["sequences"] == 2 and record["positions"] == 2 * FAST["study.continuation_tokens"]
     assert record["before"] >= 0 and record["after"] >= 0
     assert "heldout_kl" not in plain.history and read.history["loss"] == plain.history["loss"]
     for a, b in zip(read.state_dict().values(), plain.state_dict().values()):

@@ -418,7 +418,7 @@ def test_a_method_that_takes_the_codec_must_say_so_in_its_absorb():
         class Forgetful(AbsorbMethod):  # no name: never registered
             takes_codec = True
 
-            def _absorb(self, model, prompt, loss_mask, train_queries):
+            def _absorb(self, model, given):
                 return None
 
 

@@ -1,7 +1,7 @@
 """Methods that absorb a prompt into a model: `method.absorb(model, prompt) -> adapted; adapted(query) -> logits`;
 and the absorb folder `incontext absorb` writes: `load_adapted(folder, model, spec)` reads one back."""
 
-from .protocol import AbsorbMethod, AdaptedModel, absorb_methods, get_absorb_method
+from .protocol import AbsorbInput, AbsorbMethod, AdaptedModel, absorb_methods, get_absorb_method
 from .methods.reference import DropPrompt, KeepPrompt
 from .methods.cgt_fold import CGTFold, FoldedContext, fold, lora_factors, prompt_context
 from .methods.distill_lora import DistilledLoRA, DistillLoRA
@@ -17,6 +17,7 @@ from .folder import composed_folders, load_adapted
 
 __all__ = [
     "ICLCA",
+    "AbsorbInput",
     "AbsorbMethod",
     "AdaptedModel",
     "CGTFold",

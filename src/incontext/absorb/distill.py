@@ -435,7 +435,8 @@ class Distiller(AbsorbMethod):
     def adapted(self, model, student: Student, **prepared) -> AdaptedModel:
         raise NotImplementedError
 
-    def _absorb(self, model, prompt, loss_mask, train_queries, codec=None, train_groups=None) -> AdaptedModel:
+    def _absorb(self, model, given) -> AdaptedModel:
+        prompt, train_queries, train_groups, codec = given.prompt, given.train_queries, given.train_groups, given.codec
         prompt = prompt[0].long()
         queries = self._queries(train_queries, prompt.shape[0], model.config.max_seq_len)
         prepared = self.prepare(model, prompt)

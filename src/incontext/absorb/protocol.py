@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -232,6 +231,17 @@ def tensor_bytes(tensors) -> int:
 
 
 @dataclasses.dataclass
+class AbsorbInput:
+    """The one input of every method's `_absorb`: what `absorb` checked. A method reads what it uses."""
+
+    prompt: torch.Tensor  # (B, M) token ids or (B, M, d) vectors
+    loss_mask: torch.Tensor | None = None  # (B, M) bool: the prompt positions whose next token a training method learns
+    train_queries: list[torch.Tensor] | None = None  # queries a task provides to train on (never evaluation queries)
+    train_groups: list[int] | None = None  # each training query's question id (its wordings share one)
+    codec: Any = None  # the model's tokenizer (encode, decode; chat where it has a template), or None
+
+
+@dataclasses.dataclass
 class NoOptions:
     """The options of a method that takes none."""
 
@@ -251,7 +261,7 @@ class AbsorbMethod(ABC):
     needs: ClassVar[str] = "a causal LM"
     batched: ClassVar[bool] = False  # _absorb takes (B, M) prompts; otherwise one prompt at a time
     long_prompts: ClassVar[bool] = False  # absorbs a prompt longer than the model's context (in chunks)
-    takes_codec: ClassVar[bool] = False  # _absorb takes codec= (the model's tokenizer; its data stage writes text)
+    takes_codec: ClassVar[bool] = False  # it reads the codec and the training questions (its data stage writes text)
 
     def __init__(self, *, progress: bool = True, **options):
         """The one constructor of every method: `options` (Python values, or YAML scalars from `--set`) checked
@@ -269,8 +279,6 @@ class AbsorbMethod(ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.takes_codec and not {"codec", "train_groups"} <= set(inspect.signature(cls._absorb).parameters):
-            raise TypeError(f"{cls.__name__} sets takes_codec but its _absorb takes no codec= and train_groups= parameters")
         if getattr(cls, "name", None):
             _METHODS[cls.name] = cls
 
@@ -369,7 +377,6 @@ class AbsorbMethod(ABC):
         if self.needs_train_groups and train_groups is None:  # it would be ignored: say so
             raise ValueError(f"{self.name}: wording_ensemble=true needs train_groups (one question id per training "
                              "query); none were given")
-        extra = {"codec": codec, "train_groups": train_groups} if self.takes_codec else {}
         model = self.runs_on(model)
         prompt = check_prompt(model, prompt, long=self.long_prompts)
         if loss_mask is not None:
@@ -378,21 +385,21 @@ class AbsorbMethod(ABC):
                 loss_mask = loss_mask[None].expand(prompt.shape[0], -1)
             if tuple(loss_mask.shape) != tuple(prompt.shape[:2]):
                 raise ValueError(f"loss_mask has shape {tuple(loss_mask.shape)}; the prompt is {tuple(prompt.shape[:2])}")
+        given = AbsorbInput(prompt, loss_mask, train_queries, train_groups, codec)
         if self.batched or prompt.shape[0] == 1:
-            return self._checked(model, self._absorb(model, prompt, loss_mask, train_queries, **extra))
-        return PerPrompt([self._checked(model, self._absorb(model, prompt[i : i + 1], None if loss_mask is None
-                                                            else loss_mask[i : i + 1], train_queries, **extra))
-                          for i in range(prompt.shape[0])])
+            return self._checked(model, self._absorb(model, given))
+        return PerPrompt([self._checked(model, self._absorb(model, dataclasses.replace(
+            given, prompt=prompt[i: i + 1], loss_mask=None if loss_mask is None else loss_mask[i: i + 1])))
+            for i in range(prompt.shape[0])])
 
     def _checked(self, model: nn.Module, adapted: AdaptedModel) -> AdaptedModel:
         check_adapted(adapted, model, self.name)
         return adapted
 
     @abstractmethod
-    def _absorb(self, model: nn.Module, prompt: torch.Tensor, loss_mask: torch.Tensor | None,
-                train_queries: list[torch.Tensor] | None) -> AdaptedModel:
-        """`prompt` is checked and batched ((B, M) or (B, M, d)); B == 1 unless the method is `batched`. A method
-        with `takes_codec` also takes `codec=` (None when the caller has no tokenizer) and `train_groups=`."""
+    def _absorb(self, model: nn.Module, given: "AbsorbInput") -> AdaptedModel:
+        """Absorb `given` (its prompt checked and batched, (B, M) or (B, M, d); B == 1 unless the method is
+        `batched`) into `model` (the model the method runs on: runs_on)."""
 
 
 def max_context(model: nn.Module) -> int | None:

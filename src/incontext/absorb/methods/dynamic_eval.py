@@ -200,7 +200,8 @@ class DynamicEval(AbsorbMethod):
     def needs_internals(self) -> bool:
         return self.params is not None  # parameter groups are our Transformer's
 
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
+    def _absorb(self, model, given) -> AdaptedModel:
+        prompt, loss_mask = given.prompt, given.loss_mask
         sequences, masks = training_sequences(prompt, loss_mask, self.separator, "dynamic evaluation")
         targets = None if loss_mask is None else masks
         updated, _ = prompt_sgd(model, sequences, targets, learning_rate=self.learning_rate, n_steps=self.n_steps,

@@ -133,7 +133,8 @@ class ICLCA(AbsorbMethod):
             return str(error)
         return None
 
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> LinearAttentionBias:
+    def _absorb(self, model, given) -> LinearAttentionBias:
+        prompt = given.prompt
         return LinearAttentionBias(model, convert(model, prompt))
 
 

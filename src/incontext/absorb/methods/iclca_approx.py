@@ -211,7 +211,8 @@ class ICLCAApprox(AbsorbMethod):
             return "needs softmax attention; linear attention converts exactly (iclca)"
         return None
 
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> SoftmaxFeaturePrefix:
+    def _absorb(self, model, given) -> SoftmaxFeaturePrefix:
+        prompt = given.prompt
         state = convert_approximately(model, prompt, n_features=self.n_features, orthogonal=self.orthogonal,
                                       seed=self.seed, exact_sinks=self.exact_sinks, maps=self.maps,
                                       layers=self.layers)

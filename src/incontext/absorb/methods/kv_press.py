@@ -77,5 +77,6 @@ class KVPress(AbsorbMethod):
             return str(error)
         return None
 
-    def _absorb(self, model, prompt, loss_mask, train_queries, codec=None, train_groups=None) -> AdaptedModel:
+    def _absorb(self, model, given) -> AdaptedModel:
+        prompt, codec = given.prompt, given.codec
         return PressedCache(model, press_cache(model, prompt, self.press, self.ratio, codec, self.document_start)).eval()

@@ -64,7 +64,8 @@ class KeepPrompt(AbsorbMethod):
     def check_model(self, model: nn.Module) -> str | None:
         return None if reads_whole_sequences(model) else AbsorbMethod.check_model(self, model)
 
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
+    def _absorb(self, model, given) -> AdaptedModel:
+        prompt = given.prompt
         if reads_whole_sequences(model):
             return PromptPrepended(model, prompt)
         adapted = PromptInContext(model, prompt)
@@ -78,5 +79,5 @@ class DropPrompt(AbsorbMethod):
     batched = True
     check_model = KeepPrompt.check_model
 
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
+    def _absorb(self, model, given) -> AdaptedModel:
         return WithoutPrompt(model)

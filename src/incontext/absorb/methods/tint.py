@@ -107,6 +107,7 @@ class TinTStep(AbsorbMethod):
             return str(error).replace("TinT needs", "needs")
         return None
 
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
+    def _absorb(self, model, given) -> AdaptedModel:
+        prompt, loss_mask = given.prompt, given.loss_mask
         sequences, masks = training_sequences(prompt, loss_mask, self.separator, "TinT")
         return updated_adapted(tint_update(model, sequences, masks, self.config), prompt, self.keep_prompt, self.separator)

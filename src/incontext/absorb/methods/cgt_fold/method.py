@@ -136,7 +136,8 @@ class CGTFold(AbsorbMethod):
             self._loaded = (id(base), CGTAdapter.load_guide(base, Path(self.adapter)).eval())
         return self._loaded[1]
 
-    def _absorb(self, model, prompt, loss_mask, train_queries) -> AdaptedModel:
+    def _absorb(self, model, given) -> AdaptedModel:
+        prompt = given.prompt
         if not isinstance(model, (CGT, CGTAdapter)):
             model = self._adapter_for(model)
         return FoldedContext(fold(model, prompt_context(model, prompt)))

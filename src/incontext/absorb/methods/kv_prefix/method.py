@@ -125,10 +125,10 @@ class KVPrefix(Distiller):
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({context})")
         return {"p": p}
 
-    def _absorb(self, model, prompt, loss_mask, train_queries, codec=None, train_groups=None):
-        self._codec = codec  # the press start's (KVzip writes its reconstruction prompt with it)
+    def _absorb(self, model, given):
+        self._codec = given.codec  # the press start's (KVzip writes its reconstruction prompt with it)
         try:
-            return super()._absorb(model, prompt, loss_mask, train_queries, codec=codec, train_groups=train_groups)
+            return super()._absorb(model, given)
         finally:
             self._codec = None
 
