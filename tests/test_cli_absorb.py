@@ -182,6 +182,22 @@ def test_absorb_says_when_training_rolled_back(rollbacks, llama, tmp_path, capsy
     assert ("training diverged 2 time(s)" in printed) == (rollbacks == 2)
 
 
+def test_the_python_line_of_absorb_json_runs_as_written(llama, loaded, tmp_path, capsys):
+    """absorb.json's `python` line (the public import, incontext.absorb.load_adapted) runs as a user pastes it, with
+    FOLDER and query_ids filled in, and gives load_adapted's logits."""
+    from incontext.absorb import load_adapted
+
+    out = tmp_path / "prefix"
+    record = absorb(capsys, llama, out, "kv-prefix", *DISTILL, "prefix_tokens=4")
+    assert "from incontext.absorb import load_adapted" in record["python"]
+    query = torch.tensor([loaded.tokenizer.encode(QUESTION)])
+    scope = {"FOLDER": str(out), "query_ids": query}
+    with torch.no_grad():
+        exec(record["python"], scope)
+        expected = load_adapted(out, loaded.model, llama)(query)
+    torch.testing.assert_close(scope["logits"], expected)
+
+
 def test_a_distilled_adapter_reloads_with_the_logits_of_the_absorbed_model(llama, loaded, tmp_path, capsys):
     from incontext.absorb import get_absorb_method
     from incontext.absorb.folder import load_adapted
