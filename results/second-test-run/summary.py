@@ -51,8 +51,9 @@ def collect() -> list[dict]:
             split = row.get("by_derived")
             if split is not None:  # keep-prompt's answers on the same questions, split the same way
                 flags = [[q["asked_derived"] or q["cloze_derived"] for q in e] for e in row["questions"]]
+                kept = by["keep-prompt"]  # the prompted model's answers to the same questions
                 for key, want in (("covered", True), ("not_covered", False)):
-                    split[key]["reference_right"] = sum(q["right"] for e, f in zip(ref["questions"], flags)
+                    split[key]["reference_right"] = sum(q["right"] for e, f in zip(kept["questions"], flags)
                                                         for q, flag in zip(e, f) if flag == want)
                 record["by_derived"] = split
             out.append(record)
