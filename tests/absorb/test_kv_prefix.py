@@ -145,7 +145,8 @@ def test_options_from_python_are_the_registrys():
     method = KVPrefix(prefix_tokens=8, temperature=2, **{"study.seed_prompts": ["question", "creative"]})
     assert method.prefix_tokens == 8 and method.passes == KVPrefixOptions.passes and method.study.temperature == 2.0
     assert isinstance(method.study.temperature, float) and method.study.seed_prompts == ("question", "creative")
-    assert vars(method).keys() >= {f for f in KVPrefixOptions.__dataclass_fields__}
+    assert all(getattr(method, f) is getattr(method.options, f) for f in KVPrefixOptions.__dataclass_fields__)
+    assert not set(vars(method)) & set(KVPrefixOptions.__dataclass_fields__)  # one place: method.options, no copies
     assert method.given_options == {"prefix_tokens": 8, "study.temperature": 2.0, "study.seed_prompts": ("question", "creative")}
     with pytest.raises(ValueError, match="unknown option 'prefix'"):
         KVPrefix(prefix=8)

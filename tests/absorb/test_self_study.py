@@ -411,15 +411,32 @@ def test_the_harness_and_a_direct_absorb_run_the_same_data_stage(tmp_path):
         method.absorb(model, episode.prompt, codec=3)
 
 
-def test_a_method_that_takes_the_codec_must_say_so_in_its_absorb():
-    from incontext.absorb import AbsorbMethod
+def test_every_method_gets_the_one_input():
+    """absorb() hands every method's _absorb one AbsorbInput: the checked prompt (batched), the loss mask, the training
+    queries, their groups and the codec, whatever the method reads of it."""
+    from incontext.absorb import AbsorbInput, AbsorbMethod, get_absorb_method
+    from incontext.absorb.protocol import _METHODS
 
-    with pytest.raises(TypeError, match="sets takes_codec but its _absorb takes no codec= and train_groups= parameters"):
-        class Forgetful(AbsorbMethod):  # no name: never registered
-            takes_codec = True
+    seen = []
 
-            def _absorb(self, model, given):
-                return None
+    class Spy(AbsorbMethod):
+        name = "spy-one-input"
+
+        def _absorb(self, model, given):
+            seen.append(given)
+            return get_absorb_method("drop-prompt")._absorb(model, given)
+
+    try:
+        model, codec = tiny(vocab=64), object()
+        queries = [torch.tensor([1, 2]), torch.tensor([3])]
+        Spy().absorb(model, torch.tensor([4, 5, 6]), loss_mask=torch.tensor([True, False, True]), train_queries=queries,
+                     train_groups=[0, 0], codec=None)
+        [given] = seen
+        assert isinstance(given, AbsorbInput) and given.prompt.tolist() == [[4, 5, 6]]
+        assert given.loss_mask.tolist() == [[True, False, True]] and given.train_queries is queries
+        assert given.train_groups == [0, 0] and given.codec is None and codec is not None
+    finally:
+        _METHODS.pop("spy-one-input", None)
 
 
 def test_a_cached_stage_is_reused_only_with_the_same_tokenizer(tmp_path):

@@ -75,6 +75,7 @@ TEST, TEST_DOCS, TEST_CONT = (f"self-study-test/{t}" for t in ("facts", "documen
 
 def COVERAGE() -> dict:  # what the derived queries ask on the sweep's validation episodes
     return json.loads((ROOT / "results/self-study-validation/coverage.json").read_text())
+SECOND = "second-test-run/"  # issue 68's second test run: the same commands, per-episode scores
 QUESTIONS = "compare-smollm2-facts-test-questions"  # 20 test episodes with training questions (a labelled setting)
 CONSENSUS = "keep-prompt (wording consensus)"
 VALIDATION = "document-alone-validation"  # the sweep that chose the defaults
@@ -204,36 +205,42 @@ HEADLINES = [
     ("{:.1f}% exact match on `facts` (demo, FAVOR+); {:.1f}% vs keep-prompt's {:.1f}% with learned maps",
      lambda: (100 * row(DEMO, "iclca-approx")["score"]["mean"], 100 * row(LEARNED, "iclca-approx")["score"]["mean"],
               100 * row(LEARNED, "keep-prompt")["score"]["mean"])),
-    ("(demo); {:.0f}% of keep-prompt's answers on {} test episodes at {:.0f}% of its bytes | [below]",
-     lambda: (share(TEST, "distill-lora"), result(TEST)["episodes"], bytes_share(TEST, "distill-lora"))),
-    ("to absorb on 2 CPU cores); {:.0f}% of keep-prompt's answers on {} test episodes at {:.0f}% of its bytes ({:.0f}% on `documents`) |",
-     lambda: (share(TEST, "kv-prefix"), result(TEST)["episodes"], bytes_share(TEST, "kv-prefix"), share(TEST_DOCS, "kv-prefix"))),
     # the document-alone table's reading (issue 62's one test run)
-    ("kv-prefix now keeps {:.0f}% of keep-prompt's right answers ({} of its {}) at {:.0f}% of its bytes, against {:.0f}% with its old\n"
-     "data stage and {:.0f}% for distill-lora; on `documents`",
+    # the document-alone test run (issue 62) and its second run (issue 68: per-episode scores, paired intervals)
+    ("(demo); {:.0f}% of keep-prompt's answers on {} test episodes at {:.0f}% of its bytes (second run {}) | [below]",
+     lambda: (share(TEST, "distill-lora"), result(TEST)["episodes"], bytes_share(TEST, "distill-lora"),
+              paired(SECOND + "facts", "distill-lora"))),
+    ("to absorb on 2 CPU cores); {:.0f}% of keep-prompt's answers on {} test episodes at {:.0f}% of its bytes ({:.0f}% on "
+     "`documents`; second run {} and {}) |",
+     lambda: (share(TEST, "kv-prefix"), result(TEST)["episodes"], bytes_share(TEST, "kv-prefix"), share(TEST_DOCS, "kv-prefix"),
+              paired(SECOND + "facts", "kv-prefix"),
+              paired(SECOND + "documents", "kv-prefix"))),
+    ("kv-prefix keeps {:.0f}% of keep-prompt's right answers ({} of its {}) at {:.0f}% of its bytes, distill-lora {:.0f}%; on `documents`\n"
+     "({} test episodes) {:.0f}% and {:.0f}% ({} and {} of keep-prompt's {}).",
      lambda: (share(TEST, "kv-prefix"), answers(TEST, "kv-prefix"), answers(TEST, "keep-prompt"), bytes_share(TEST, "kv-prefix"),
-              share(TEST, "kv-prefix:windows"), share(TEST, "distill-lora"))),
-    ("12 test episodes) {:.0f}% ({} of keep-prompt's {}), against {:.0f}% and {:.0f}%",
-     lambda: (share(TEST_DOCS, "kv-prefix"), answers(TEST_DOCS, "kv-prefix"), answers(TEST_DOCS, "keep-prompt"),
-              share(TEST_DOCS, "kv-prefix:windows"), share(TEST_DOCS, "distill-lora"))),
-    ("(on validation only {} of {} `facts` questions and\nnone of {} `documents` questions are among the derived queries",
-     lambda: (COVERAGE()["facts"]["asked_verbatim_among_derived"], COVERAGE()["facts"]["asked"],
-              COVERAGE()["documents"]["asked"] if COVERAGE()["documents"]["asked_verbatim_among_derived"] == 0 else "<some>")),
-    ("kv-prefix reaches {:.0f}% of its reference", lambda: share_of(QUESTIONS, "kv-prefix", CONSENSUS)),
-    ("cost time: {:.1f} s per absorb against {:.1f} s", lambda: (seconds(TEST, "kv-prefix"), seconds(TEST, "kv-prefix:windows"))),
-    ("On `continuation` ({} test passages of a held-out play) kv-prefix keeps\n{:.0f}% of the {:.3f} nats the passage gives ({:.0f}% before) "
-     "and distill-lora {:.0f}%",
-     lambda: (result(TEST_CONT)["episodes"], ce_share(TEST_CONT, "kv-prefix"),
+              share(TEST, "distill-lora"), result(TEST_DOCS)["episodes"], share(TEST_DOCS, "kv-prefix"), share(TEST_DOCS, "distill-lora"),
+              answers(TEST_DOCS, "kv-prefix"), answers(TEST_DOCS, "distill-lora"), answers(TEST_DOCS, "keep-prompt"))),
+    ("(`results/second-test-run`): `facts` {} and {}, `documents` {}\nand {} (paired bootstrap intervals)",
+     lambda: (paired(SECOND + "facts", "kv-prefix"), paired(SECOND + "facts", "distill-lora"),
+              paired(SECOND + "documents", "kv-prefix"), paired(SECOND + "documents", "distill-lora"))),
+    ("kv-prefix answers {} of the {} `facts` questions its derived queries covered\n(the question or its cloze) against {} of the {} others",
+     lambda: tuple(row(SECOND + "facts", "kv-prefix")["by_derived"][k][v] for k in ("covered", "not_covered")
+                   for v in ("right", "asked"))),
+    ("it reaches {:.0f}% of its\nreference (second run {})", lambda: (share_of(QUESTIONS, "kv-prefix", CONSENSUS),
+                                                                   paired(SECOND + "facts-questions", "kv-prefix", CONSENSUS))),
+    ("on `continuation` it keeps {:.0f}% of the {:.3f} nats the passage gives, distill-lora\n{:.0f}%",
+     lambda: (ce_share(TEST_CONT, "kv-prefix"),
               row(TEST_CONT, "drop-prompt")["score"]["mean"] - row(TEST_CONT, "keep-prompt")["score"]["mean"],
-              ce_share(TEST_CONT, "kv-prefix:windows"), ce_share(TEST_CONT, "distill-lora"))),
+              ce_share(TEST_CONT, "distill-lora"))),
+    ("({:.0f}% and {:.0f}% of the consensus reference's; second run {} and {})",
+     lambda: (share_of(QUESTIONS, "distill-lora", CONSENSUS), share_of(QUESTIONS, "kv-prefix", CONSENSUS),
+              paired(SECOND + "facts-questions", "distill-lora", CONSENSUS), paired(SECOND + "facts-questions", "kv-prefix", CONSENSUS))),
     # with training questions
     ("distill-lora answers {} and kv-prefix {} of the {} questions, against {} for keep-prompt and {} for keep-prompt\nwith "
      "the same wordings' consensus",
      lambda: (answers(QUESTIONS, "distill-lora"), answers(QUESTIONS, "kv-prefix"), result(QUESTIONS)["queries"],
               answers(QUESTIONS, "keep-prompt"), answers(QUESTIONS, CONSENSUS))),
     ("without them, {} and {} (the demo)", lambda: (answers(DEMO, "distill-lora"), answers(DEMO, "kv-prefix"))),
-    ("({:.0f}% and {:.0f}% of the consensus reference's)",
-     lambda: (share_of(QUESTIONS, "distill-lora", CONSENSUS), share_of(QUESTIONS, "kv-prefix", CONSENSUS))),
     ("489-token document took {:.1f} s at SmolLM2's shapes", lambda: absorb_s("kv-prefix", 489)),
     ("shapes, {:.1f} s with `--set batch_size=16", lambda: absorb_s("kv-prefix:b16tf32", 489)),
     ("perplexity {:.2f} vs", lambda: tint("dynamic eval")),

@@ -11,7 +11,8 @@ from peft import PeftModel  # noqa: E402
 
 from conftest import rel_error  # noqa: E402
 from incontext.absorb import get_absorb_method  # noqa: E402
-from incontext.interop import load_peft_adapter, save_peft_adapter, to_hf_gpt2, to_hf_llama  # noqa: E402
+from incontext.absorb.methods.distill_lora.export import load_peft_adapter, save_peft_adapter  # noqa: E402
+from incontext.interop import to_hf_gpt2, to_hf_llama  # noqa: E402
 from incontext.models import Transformer, TransformerConfig  # noqa: E402
 
 ALL = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
