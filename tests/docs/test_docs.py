@@ -49,6 +49,12 @@ def paired(path: str, method: str, reference: str = "keep-prompt") -> str:
     return f"{100 * cell['share']:.0f}% [{100 * cell['low']:.0f}, {100 * cell['high']:.0f}]"
 
 
+def second_split(task: str) -> dict:
+    """kv-prefix's split by derived-query coverage in the second test run (results/second-test-run/summary.json)."""
+    rows = json.loads((ROOT / "results/second-test-run/summary.json").read_text())
+    return next(r for r in rows if r["run"] == task and r["method"] == "kv-prefix")["by_derived"]
+
+
 def seconds(path: str, method: str) -> float:
     """A row's median absorb in seconds."""
     return row(path, method)["absorb_ms"] / 1000
@@ -479,6 +485,19 @@ DOC_NUMBERS = [
     (PAGE, "where L3 gives {} of keep-prompt's {} answers: `wording_consistency_long_10000.json`",
      lambda: tuple(bench("wording_consistency_long_10000")["summary"][k] for k in ("student_eval", "teacher_eval"))),
     (PAGE, "**A chunked teacher at {:,.0f} tokens**: {}-{} of {} answers against {} reading the whole document", chunked),
+    # the second test run (issue 68): its answers and the split by derived-query coverage
+    (PAGE, "`facts` reproduces the first run's answers exactly ({} and {} of keep-prompt's {})",
+     lambda: (answers(SECOND + "facts", "kv-prefix"), answers(SECOND + "facts", "distill-lora"), answers(SECOND + "facts", "keep-prompt"))),
+    (PAGE, "on `facts` it answers {} of the {} covered questions ({:.0f}%, keep-prompt {} of them) and {} of the {} others "
+           "({:.0f}%, keep-prompt {}); on `documents` {} of {} and {} of {}",
+     lambda: (lambda f, d: (f["covered"]["right"], f["covered"]["asked"], 100 * f["covered"]["right"] / f["covered"]["asked"],
+                            f["covered"]["reference_right"], f["not_covered"]["right"], f["not_covered"]["asked"],
+                            100 * f["not_covered"]["right"] / f["not_covered"]["asked"], f["not_covered"]["reference_right"],
+                            d["covered"]["right"], d["covered"]["asked"], d["not_covered"]["right"], d["not_covered"]["asked"]))(
+         *(second_split(t) for t in ("facts", "documents")))),
+    (PAGE, "behind ({:.0f}% of keep-prompt's answers there against {:.0f}% on the covered ones on `facts`)",
+     lambda: (lambda f: (100 * f["not_covered"]["right"] / f["not_covered"]["reference_right"],
+                         100 * f["covered"]["right"] / f["covered"]["reference_right"]))(second_split("facts"))),
     (PAGE, "**Repeated K/V heads for sdpa on CUDA**: {:.1f} against {:.1f} s at 489 tokens",
      lambda: (absorb_s("kv-prefix", 489, "absorb_cost_cuda_h100_gqa"), absorb_s("kv-prefix:enable-gqa", 489, "absorb_cost_cuda_h100_gqa"))),
 ]
