@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -292,18 +293,20 @@ class AbsorbMethod(ABC):
         self.given_options = given  # converted to their types, nested ones as "study.x" (check_options_fit)
         self.options = build_options(self.Options, given)  # every option (results record them: harness.compare)
 
+    def _option_name(self, name: str) -> bool:
+        """Whether `name` is one of the method's options (once they are set)."""
+        return "options" in self.__dict__ and name in _option_names(type(self.__dict__["options"]))
+
     def __getattr__(self, name: str):
         """An option read as an attribute of the method (`self.learning_rate`): the value in `self.options`."""
-        options = self.__dict__.get("options")
-        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
-            return getattr(options, name)
+        if self._option_name(name):
+            return getattr(self.__dict__["options"], name)
         raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
 
     def __setattr__(self, name: str, value) -> None:
         """An option's value set on the method (a method's `setup` normalising it) is set in `self.options`."""
-        options = self.__dict__.get("options")
-        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
-            setattr(options, name, value)
+        if self._option_name(name):
+            setattr(self.__dict__["options"], name, value)
         else:
             super().__setattr__(name, value)
 
@@ -400,6 +403,12 @@ class AbsorbMethod(ABC):
     def _absorb(self, model: nn.Module, given: "AbsorbInput") -> AdaptedModel:
         """Absorb `given` (its prompt checked and batched, (B, M) or (B, M, d); B == 1 unless the method is
         `batched`) into `model` (the model the method runs on: runs_on)."""
+
+
+@functools.cache
+def _option_names(options_class: type) -> frozenset[str]:
+    """The field names of an options dataclass (read on every attribute access of a method: made once per class)."""
+    return frozenset(f.name for f in dataclasses.fields(options_class))
 
 
 def max_context(model: nn.Module) -> int | None:
