@@ -21,7 +21,7 @@ ROOT = docs.repo_root()
 # each run script and the arguments its header states (press-curve/test.sh runs run.sh itself, with its test settings)
 SCRIPTS = {"results/self-study-test/run.sh": [[]], "results/press-curve/run.sh": [["presses"], ["trained"]],
            "results/press-curve/test.sh": [[]], "results/self-study-validation/run.sh": [[]],
-           "results/second-test-run/run.sh": [[]]}
+           "results/second-test-run/run.sh": [[]], "results/demo-after-move/run.sh": [[]]}
 SHIMS = ('incontext() { "$INCONTEXT_PY" -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@"; }; '
          'python() { :; }; export -f incontext python; ')
 

@@ -101,7 +101,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     runtime = _runtime(args)
     spec = demo_spec(args)
     print("demo: absorbing documents of invented facts into SmolLM2-135M with every method that applies to a softmax "
-          "LM, at their defaults, from the document alone, on the test split (about 7 minutes on 2 CPU cores)")
+          "LM, at their defaults, from the document alone, on the test split (about 10 minutes on 2 CPU cores)")
     _compare(spec, args.out or DEFAULT_OUT / "demo", runtime, owner="demo")
     return 0
 
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="main job: compare the absorb methods on SmolLM2 and invented facts (about 7 minutes on 2 CPU cores)",
+        help="main job: compare the absorb methods on SmolLM2 and invented facts (about 10 minutes on 2 CPU cores)",
         description="Absorb documents of invented facts into the shipped SmolLM2-135M with keep-prompt, drop-prompt, "
         "approximate ICLCA, dynamic evaluation, context distillation into a LoRA and a trained K/V prefix, each at "
         "its defaults (the settings chosen on validation episodes) and from the document alone (no method sees a "
