@@ -42,6 +42,7 @@ from torch import nn
 from ..absorb.decode import greedy_answers
 from ..absorb.distill import distiller_args
 from ..absorb.protocol import get_absorb_method
+from ..absorb.study import cloze, document_text
 from ..config import to_dict
 from ..stats import bootstrap_interval95, t_interval95
 from ..tasks.episodes import Episode, EpisodeSource, Query
@@ -219,8 +220,6 @@ def question_records(queries: list[Query], scores: list, codec, document: str | 
     and, for a method whose data stage derived queries from the document (`derived`: the texts it trained on), whether
     the question itself (`asked_derived`) or its fact's cloze (`cloze_derived`: the document's sentence up to the
     answer, study.derived.cloze) was among them (None for other methods)."""
-    from ..absorb.study import cloze
-
     trained = None if derived is None else {d.strip() for d in derived}
     out = []
     for i, (query, score) in enumerate(zip(queries, scores)):
@@ -266,20 +265,6 @@ def _as_model_input(x: torch.Tensor, model: nn.Module) -> torch.Tensor:
 def method_name(label: str) -> str:
     """A row label is a method name, optionally with a variant after a colon ("iclca-approx:m64")."""
     return label.split(":", 1)[0]
-
-
-def _document_text(codec, prompt: torch.Tensor) -> Callable[[], str | None]:
-    """The episode's document as text, decoded once on first call (None without a tokenizer or token ids)."""
-    text: list[str | None] = []
-
-    def get() -> str | None:
-        if not text:
-            from ..absorb.study import document_text
-
-            ids = None if prompt.is_floating_point() else prompt.flatten().tolist()
-            text.append(None if codec is None or ids is None else document_text(codec, ids))
-        return text[0]
-    return get
 
 
 def _on_model(query: Query, model: nn.Module) -> Query:
@@ -362,9 +347,8 @@ def compare(model: nn.Module, source: EpisodeSource, episodes: list[Episode], me
         calibration_query = None if episode.calibration is None else _on_model(episode.calibration, model)
         train = [_as_model_input(t, model) for t in episode.train_queries]
         order = names[index % len(names):] + names[: index % len(names)]
-        document = _document_text(codec, episode.prompt) if per_episode else lambda: None
         outputs: dict[str, list[torch.Tensor]] = {}
-        at = _At(index, episode, prompt, loss_mask, queries, calibration_query, train, document)
+        at = _At(index, episode, prompt, loss_mask, queries, calibration_query, train)
         for name in order:
             if records[name].status == "ok":
                 _method_episode(records[name], instances[name], model, at, run, outputs,
@@ -417,7 +401,6 @@ class _At:
     queries: list[Query]
     calibration: Query | None
     train: list[torch.Tensor]
-    document: Callable[[], str | None]
 
 
 def _method_episode(record: MethodRecord, method, model: nn.Module, at: _At, run: _Run, outputs: dict,
@@ -451,7 +434,8 @@ def _method_episode(record: MethodRecord, method, model: nn.Module, at: _At, run
         record.episode_positions.append(sum(s.total for s in scores))
         if run.per_episode and run.codec is not None and run.tokens and metric.name in QUESTION_METRICS:
             derived = (getattr(adapted, "history", None) or {}).get("derived_queries")
-            record.questions.append(question_records(queries, scores, run.codec, at.document(), derived, answers))
+            document = None if derived is None else document_text(run.codec, at.episode.prompt.flatten().tolist())
+            record.questions.append(question_records(queries, scores, run.codec, document, derived, answers))
         outputs[record.name] = outs
         if consensus is not None and at.episode.query_groups is not None:
             try:
