@@ -21,7 +21,7 @@ greedily (up to 24 tokens); per answer:
 --method: distill-lora (default) or kv-prefix. --train-queries task: the method also gets the task's training
 queries and their question ids, as `incontext compare` gives them (`facts` with paraphrases=3: each fact's statement
 cut before its answer and three other wordings of its question, never the question asked below), so that
-`wording_ensemble=true` has groups to read; --train-queries questions: the three other wordings alone. Either is what
+`study.wording_ensemble=true` has groups to read; --train-queries questions: the three other wordings alone. Either is what
 `incontext absorb --train-queries FILE` gives for a file of those lines (cli.absorb.train_query_text: the statement
 cut before its answer read as it is, the questions as "Q: LINE\nA:"; checked below); without it the method reads the
 passage alone, as `incontext absorb` without the option. --covered F: only the first round(F * 7) facts of each

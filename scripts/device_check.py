@@ -520,7 +520,7 @@ def absorb_and_generate_commands(device: str, work: Path) -> dict:
     for name, method, options in (("distill-lora", "distill-lora", ["steps=3", "progress=false"]),
                                   ("keep-prompt", "keep-prompt", []), ("dynamic-eval", "dynamic-eval", []),
                                   ("kv-prefix-train-queries", "kv-prefix",
-                                   ["steps=3", "progress=false", "n_continuations=0", "wording_ensemble=true"])):
+                                   ["steps=3", "progress=false", "study.n_continuations=0", "study.wording_ensemble=true"])):
         target = work / f"absorb-{name}"
         args = ["absorb", "--model", str(folder), "--method", method, "--prompt", "Ada Lovelace was born in London.",
                 "--out", str(target), "--device", device]

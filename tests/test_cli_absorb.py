@@ -141,7 +141,7 @@ class PeftReference:
         return self.model(ids, position_ids=torch.arange(self.offset, self.offset + ids.shape[1])[None]).logits
 
 
-DISTILL = ["steps=3", "learning_rate=0.05", "n_continuations=1", "continuation_tokens=4", "progress=false"]
+DISTILL = ["steps=3", "learning_rate=0.05", "study.n_continuations=1", "study.continuation_tokens=4", "progress=false"]
 
 
 @pytest.mark.parametrize("method, options", [("dynamic-eval", ["learning_rate=0.05", "n_steps=2"]),
@@ -259,11 +259,11 @@ def test_stream_tokens_stops_before_a_stop_token(loaded):
 
 def test_absorb_may_rewrite_its_own_folder(llama, tmp_path, capsys):
     out = tmp_path / "again"
-    absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
+    absorb(capsys, llama, out, "distill-lora", "steps=1", "study.n_continuations=0", "progress=false")
     assert (out / "peft_adapter").is_dir()
     absorb(capsys, llama, out, "keep-prompt")  # the earlier adapter is not this model's: removed
     assert sorted(p.name for p in out.iterdir()) == [".incontext-experiment", "absorb.json", "adapted.json", "adapted.safetensors"]
-    absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
+    absorb(capsys, llama, out, "distill-lora", "steps=1", "study.n_continuations=0", "progress=false")
     assert sorted(p.name for p in out.iterdir()) == [".incontext-experiment", "absorb.json", "peft_adapter"]  # keep-prompt's model removed
 
 
@@ -312,7 +312,7 @@ def test_a_crash_while_writing_keeps_the_earlier_absorb_folder(llama, tmp_path, 
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
     monkeypatch.undo()
-    record = absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
+    record = absorb(capsys, llama, out, "distill-lora", "steps=1", "study.n_continuations=0", "progress=false")
     assert sorted(p.name for p in out.iterdir()) == [".incontext-experiment", "absorb.json", "peft_adapter"]
     assert record["method"] == "distill-lora" and sorted(p.name for p in tmp_path.iterdir()) == ["again"]
 
@@ -339,13 +339,13 @@ def test_a_crash_while_writing_keeps_the_earlier_absorb_folder(llama, tmp_path, 
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "prefix_tokens=0"], "prefix_tokens must be an integer >= 1"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "prefix_tokens=500"], "exceeds the document's"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "learning_rate=nan"], "learning_rate must be a finite number"),
-    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "top_k=0"], "top_k must be an integer >= 1"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "study.top_k=0"], "top_k must be an integer >= 1"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "init=zeros"], "init must be one of"),
-    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "seed_prompts=poems"], "seed_prompts must be"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "study.seed_prompts=poems"], "seed_prompts must be"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "autocast=int4"], "autocast must be one of none, bfloat16"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "tf32=maybe"], "tf32"),
-    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "wording_ensemble=true"], "give them with --train-queries FILE"),
-    (["--method", "distill-lora", "--prompt", PROMPT, "--set", "wording_ensemble=true"], "give them with --train-queries FILE"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "study.wording_ensemble=true"], "give them with --train-queries FILE"),
+    (["--method", "distill-lora", "--prompt", PROMPT, "--set", "study.wording_ensemble=true"], "give them with --train-queries FILE"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--train-queries", "MISSING"], "--train-queries"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--train-queries", "EMPTY"], "holds no questions"),
 ])
@@ -374,7 +374,7 @@ def test_train_queries_reach_the_method_as_from_python(method, options, placemen
     file = tmp_path / "questions.txt"
     file.write_text(TRAIN_QUERIES)
     out = tmp_path / method
-    options = options + ["wording_ensemble=true"]
+    options = options + ["study.wording_ensemble=true"]
     code, printed, err = run(capsys, "absorb", "--model", llama, "--method", method, "--prompt", PROMPT, "--train-queries",
                              str(file), "--placement", placement, "--out", str(out),
                              *[x for option in options for x in ("--set", option)])
@@ -499,7 +499,7 @@ def test_bad_adapted_folders_are_one_line_errors(llama, other_llama, tmp_path, c
 
 def test_bad_peft_adapter_folders_are_one_line_errors(llama, other_llama, tmp_path, capsys):
     out = tmp_path / "lora"
-    absorb(capsys, llama, out, "distill-lora", "steps=1", "n_continuations=0", "progress=false")
+    absorb(capsys, llama, out, "distill-lora", "steps=1", "study.n_continuations=0", "progress=false")
 
     def refused(model, message):
         code, printed, err = run(capsys, "generate", "--model", model, "--adapted", str(out), QUESTION)

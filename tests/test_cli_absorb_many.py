@@ -16,7 +16,7 @@ from test_cli_absorb import QUESTION, run, tiny_llama  # noqa: E402
 
 PROMPTS = {"ada": "Ada Lovelace was born in London.\n", "alan": "Alan Turing has a pet cat named Mat.\n",
            "both": "Ada Lovelace was born in London.\nAlan Turing has a pet cat named Mat.\n"}
-DISTILL = ["--set", "steps=2", "--set", "n_continuations=1", "--set", "continuation_tokens=4", "--set", "progress=false"]
+DISTILL = ["--set", "steps=2", "--set", "study.n_continuations=1", "--set", "study.continuation_tokens=4", "--set", "progress=false"]
 
 
 @pytest.fixture(scope="module")

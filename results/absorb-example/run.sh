@@ -16,10 +16,10 @@ D=${1:-results/absorb-example}
 MODEL=${MODEL:-smollm2}  # any model name `incontext generate` takes (a tiny one to try the script)
 METHOD=${METHOD:-distill-lora}
 # SETS: more `--set KEY=VALUE` options for the absorb (space-separated), with NAME naming the run's folder and
-# transcript (DIR/adapted-NAME/, DIR/exchange-NAME.md); e.g. SETS="n_questions=16" NAME=distill-lora-questions
+# transcript (DIR/adapted-NAME/, DIR/exchange-NAME.md); e.g. SETS="study.n_questions=16" NAME=distill-lora-questions
 SETS=${SETS:-}
 # TRAIN: a --train-queries file for the absorb (questions it may train on, never the ones asked below; e.g.
-# TRAIN=results/absorb-example/train-queries.txt, three other wordings of each question, with SETS="wording_ensemble=true")
+# TRAIN=results/absorb-example/train-queries.txt, three other wordings of each question, with SETS="study.wording_ensemble=true")
 TRAIN=${TRAIN:-}
 NAME=${NAME:-$METHOD}
 if [ "$NAME" = distill-lora ]; then A=$D/adapted OUT=$D/exchange.md; else A=$D/adapted-$NAME OUT=$D/exchange-$NAME.md; fi

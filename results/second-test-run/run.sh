@@ -14,5 +14,5 @@ methods=(--methods keep-prompt,drop-prompt,distill-lora,kv-prefix --set distill-
 incontext compare --model smollm2 --task facts --episodes 12 --seed 1 --set people=2 "${methods[@]}" --out $out/facts
 incontext compare --model smollm2 --task documents --episodes 12 --seed 1 "${methods[@]}" --out $out/documents
 incontext compare --model smollm2 --task facts --episodes 5 --seed 0 --set people=2 --set questions=paraphrases:3 \
-  "${methods[@]}" --set distill-lora.wording_ensemble=true --set kv-prefix.wording_ensemble=true \
+  "${methods[@]}" --set distill-lora.study.wording_ensemble=true --set kv-prefix.study.wording_ensemble=true \
   --out $out/facts-questions

@@ -183,12 +183,12 @@ def parse_options(cls: type, values: dict[str, Any], where: str) -> dict[str, An
         head, dot, rest = str(key).partition(".")
         if head in nested and (dot or isinstance(value, dict)):
             inner.setdefault(head, {}).update({rest: value} if dot else value)
-        elif key not in fields and (owner := [h for h, sub in nested.items()
-                                             if key in {f.name for f in dataclasses.fields(sub)}]):
-            inner.setdefault(owner[0], {})[key] = value  # a nested option by its own name: study's window_tokens
         elif key in nested:
             raise ConfigError(f"{where}: {key} holds options: give {key}.OPTION=VALUE "
                               f"({', '.join(f.name for f in dataclasses.fields(nested[key]))})")
+        elif key not in fields and (owner := [h for h, sub in nested.items()
+                                             if key in {f.name for f in dataclasses.fields(sub)}]):
+            raise ConfigError(f"{where}: {key} is an option of {owner[0]}: give {owner[0]}.{key}=VALUE")
         elif key not in fields:
             raise ConfigError(f"{where}: unknown option {key!r}; options: "
                               f"{', '.join(f'{n}.*' if n in nested else n for n in fields) or '(none)'}")

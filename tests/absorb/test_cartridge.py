@@ -258,7 +258,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 PROMPTS = ["Ada Lovelace was born in London.\nAlan Turing has a pet cat named Mat.\n",
            "Alan Turing works as a mathematician.\n"]
 QUESTION = "Q: Where was Ada born?\nA:"
-OPTIONS = ["steps=2", "learning_rate=0.05", "n_continuations=1", "continuation_tokens=4", "progress=false"]
+OPTIONS = ["steps=2", "learning_rate=0.05", "study.n_continuations=1", "study.continuation_tokens=4", "progress=false"]
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3_text"])

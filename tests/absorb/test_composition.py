@@ -63,7 +63,7 @@ def test_facts_documents_are_checked():
 
 def test_composed_adapters_are_the_sum_of_their_updates():
     model = byte_model()
-    method = get_absorb_method("distill-lora", steps=2, n_continuations=1, continuation_tokens=6, window_tokens=8,
+    method = get_absorb_method("distill-lora", steps=2, study=dict(n_continuations=1, continuation_tokens=6, window_tokens=8),
                                progress=False, target_modules=("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out"))
     first, second = (method.absorb(model, torch.randint(0, 256, (m,), generator=torch.Generator().manual_seed(m)))
                      for m in (20, 13))
@@ -129,7 +129,7 @@ def test_distill_lora_compose_steps_train_the_summed_adapter(tmp_path):
     from incontext.absorb.distill import distillation_kl
 
     model = byte_model()
-    options = dict(steps=3, n_continuations=1, continuation_tokens=6, window_tokens=8, progress=False, passes=0)
+    options = dict(steps=3, study=dict(n_continuations=1, continuation_tokens=6, window_tokens=8), progress=False, passes=0)
     first, second = (get_absorb_method("distill-lora", **options).absorb(
         model, torch.randint(0, 256, (m,), generator=torch.Generator().manual_seed(m))) for m in (20, 13))
     plain = get_absorb_method("distill-lora", **options).compose([first, second])

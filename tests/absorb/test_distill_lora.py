@@ -129,7 +129,7 @@ def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries()
     rng = torch.get_rng_state()
     model.train()
     # heldout=0: the held-out continuations are the teacher's own samples too (tests/absorb/test_heldout_kl.py)
-    adapted = method(steps=8, n_continuations=3, heldout=0).absorb(model, prompt, train_queries=train_queries)
+    adapted = method(steps=8, study=dict(n_continuations=3), heldout=0).absorb(model, prompt, train_queries=train_queries)
     hook.remove()
     assert model.training and torch.equal(rng, torch.get_rng_state())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -222,8 +222,8 @@ def test_unsupported_models():
     (dict(rank=0), "rank must be an integer >= 1"), (dict(rank=-2), "rank must be an integer >= 1"), (dict(learning_rate=0.0), "learning_rate"),
     (dict(target_modules=("attn.q",)), "target_modules"), (dict(target_modules=()), "target_modules"),
     (dict(steps=-1), "steps"), (dict(n_foreign=-1), "unknown option 'n_foreign'"), (dict(autocast=True), "autocast must be one of"),
-    (dict(n_conversations=-1), "n_conversations must be an integer >= 0"), (dict(message_tokens=0), "message_tokens"),
-    (dict(seed_prompts="poetry"), "seed_prompts must be"),
+    (dict(study=dict(n_conversations=-1)), "n_conversations must be an integer >= 0"), (dict(study=dict(message_tokens=0)), "message_tokens"),
+    (dict(study=dict(seed_prompts="poetry")), "seed_prompts must be"),
 ])
 def test_bad_options(options, match):
     from incontext.absorb.methods.distill_lora import DistillLoRA
@@ -290,7 +290,7 @@ def test_chat_turns_teach_the_answer_given_with_the_prompt_in_the_user_turn():
     are the distributions of the model that read the prompt and the question in the user turn (float64)."""
     model, codec = llama_like(torch.float64, seed=4, max_seq_len=160), CharCodec()
     prompt = torch.tensor(codec.encode("Abe was born in Rome.\nAbe is a baker."))
-    method_ = method(chat_answer_tokens=6)
+    method_ = method(study=dict(chat_answer_tokens=6))
     with torch.no_grad():
         (student, logp), = study_writers._chat_turns(model, prompt, ["Where was Abe born?"], 100, codec,
                                                   method_.study.chat_answer_tokens)
@@ -313,11 +313,11 @@ def test_a_codec_adds_questions_and_chat_turns(monkeypatch):
     questions = []
     original = study_writers._questions
     monkeypatch.setattr(study_stage, "_questions", lambda model, prompt, codec, n: questions or original(model, prompt, codec, n))
-    plain = method(steps=2, n_questions=16).absorb(model, prompt, codec=codec).history["pool"]
+    plain = method(steps=2, study=dict(n_questions=16)).absorb(model, prompt, codec=codec).history["pool"]
     questions += ["Where was Abe born?", "What is Bea's pet called?"]
-    asked = method(steps=2, n_questions=16).absorb(model, prompt, codec=codec).history["pool"]
+    asked = method(steps=2, study=dict(n_questions=16)).absorb(model, prompt, codec=codec).history["pool"]
     assert asked["questions"] == asked["chat_turns"] == 2 and asked["recall_windows"] == plain["recall_windows"] > 0
-    assert method(steps=2, n_questions=16).absorb(model, prompt).history["pool"]["chat_turns"] == 0  # no codec: none
+    assert method(steps=2, study=dict(n_questions=16)).absorb(model, prompt).history["pool"]["chat_turns"] == 0  # no codec: none
     assert method(steps=2).absorb(model, prompt, codec=codec).history["pool"]["questions"] == 0  # the default: 0
 
 

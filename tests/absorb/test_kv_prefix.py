@@ -131,8 +131,8 @@ def test_bad_options_are_refused(options, message):
 def test_the_wording_ensemble_without_groups_is_refused_not_ignored(name):
     """wording_ensemble=true with training queries but no train_groups: one line before any work (it was ignored)."""
     prompt, query = prompt_and_query()
-    method = get_absorb_method(name, wording_ensemble=True, steps=1, **FAST)
-    with pytest.raises(ValueError, match=f"{name}: wording_ensemble=true needs train_groups") as error:
+    method = get_absorb_method(name, study=dict(wording_ensemble=True), steps=1, **FAST)
+    with pytest.raises(ValueError, match=f"{name}: study.wording_ensemble=true needs train_groups") as error:
         method.absorb(tiny(), prompt, train_queries=[query[0]])
     assert "\n" not in str(error.value)
     assert method.absorb(tiny(), prompt, train_queries=[query[0]], train_groups=[0]) is not None
@@ -142,7 +142,7 @@ def test_options_from_python_are_the_registrys():
     """The class built from Python holds the Options' defaults and the given values, converted as --set's are."""
     from incontext.absorb.methods.kv_prefix import KVPrefix, KVPrefixOptions
 
-    method = KVPrefix(prefix_tokens=8, temperature=2, **{"study.seed_prompts": ["question", "creative"]})
+    method = KVPrefix(prefix_tokens=8, study=dict(temperature=2, seed_prompts=["question", "creative"]))
     assert method.prefix_tokens == 8 and method.passes == KVPrefixOptions.passes and method.study.temperature == 2.0
     assert isinstance(method.study.temperature, float) and method.study.seed_prompts == ("question", "creative")
     assert all(getattr(method, f) is getattr(method.options, f) for f in KVPrefixOptions.__dataclass_fields__)
@@ -264,8 +264,8 @@ def test_a_document_longer_than_the_context_is_absorbed_in_chunks(model):
     assert adapted.position == 32 and adapted.history["pool"]["chunks"] == len(study_stage.chunk_spans(300, 0, 128)) > 1
     keep = KeepPrompt().absorb(model, prompt[:32])
     assert (adapted(query) - keep(query)).abs().max() < 1e-10
-    with pytest.raises(ValueError, match="chunk_tokens=128 leaves the teacher no room"):
-        get_absorb_method("kv-prefix", chunk_tokens=128, steps=0, **FAST).absorb(model, prompt)
+    with pytest.raises(ValueError, match="study.chunk_tokens=128 leaves the teacher no room"):
+        get_absorb_method("kv-prefix", study=dict(chunk_tokens=128), steps=0, **FAST).absorb(model, prompt)
 
 
 def test_composed_prefixes_at_full_length_are_both_documents_in_context(model):
@@ -330,7 +330,7 @@ def test_the_fixed_shape_step_a_cuda_graph_replays_equals_the_eager_step(monkeyp
     prompt, _ = prompt_and_query(m=16, seed=seed + 3)
     g = torch.Generator().manual_seed(seed)
     queries = [torch.randint(0, 61, (1, n), generator=g) for n in (3, 5, 9, 2)]  # sequences of several lengths
-    options = dict(FAST, prefix_tokens=4, steps=12, learning_rate=0.05, patience=50, window_tokens=6, answer_tokens=2,
+    options = dict(FAST, prefix_tokens=4, steps=12, learning_rate=0.05, patience=50, study=dict(window_tokens=6, answer_tokens=2),
                    argmax_weight=argmax_weight)
     eager = get_absorb_method("kv-prefix", **options).absorb(model, prompt, train_queries=queries)
     fixed = get_absorb_method("kv-prefix", **options, speed=distill.Speed(fixed_shapes=True)).absorb(

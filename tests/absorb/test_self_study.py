@@ -108,8 +108,9 @@ def test_an_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
 
 def test_both_methods_share_the_cached_stage(tmp_path):
     model = tiny()
-    common = dict(steps=2, top_k=8, cache=str(tmp_path), window_tokens=6, n_continuations=2, continuation_tokens=5,
-                  n_questions=0, derived=0, progress=False)  # the same study options (kv-prefix's own default: derived=16)
+    common = dict(steps=2, progress=False, study=dict(top_k=8, cache=str(tmp_path), window_tokens=6, n_continuations=2,
+                                                      continuation_tokens=5, n_questions=0, derived=0))
+    # the same study options (kv-prefix's own default: derived=16)
     lora = get_absorb_method("distill-lora", **common).absorb(model, PROMPT)
     prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, PROMPT)
     assert not lora.history["pool"]["cached"] and prefix.history["pool"]["cached"]
@@ -142,14 +143,15 @@ def test_distill_lora_trains_on_the_same_conversations_as_kv_prefix(tmp_path):
 
     model, codec = tiny(vocab=64), CharCodec()
     prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker."))
-    common = dict(steps=1, top_k=8, cache=str(tmp_path), window_tokens=6, n_continuations=0, n_questions=0, derived=0,
-                  n_conversations=2, message_tokens=6, seed_prompts="question,creative", progress=False)
+    common = dict(steps=1, progress=False, study=dict(top_k=8, cache=str(tmp_path), window_tokens=6, n_continuations=0,
+                                                      n_questions=0, derived=0, n_conversations=2, message_tokens=6,
+                                                      seed_prompts="question,creative"))
     lora = get_absorb_method("distill-lora", **common).absorb(model, prompt, codec=codec)
     prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, prompt, codec=codec)
     assert lora.history["pool"]["conversations"] >= 1 and not lora.history["pool"]["cached"]
     assert prefix.history["pool"]["cached"] and prefix.history["pool"]["conversations"] == lora.history["pool"]["conversations"]
     with pytest.raises(ValueError, match="seed_prompts must be"):
-        get_absorb_method("distill-lora", seed_prompts="poetry")
+        get_absorb_method("distill-lora", study=dict(seed_prompts="poetry"))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -225,7 +227,7 @@ def test_the_wording_ensemble_against_a_plain_loop(seed):
 
 def test_train_groups_name_one_question_per_training_query():
     model = tiny()
-    method = get_absorb_method("kv-prefix", steps=1, progress=False, n_continuations=0)
+    method = get_absorb_method("kv-prefix", steps=1, progress=False, study=dict(n_continuations=0))
     with pytest.raises(ValueError, match="^kv-prefix: train_groups has 1 ids for 2 training queries$"):
         method.absorb(model, PROMPT, train_queries=[PROMPT[:3], PROMPT[3:6]], train_groups=[0])
 
@@ -293,7 +295,7 @@ def test_chunks_cover_the_document_and_hold_every_passage_of_half_a_chunk(m, siz
 
 
 def test_a_chunk_the_context_cannot_hold_is_refused():
-    with pytest.raises(ValueError, match="chunk_tokens=96 leaves the teacher no room within the model's context .96") as error:
+    with pytest.raises(ValueError, match="study.chunk_tokens=96 leaves the teacher no room within the model's context .96") as error:
         study_stage.chunk_spans(200, 96, 96)
     assert "\n" not in str(error.value)
 
@@ -347,13 +349,13 @@ def test_kv_prefix_absorbs_a_document_longer_than_the_context(init):
     prompt = torch.randint(0, 61, (150,), generator=torch.Generator().manual_seed(3))
     with pytest.raises(ValueError, match="the prompt has 150 tokens; the model's context holds 96"):
         get_absorb_method("keep-prompt").absorb(model, prompt)
-    adapted = get_absorb_method("kv-prefix", init=init, steps=4, passes=0, progress=False, n_continuations=1,
-                                continuation_tokens=4, window_tokens=8).absorb(model, prompt)
+    adapted = get_absorb_method("kv-prefix", init=init, steps=4, passes=0, progress=False,
+                                study=dict(n_continuations=1, continuation_tokens=4, window_tokens=8)).absorb(model, prompt)
     assert adapted.position == 96 // 4 and adapted.history["pool"]["chunks"] == len(study_stage.chunk_spans(150, 0, 96)) == 6
     assert torch.isfinite(adapted(prompt[None, :10])).all()
     with pytest.raises(ValueError, match="prefix_tokens=90 and the data stage's sequences of up to 24 tokens exceed") as error:
         get_absorb_method("kv-prefix", prefix_tokens=90, init="document", steps=1, progress=False,
-                          n_continuations=0).absorb(model, prompt)
+                          study=dict(n_continuations=0)).absorb(model, prompt)
     assert "\n" not in str(error.value)
 
 

@@ -184,4 +184,4 @@ def test_kv_prefix_derives_queries_by_default_and_distill_lora_does_not():
     prefix, lora = get_absorb_method("kv-prefix"), get_absorb_method("distill-lora")
     assert prefix.study.derived == 16 and lora.study.derived == 0  # the sweep's choice is kv-prefix's alone
     assert get_absorb_method("kv-prefix", **{"study.n_questions": 8}).study.derived == 16  # other study options keep it
-    assert get_absorb_method("kv-prefix", derived=0).study.derived == 0
+    assert get_absorb_method("kv-prefix", study=dict(derived=0)).study.derived == 0

@@ -140,7 +140,7 @@ def test_compare_runs_every_method_and_says_why_not(family_folder, tmp_path, cap
     out = tmp_path / "compare"
     code, _, err = run(capsys, "compare", "--model", folder, "--task", "facts", "--episodes", "1", "--set", "people=1",
                        "--methods", "keep-prompt,drop-prompt,dynamic-eval,distill-lora,iclca-approx,iclca,tint",
-                       "--set", "distill-lora.steps=2", "--set", "distill-lora.n_continuations=1",
+                       "--set", "distill-lora.steps=2", "--set", "distill-lora.study.n_continuations=1",
                        "--set", "distill-lora.progress=false", "--out", str(out))
     assert code == 0, err
     results = json.loads((out / "results.json").read_text())
@@ -167,7 +167,7 @@ def test_absorb_generate_and_the_adapter_in_peft(family_folder, tmp_path, capsys
     model_type, folder = family_folder
     out = tmp_path / "lora"
     code, _, err = run(capsys, "absorb", "--model", folder, "--method", "distill-lora", "--prompt", PROMPT,
-                       "--set", "steps=3", "--set", "learning_rate=0.05", "--set", "n_continuations=1",
+                       "--set", "steps=3", "--set", "learning_rate=0.05", "--set", "study.n_continuations=1",
                        "--set", "progress=false", "--out", str(out))
     assert code == 0, err
     record = json.loads((out / "absorb.json").read_text())

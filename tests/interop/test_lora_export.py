@@ -28,7 +28,7 @@ def tiny(dtype, **options):
 def absorbed(model, targets, seed=3):
     """A distilled adapter with large random factors (training would leave them small), unmerged and merged."""
     prompt = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(1))
-    adapted = get_absorb_method("distill-lora", steps=2, n_continuations=1, continuation_tokens=4, merge=False,
+    adapted = get_absorb_method("distill-lora", steps=2, study=dict(n_continuations=1, continuation_tokens=4), merge=False,
                                 target_modules=targets, rank=4, alpha=12.0, progress=False).absorb(model, prompt)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -378,7 +378,7 @@ class AbsorbMethod(ABC):
                 raise ValueError(f"{self.name}: train_groups has {len(train_groups)} ids for "
                                  f"{len(train_queries or [])} training queries")
         if self.needs_train_groups and train_groups is None:  # it would be ignored: say so
-            raise ValueError(f"{self.name}: wording_ensemble=true needs train_groups (one question id per training "
+            raise ValueError(f"{self.name}: study.wording_ensemble=true needs train_groups (one question id per training "
                              "query); none were given")
         model = self.runs_on(model)
         prompt = check_prompt(model, prompt, long=self.long_prompts)

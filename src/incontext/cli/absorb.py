@@ -146,7 +146,7 @@ def _prepare(args, runtime: Runtime):
     if getattr(args, "train_queries", None) is not None and not method.takes_codec:
         raise ValueError(f"{args.method} does not learn from training queries (--train-queries: distill-lora, kv-prefix)")
     if method.needs_train_groups and getattr(args, "train_queries", None) is None:
-        raise ValueError(f"{args.method}: wording_ensemble=true groups training questions by question, and there are "
+        raise ValueError(f"{args.method}: study.wording_ensemble=true groups training questions by question, and there are "
                          "none (give them with --train-queries FILE)")
     nothing = method.learns_nothing()
     if nothing is not None:  # a no-op that would look like a result

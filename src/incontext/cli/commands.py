@@ -432,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="questions distill-lora or kv-prefix may train on (never the ones you will ask): one "
                           "a line, asked as 'Q: LINE\\nA:' (a line without closing punctuation, the start of a "
                           "statement the document completes, is read as it is); wordings of one question on "
-                          "consecutive lines, a blank line between questions; --set wording_ensemble=true teaches "
+                          "consecutive lines, a blank line between questions; --set study.wording_ensemble=true teaches "
                           "each question's wordings one target")
     absorber.add_argument("--placement", default="auto", choices=["auto", "system", "raw"],
                           help="where the document goes for a chat model: system (as its chat template places a "

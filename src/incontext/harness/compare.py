@@ -291,7 +291,7 @@ def _methods(model: nn.Module, source: EpisodeSource, episodes: list[Episode], m
         else:
             instances[label] = method
         if method.needs_train_groups and any(e.train_groups is None for e in episodes):
-            raise ValueError(f"{label}: wording_ensemble=true groups the training queries by question, and task "
+            raise ValueError(f"{label}: study.wording_ensemble=true groups the training queries by question, and task "
                              f"{source.name!r} gives no groups")
     return records, instances
 

@@ -121,7 +121,7 @@ def chunk_spans(m: int, chunk_tokens: int, max_len: int | None) -> list[tuple[in
     in one of them."""
     size = chunk_tokens or (m if max_len is None or m < max_len else max_len // 2)
     if max_len is not None and size >= max_len:
-        raise ValueError(f"chunk_tokens={size} leaves the teacher no room within the model's context ({max_len} tokens)")
+        raise ValueError(f"study.chunk_tokens={size} leaves the teacher no room within the model's context ({max_len} tokens)")
     if m <= size:
         return [(0, m)]
     stride = max(1, size // 2)
