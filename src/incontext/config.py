@@ -124,6 +124,16 @@ def option(default: Any, help: str) -> Any:
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+def redefault(cls: type, name: str, default: Any, help: str = "") -> Any:
+    """Field `name` of options class `cls` with another default (a subclass's own: distill-lora's steps=48; an options
+    class: its instances, as a default factory), its range and help kept (or `help` in place of the help)."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    metadata = {**field.metadata, **({"help": help} if help else {})}
+    if isinstance(default, type) and dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=default, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 _BOUND_WORDS = {"min": ">=", "gt": ">", "max": "<=", "lt": "<"}
 
 

@@ -425,21 +425,20 @@ class Distiller(AbsorbMethod):
     def needs_train_groups(self) -> bool:
         return bool(self.study.wording_ensemble)
 
-    def prepare(self, model, prompt: torch.Tensor) -> dict[str, Any]:
-        """Checks before the data stage; returns what `student` needs (e.g. kv-prefix's p)."""
+    def prepare(self, model, prompt: torch.Tensor, codec) -> dict[str, Any]:
+        """Checks before the data stage; returns what `student` needs (e.g. kv-prefix's p and the codec its press
+        start reads)."""
         return {}
 
     def student(self, model, prompt: torch.Tensor, generator: torch.Generator, sequences: list, **prepared) -> Student:
         raise NotImplementedError
 
-    def adapted(self, model, student: Student, **prepared) -> AdaptedModel:
+    def adapted(self, model, student: Student) -> AdaptedModel:
         raise NotImplementedError
 
     def _absorb(self, model, given) -> AdaptedModel:
-        prompt, train_queries, train_groups, codec = given.prompt, given.train_queries, given.train_groups, given.codec
-        prompt = prompt[0].long()
-        queries = self._queries(train_queries, prompt.shape[0], model.config.max_seq_len)
-        prepared = self.prepare(model, prompt)
+        prompt, queries, codec = given.prompt[0].long(), given.train_queries or [], given.codec  # checked by absorb
+        prepared = self.prepare(model, prompt, codec)
         if self.autocast != "none" and self.steps:  # a device without the dtype fails now, not after the data stage
             resolve_runtime(device_of(model), self.autocast)
         generator = torch.Generator().manual_seed(self.seed)
@@ -449,9 +448,9 @@ class Distiller(AbsorbMethod):
             model.eval()
             try:
                 sequences, counts = study(model, prompt, queries, self.study, codec, generator, seed=self.seed,
-                                          groups=train_groups, static_decode=self.speed.static_decode,
+                                          groups=given.train_groups, static_decode=self.speed.static_decode,
                                           writer=self.writer)
-                student = self.student(model, prompt, generator, sequences, queries=queries, **prepared)
+                student = self.student(model, prompt, generator, sequences, **prepared)
                 total = training_steps(self.steps, self.passes, len(sequences), self.batch_size)
                 # the held-out batch: its own generator, so training's draws are those of a run without it
                 held = heldout_sequences(model, prompt, self.study, torch.Generator().manual_seed(self.seed + 1),
@@ -464,7 +463,7 @@ class Distiller(AbsorbMethod):
             if held:
                 history["heldout_kl"] = {"before": before, "after": heldout_kl(student, held), "sequences": len(held),
                                          "positions": sum(item[1].shape[0] for item in held)}
-        adapted = self.adapted(model, student, **prepared)
+        adapted = self.adapted(model, student)
         adapted.sequences = sequences  # the data stage, for compose_steps (in memory only: never saved)
         counts = dict(counts)
         derived = counts.pop("derived_queries", None)  # texts, not a count (an older cached stage has none)
@@ -475,21 +474,6 @@ class Distiller(AbsorbMethod):
     def _train(self, student: Student, sequences: list, generator: torch.Generator, total: int) -> dict[str, Any]:
         return train(student, sequences, self, generator, total=total, desc=self.name, progress=self.progress,
                      speed=self.speed)
-
-    def _queries(self, queries, m: int, max_len: int | None) -> list[torch.Tensor]:
-        out = []
-        for i, query in enumerate(queries or []):
-            if not isinstance(query, torch.Tensor) or query.dtype not in (torch.int64, torch.int32):
-                raise ValueError(f"{self.name}: train_queries[{i}] must be a tensor of token ids")
-            query = query[0] if query.dim() == 2 and query.shape[0] == 1 else query
-            if query.dim() != 1 or query.shape[0] == 0:
-                raise ValueError(f"{self.name}: train_queries[{i}] must be a non-empty 1-D sequence, "
-                                 f"got shape {tuple(query.shape)}")
-            if not self.long_prompts and max_len is not None and m + query.shape[0] > max_len:
-                raise ValueError(f"{self.name}: train_queries[{i}] ({query.shape[0]} tokens) after the {m}-token prompt "
-                                 f"exceeds max_seq_len={max_len}")
-            out.append(query.long())
-        return out
 
     def join(self, adapted: list) -> AdaptedModel:
         raise NotImplementedError

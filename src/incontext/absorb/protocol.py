@@ -382,6 +382,9 @@ class AbsorbMethod(ABC):
                              "query); none were given")
         model = self.runs_on(model)
         prompt = check_prompt(model, prompt, long=self.long_prompts)
+        if self.takes_codec:  # a method that trains on them: 1-D id tensors that fit after the prompt
+            train_queries = check_train_queries(self.name, train_queries, prompt.shape[1], max_context(model),
+                                                self.long_prompts)
         if loss_mask is not None:
             loss_mask = loss_mask.to(torch.bool)
             if loss_mask.dim() == 1:
@@ -440,6 +443,23 @@ def check_prompt(model: nn.Module, prompt: torch.Tensor, long: bool = False) -> 
         raise ValueError(f"the prompt has {prompt.shape[1]} tokens; the model's context holds {limit} "
                          "(and the query needs room after the prompt)")
     return prompt
+
+
+def check_train_queries(name: str, queries, m: int, limit: int | None, long: bool = False) -> list[torch.Tensor]:
+    """The training queries as 1-D int64 id tensors ((1, L) rows taken as (L,)); one-line errors for one that is no
+    sequence of ids, or (unless `long`) does not fit the model's context (`limit`) after the m-token prompt."""
+    out = []
+    for i, query in enumerate(queries or []):
+        if not isinstance(query, torch.Tensor) or query.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"{name}: train_queries[{i}] must be a tensor of token ids")
+        query = query[0] if query.dim() == 2 and query.shape[0] == 1 else query
+        if query.dim() != 1 or query.shape[0] == 0:
+            raise ValueError(f"{name}: train_queries[{i}] must be a non-empty 1-D sequence, got shape {tuple(query.shape)}")
+        if not long and limit is not None and m + query.shape[0] > limit:
+            raise ValueError(f"{name}: train_queries[{i}] ({query.shape[0]} tokens) after the {m}-token prompt "
+                             f"exceeds max_seq_len={limit}")
+        out.append(query.long())
+    return out
 
 
 class PerPrompt(AdaptedModel):

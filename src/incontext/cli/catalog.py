@@ -184,4 +184,9 @@ def write_catalog(path: Path | None = None) -> Path:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m incontext.cli.catalog", description=
+        "Regenerate cli/catalog.json (the registries' names, summaries and option help that --help and "
+        "`absorb --list` show) from the code; run it after changing a method, task or option.").parse_args()
     print(f"wrote {write_catalog()}")

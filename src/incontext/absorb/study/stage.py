@@ -217,12 +217,6 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
     return sequences, counts
 
 
-# ----------------------------------------------------------------------------- queries derived from the text
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
 def top_k_targets(sequences: list, k: int) -> list:
     """Each (ids, teacher log-probs (n, V)) as (ids, top-k log-probs (n, k), their token ids (n, k)): the student
     sees the teacher's distribution where it holds its mass (Cartridges keeps k = 20), at k / V of the memory."""
@@ -231,9 +225,6 @@ def top_k_targets(sequences: list, k: int) -> list:
         values, index = logp.topk(min(k, logp.shape[-1]), dim=-1)
         out.append((ids, values, index))
     return out
-
-
-# ----------------------------------------------------------------------------- the stage's cache on disk
 
 
 def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,

@@ -1,6 +1,7 @@
-"""distill-lora: context distillation into a LoRA adapter. method.py: the method, its options and the adapted model
-(DistilledLoRA); export.py: the adapter as a PEFT LoRA folder and back."""
+"""distill-lora: context distillation into a LoRA adapter. method.py: the method and its options; adapted.py:
+the adapted model (DistilledLoRA); export.py: the adapter as a PEFT LoRA folder and back."""
 
-from .method import DistilledLoRA, DistillLoRA, DistillLoRAOptions, compose_loras
+from .adapted import DistilledLoRA, compose_loras
+from .method import DistillLoRA, DistillLoRAOptions
 
 __all__ = ['DistillLoRA', 'DistillLoRAOptions', 'DistilledLoRA', 'compose_loras']

@@ -14,7 +14,7 @@ import torch
 from ....fileio import sha256_file
 from ....interop.lora_export import Factors, attach_lora, save_adapter
 from ...protocol import PEFT_FOLDER, check_tensors, register_export
-from .method import DistilledLoRA
+from .adapted import DistilledLoRA
 
 
 def hf_lora_factors(adapted: DistilledLoRA, family: str | None = None) -> tuple[Factors, bool]:

@@ -36,7 +36,7 @@ import torch
 from ....fileio import sha256_file
 from ....models.lm import cache_kv, with_kv
 from ...protocol import PEFT_FOLDER, register_export
-from .method import TrainedPrefix
+from .adapted import TrainedPrefix
 
 PEFT_TYPE = "CARTRIDGE"
 
