@@ -26,7 +26,6 @@ def _factor_key(module: str, factor: str) -> str:
     return f"{module.replace('.', '_')}_{factor}"  # buffer names may not contain dots
 
 
-
 class DistilledLoRA(AdaptedModel):
     """The base with a LoRA adapter W + (alpha / r) B A on `spec.modules`; queries start at position `offset`.
 
@@ -91,7 +90,6 @@ class DistilledLoRA(AdaptedModel):
     def empty(cls, base, extra):
         spec = LoRASpec(extra["rank"], extra["alpha"], tuple(extra["modules"]))
         return cls(base, spec, extra["offset"], extra["merged"])
-
 
 
 @torch.no_grad()

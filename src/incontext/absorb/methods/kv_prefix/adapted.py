@@ -33,7 +33,6 @@ class TrainedPrefix(CacheBuffers):
         return cls(base, empty_cache(base, extra))
 
 
-
 def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
     """Several documents absorbed separately, answered together: their prefixes concatenated (Cartridges composes
     cartridges the same way, without retraining). Each prefix keeps the positions it was trained at; queries start

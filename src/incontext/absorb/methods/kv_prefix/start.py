@@ -45,13 +45,11 @@ def rerotated_press(model, prompt: torch.Tensor, pressed: Cache, press: str) -> 
     return Cache(layers=layers, position=n)
 
 
-
 def rerotate(model, k: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """RoPE keys (B, H, S, D) moved by `shift` ((S,) or per head (H, S)) positions each: a key at position a becomes the key at
     a + shift (rotations compose, R(shift) R(a) = R(a + shift); our Transformer's RoPE)."""
     cos, sin = rope_cos_sin(shift, model.rope_dim, model.config.rope_theta, k.dtype)
     return apply_rope(k, cos, sin)
-
 
 
 @torch.no_grad()
