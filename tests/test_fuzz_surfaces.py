@@ -147,3 +147,18 @@ def test_export_model_writes_a_transformers_folder_and_refuses_a_used_one(llama,
     assert not list((tmp_path / "base").glob(".incontext*"))  # a plain transformers folder
     original = AutoModelForCausalLM.from_pretrained(llama)
     assert all((a == b).all() for a, b in zip(model.state_dict().values(), original.state_dict().values()))
+
+
+def test_catalog_module_refuses_an_argument_and_writes_nothing():
+    """`python -m incontext.cli.catalog` takes no argument: an unknown one is argparse's usage error (exit 2) and the
+    catalog file stays as it is (the module used to regenerate it whatever it was given)."""
+    import subprocess
+    from pathlib import Path
+
+    import incontext.cli
+
+    catalog = Path(incontext.cli.__file__).with_name("catalog.json")
+    before = catalog.read_bytes(), catalog.stat().st_mtime_ns
+    out = subprocess.run([sys.executable, "-m", "incontext.cli.catalog", "--nosuch"], capture_output=True, text=True)
+    assert out.returncode == 2 and "unrecognized arguments: --nosuch" in out.stderr and not out.stdout
+    assert (catalog.read_bytes(), catalog.stat().st_mtime_ns) == before
