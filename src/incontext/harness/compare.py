@@ -49,7 +49,7 @@ from ..tasks.episodes import Episode, EpisodeSource, Query
 from ..tasks.metrics import choice_scores, get_metric
 
 REFERENCE = "keep-prompt"
-QUESTION_METRICS = ("exact", "generated")  # metrics of asked questions: compare(per_episode=True) keeps each one's record
+QUESTION_METRICS = ("exact", "generated", "squad", "ruler")  # metrics of asked questions: compare(per_episode=True) keeps each one's record
 # the reference that gets the training questions' help: the prompted model answering each query with the consensus
 # of its wordings (the query's own and its training wordings'), as the wording ensemble teaches the students
 CONSENSUS = "keep-prompt (wording consensus)"

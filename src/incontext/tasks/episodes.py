@@ -49,6 +49,8 @@ class Query:
     # most tokens the greedy answer to the question (the inputs up to the first scored position) may take
     answers: tuple[str, ...] = ()
     max_answer_tokens: int = 16
+    one_line: bool = True  # the greedy answer is cut at its first newline (RULER's lists may span lines: False)
+    match: str = "all"  # metric "ruler": all (the share of `answers` present) or part (any of them)
 
     def __post_init__(self):
         n = self.inputs.shape[0]

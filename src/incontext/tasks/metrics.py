@@ -35,6 +35,7 @@ class Query(Protocol):
     mask: torch.Tensor  # (N,) bool: the scored positions
     choices: torch.Tensor | None  # (C,) candidate token ids (metric "choice")
     answers: tuple[str, ...]  # gold answers as text (metric "generated")
+    match: str  # metric "ruler": "all" (the share of the answers present) or "part" (any of them)
 
 
 @dataclass
@@ -46,8 +47,9 @@ class QueryScore:
     calibrated: float = 0.0  # choice, calibrated
     loss: float = 0.0  # ce (nats) or mse
     logprob: float = 0.0  # exact: log-probability of the whole answer
-    exact: float = 0.0
-    f1: float = 0.0  # generated: token F1 of the greedy answer against the best gold answer
+    exact: float = 0.0  # exact / squad: the answer is right (squad: normalised equal to a gold answer)
+    f1: float = 0.0  # generated / squad: token F1 of the greedy answer against the best gold answer
+    contains: float = 0.0  # squad: the normalised answer contains a gold answer
 
 
 class Metric:
@@ -229,6 +231,57 @@ class Generated(Metric):
                 "answer_logprob": sum(s.logprob for s in scores) / len(scores)}
 
 
+class SquadScore(Generated):
+    name = "squad"
+    label = "F1 %"
+    columns = {"em": "EM %", "contains": "contains %"}
+    description = ("SQuAD's official scoring of the greedy answer: token F1 and exact match, each the best over the gold "
+                   "answers after normalising (lowercase, no punctuation or articles, whitespace collapsed); also the "
+                   "share of answers that contain a gold answer")
+
+    def score_answer(self, out, query, answer):
+        s = super().score_answer(out, query, answer)
+        s.contains, s.exact = s.correct, float(any(exact_match(answer, gold) for gold in query.answers))
+        return s
+
+    def episode_score(self, scores):
+        n = len(scores)
+        return {"score": sum(s.f1 for s in scores) / n, "em": sum(s.exact for s in scores) / n,
+                "contains": sum(s.contains for s in scores) / n,
+                "answer_logprob": sum(s.logprob for s in scores) / n}
+
+
+def exact_match(prediction: str, gold: str) -> bool:
+    """SQuAD's exact match: the normalised strings are equal."""
+    return normalize_answer(prediction) == normalize_answer(gold)
+
+
+def string_match(prediction: str, references: tuple[str, ...], match: str = "all") -> float:
+    """RULER's string match (its eval/synthetic/constants.py): "all", the share of the references that occur in the
+    prediction (case-insensitive substrings; niah, vt); "part", 1 when any does (qa)."""
+    found = [r.lower() in prediction.lower() for r in references]
+    if match == "part":
+        return float(any(found))
+    return sum(found) / len(found)
+
+
+class RulerScore(Generated):
+    name = "ruler"
+    label = "string match %"
+    columns = {}
+    description = ("RULER's string match of the greedy answer: the share of the expected values it contains "
+                   "(case-insensitive; qa tasks: 1 when it contains any gold answer)")
+
+    def score_answer(self, out, query, answer):
+        s = token_scores(out, query)
+        s.correct, s.total = string_match(answer, query.answers, getattr(query, "match", "all")), 1
+        return s
+
+    def episode_score(self, scores):
+        n = len(scores)
+        return {"score": sum(s.correct for s in scores) / n, "answer_logprob": sum(s.logprob for s in scores) / n}
+
+
 METRICS: dict[str, Metric] = {}
 
 
@@ -245,5 +298,6 @@ def get_metric(name: str) -> Metric:
     return METRICS[name]
 
 
-for _metric in (ExactMatch(), Accuracy(), Choice(), CrossEntropy(), MeanSquaredError(), Generated()):
+for _metric in (ExactMatch(), Accuracy(), Choice(), CrossEntropy(), MeanSquaredError(), Generated(), SquadScore(),
+                RulerScore()):
     register_metric(_metric)

@@ -11,8 +11,10 @@ pipeline (KVPressTextGenerationPipeline) does.
 - the press runs on the model's transformers twin (interop.hf.hf_twin: the Hugging Face backend's own model, or the
   export of our Transformer with the same weights); its kept K/V come back as a cache of the model's own backend;
 - a press that keeps a different number of pairs in each head (kvpress's KVzip, AdaKV: a full-length cache with the
-  evicted pairs masked) gives our Transformer a masked cache (ops.masked_kv.MaskedKV); the Hugging Face backend
-  takes only presses that cut every head to the same length (a one-line error names the press otherwise);
+  evicted pairs masked) gives a masked cache (ops.masked_kv.MaskedKV) on either backend: our Transformer attends to
+  the kept pairs alone; on the Hugging Face backend each attention layer gets its own per-head mask while a query
+  continues the cache (models/hf_backend.py: exact, -inf where evicted; kvpress's own decoding instead overwrites
+  the evicted keys with a key whose weight underflows to zero);
 - kept bytes are the kept pairs' keys and values, counted pair by pair (a masked layer's evicted pairs are not kept;
   the positions a compacted per-head layout would also store are not counted);
 - a system-turn document: KVzip measures the template's tokens before the document on a user turn and reconstructs
@@ -68,9 +70,6 @@ class KVPress(AbsorbMethod):
             return "needs a token-input causal LM"
         if getattr(model.config, "attention", "softmax") != "softmax":
             return "needs softmax attention (a linear-attention state holds no K/V to press)"
-        if getattr(model, "backend", None) == "hf" and self.ratio < 1 and hasattr(press_classes()[self.press], "compress_post"):
-            return (f"press={self.press} keeps a different number of pairs in each head (a masked cache), which only our "
-                    "Transformer holds; on the Hugging Face backend use a press that cuts every head alike (e.g. snapkv)")
         try:
             hf_twin(model)
         except ValueError as error:
