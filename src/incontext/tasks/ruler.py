@@ -271,13 +271,19 @@ class Ruler(EpisodeSource):
         multiline = self.config.kind in ("niah_multivalue", "niah_multiquery")
         out = []
         for i in range(n):
-            state, used = rng.getstate(), size
-            while True:  # as RULER: a sample that runs over is redrawn with a smaller haystack
-                rng.setstate(state)
-                sample = self.sample(used, rng, split, rng.randrange(1 << 30))
-                if self.tokens(codec, sample, fmt) <= self.config.length or used <= 1:
+            for _ in range(100):  # as RULER: a sample that runs over is redrawn with a smaller haystack; one that
+                state, used = rng.getstate(), size  # does so even at the smallest (a long qa paragraph) is drawn anew
+                while True:
+                    rng.setstate(state)
+                    sample = self.sample(used, rng, split, rng.randrange(1 << 30))
+                    fits = self.tokens(codec, sample, fmt) <= self.config.length
+                    if fits or used <= 1:
+                        break
+                    used = max(1, used - max(1, size // 20))
+                if fits:
                     break
-                used = max(1, used - max(1, size // 20))
+            else:
+                raise ValueError(f"ruler {self.config.kind}: no sample fits length={self.config.length} tokens in 100 draws")
             prompt, question, target = self.texts(codec, sample, fmt)
             query = dataclasses.replace(text_query(codec, question, target), answers=sample.answers,
                                         max_answer_tokens=self.budget, one_line=not multiline, match=sample.match)

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The field's benchmarks (issue 75): SQuAD v2.0 dev paragraphs, RULER and HotpotQA on the two shipped models, the
+# document alone as the chat template's system turn. One compare per (model, task, budget) into runs/field-SPLIT/
+# (scratch); summary.py writes the one table and curve per task and model here (field-SPLIT.{md,json}, curve-*.png).
+#   bash scripts/env.sh bash results/field-benchmarks/run.sh references   # validation: what each model reads (F1, RULER)
+#   SPLIT=test bash scripts/env.sh bash results/field-benchmarks/run.sh presses   # the test split, once: the presses
+#   bash scripts/env.sh python results/field-benchmarks/summary.py --split validation|test
+# MODELS, EPISODES, RATIOS and LENGTHS narrow a phase (a CPU run of the whole is hours; on 2 cores the run is cut to
+# what fits, and the table says how many episodes each row saw).
+set -euo pipefail
+phase=${1:-references}
+split=${SPLIT:-validation}
+seed=${SEED:-0}
+scratch=runs/field-$split
+models=${MODELS:-smollm2 qwen2.5-coder-0.5b}
+presses=(${PRESSES:-kvzip snapkv streamingllm knorm})
+press_methods=$(printf 'kv-press:%s,' "${presses[@]}")
+press_sets=()
+for p in "${presses[@]}"; do press_sets+=(--set "kv-press:$p.press=$p"); done
+short() { case $1 in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$1";; esac; }
+if [ "$phase" = references ]; then
+  # what each model reads at all: the prompted reference and the floor, SQuAD and HotpotQA F1, RULER at each length
+  for model in $models; do
+    incontext compare --model "$model" --task squad --split "$split" --seed "$seed" --episodes "${EPISODES:-10}" \
+      --methods keep-prompt,drop-prompt --out "$scratch/$(short "$model")-squad-refs"
+    incontext compare --model "$model" --task hotpotqa --split "$split" --seed "$seed" --episodes "${HOTPOT_EPISODES:-5}" \
+      --methods keep-prompt,drop-prompt --out "$scratch/$(short "$model")-hotpotqa-refs"
+    for kind in niah_single_2 niah_multikey_1 vt; do
+      for length in ${LENGTHS:-1024 2048}; do
+        incontext compare --model "$model" --task ruler --set kind=$kind --set length=$length --split "$split" \
+          --seed "$seed" --episodes "${RULER_EPISODES:-5}" --methods keep-prompt,drop-prompt \
+          --out "$scratch/$(short "$model")-ruler_${kind}_${length}-refs"
+      done
+    done
+  done
+elif [ "$phase" = presses ]; then
+  # kvpress's presses at each kept share, with keep-prompt on the same episodes (the compare's reference)
+  for model in $models; do
+    for ratio in ${RATIOS:-0.5 0.25 0.1 0.05}; do
+      incontext compare --model "$model" --task squad --split "$split" --seed "$seed" --episodes "${EPISODES:-10}" \
+        --ratio "$ratio" --methods "drop-prompt,${press_methods%,}" "${press_sets[@]}" \
+        --out "$scratch/$(short "$model")-squad-$ratio"
+    done
+  done
+elif [ "$phase" = ruler-presses ]; then
+  for model in $models; do
+    for ratio in ${RATIOS:-0.25 0.1}; do
+      incontext compare --model "$model" --task ruler --set kind=niah_single_2 --set length=${LENGTH:-2048} \
+        --split "$split" --seed "$seed" --episodes "${RULER_EPISODES:-5}" --ratio "$ratio" \
+        --methods "drop-prompt,${press_methods%,}" "${press_sets[@]}" \
+        --out "$scratch/$(short "$model")-ruler_niah_single_2_${LENGTH:-2048}-$ratio"
+    done
+  done
+else
+  echo "phase: references, presses or ruler-presses" >&2
+  exit 2
+fi

@@ -1,0 +1,159 @@
+"""The field's benchmarks' tables and curves from the compares of run.sh (runs/field-SPLIT/*/results.json): per model
+and task, the references (keep-prompt, drop-prompt) and each method's score and its share of keep-prompt's at each
+kept share of the document's K/V (measured: the method's kept bytes over keep-prompt's, mean over episodes).
+    python results/field-benchmarks/summary.py --split validation|test
+writes results/field-benchmarks/field-SPLIT.{md,json} and curve-SPLIT-MODEL-TASK.png."""
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+from incontext.stats import paired_share_interval95
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).parent
+MODELS = {"smollm2": "SmolLM2-135M-Instruct", "qwen05": "Qwen2.5-Coder-0.5B-Instruct"}
+# the field's published figures, quoted beside ours (their model named): none is on our models
+PUBLISHED = {
+    "ruler": "kvpress leaderboard, RULER 4k, Llama-3.1-8B-Instruct: full cache 95.7; KVzip keeps 95.3 / 94.9 / 90.5 at "
+             "30 / 20 / 10% of the K/V",
+    "squad": "SQuAD v1.1 dev F1 of extractive readers: BERT-base 88.5 (Devlin et al. 2019); SHINE and Doc-to-LoRA report "
+             "SQuAD F1 for their own generators on larger models (see their papers)",
+}
+
+
+def collect(scratch: Path) -> list[dict]:
+    points = []
+    for file in sorted(scratch.glob("*/results.json")):
+        results = json.loads(file.read_text())
+        model, task, budget = file.parent.name.split("-", 2)
+        rows = {row["method"]: row for row in results["rows"]}
+        keep = rows["keep-prompt"]
+        for label, row in rows.items():
+            if label in ("keep-prompt", "drop-prompt") and budget != "refs":
+                label = f"{label} (press run)"
+            ok = row["status"] == "ok"
+            paired = None
+            if ok and len(row.get("episode_scores", [])) > 1 and label.startswith("kv-") and keep["score"]["mean"]:
+                paired = paired_share_interval95([e["score"] for e in row["episode_scores"]],
+                                                 [e["score"] for e in keep["episode_scores"]])
+            extra = {key: row[key]["mean"] for key in ("em", "contains") if ok and isinstance(row.get(key), dict)}
+            points.append({
+                "model": model, "task": task, "budget": None if budget == "refs" else float(budget), "method": label,
+                "status": row["status"], "reason": row.get("reason", ""),
+                "score": row["score"]["mean"] if ok else None, "low": row["score"]["low"] if ok else None,
+                "high": row["score"]["high"] if ok else None, **extra,
+                "keep_prompt": keep["score"]["mean"],
+                "share_of_keep_prompt": row["score"]["mean"] / keep["score"]["mean"] if ok and keep["score"]["mean"] else None,
+                "share_interval": None if paired is None else [paired["low"], paired["high"]],
+                "kept_share": row["kept_bytes"] / keep["kept_bytes"] if ok and keep["kept_bytes"] else None,
+                "absorb_ms": row.get("absorb_ms"), "query_ms": row.get("query_ms"), "kept_bytes": row.get("kept_bytes"),
+                "episodes": results["episodes"], "queries": results["queries"],
+                "prompt_tokens": results["mean_prompt_tokens"], "metric": results["metric"], "command": results["command"]})
+    return points
+
+
+def _pct(value) -> str:
+    return "" if value is None else f"{100 * value:.1f}"
+
+
+def table(points: list[dict]) -> str:
+    lines = []
+    for model in dict.fromkeys(p["model"] for p in points):
+        for task in dict.fromkeys(p["task"] for p in points if p["model"] == model):
+            mine = [p for p in points if p["model"] == model and p["task"] == task]
+            refs = [p for p in mine if p["budget"] is None]
+            curve = [p for p in mine if p["budget"] is not None]
+            first = mine[0]
+            lines += [f"**{MODELS.get(model, model)}, `{task}`**: {first['episodes']} episodes ({first['queries']} "
+                      f"questions), {first['prompt_tokens']:.0f} tokens a document; score: "
+                      f"{'F1 (EM, contains)' if first['metric'] == 'squad' else 'string match'} %", ""]
+            if refs:
+                lines += ["| reference | score [95% CI] | EM % | contains % | ms / query |", "|---|---|---|---|---|"]
+                for p in refs:
+                    lines.append(f"| {p['method']} | {_pct(p['score'])} [{_pct(p['low'])}, {_pct(p['high'])}] | "
+                                 f"{_pct(p.get('em'))} | {_pct(p.get('contains'))} | {p['query_ms'] or 0:.0f} |")
+                lines.append("")
+            if curve:
+                budgets = sorted({p["budget"] for p in curve}, reverse=True)
+                keep = next((p["keep_prompt"] for p in curve), None)
+                lines += [f"keep-prompt on these episodes: {_pct(keep)}", "",
+                          "| method | " + " | ".join(f"{100 * b:g}% kept" for b in budgets) + " | absorb s |",
+                          "|---|" + "---|" * (len(budgets) + 1)]
+                methods = [m for m in dict.fromkeys(p["method"] for p in curve) if "(press run)" not in m or
+                           m.startswith("drop-prompt")]
+                for method in methods:
+                    cells, absorb = [], []
+                    for b in budgets:
+                        p = next((p for p in curve if p["method"] == method and p["budget"] == b), None)
+                        if p is None:
+                            cells.append("")
+                        elif p["score"] is None:
+                            cells.append(p["status"])
+                        else:
+                            band = "" if not p["share_interval"] else \
+                                f" [{100 * p['share_interval'][0]:.0f}, {100 * p['share_interval'][1]:.0f}]"
+                            share = "" if p["share_of_keep_prompt"] is None else f"{100 * p['share_of_keep_prompt']:.0f}%"
+                            cells.append(f"{_pct(p['score'])} ({share}{band}; {_pct(p['kept_share'])}% kept)")
+                            absorb.append((p["absorb_ms"] or 0) / 1000)
+                    lines.append(f"| {method.replace(' (press run)', '')} | " + " | ".join(cells) +
+                                 (f" | {max(absorb):.1f} |" if absorb else " | |"))
+                lines.append("")
+            if task.split("_")[0] in PUBLISHED:
+                lines += [f"Published, for scale (other models): {PUBLISHED[task.split('_')[0]]}.", ""]
+    lines.append("Cells: the score (its share of keep-prompt's on the same episodes, with a paired bootstrap 95% interval "
+                 "over episodes; the measured kept share of the document's K/V bytes). absorb s: the largest per-document "
+                 "absorb time over the budgets (CPU time per thread, 2 threads). Commands: each row's results.json in "
+                 "the scratch folder records it; run.sh runs them all.")
+    return "\n".join(lines)
+
+
+def plot(points: list[dict], split: str) -> list[Path]:
+    paths = []
+    for model in dict.fromkeys(p["model"] for p in points):
+        for task in dict.fromkeys(p["task"] for p in points if p["model"] == model):
+            mine = [p for p in points if p["model"] == model and p["task"] == task and p["budget"] is not None
+                    and p["score"] is not None and p["method"].startswith("kv-")]
+            if not mine:
+                continue
+            fig, ax = plt.subplots(figsize=(5.2, 4.0))
+            for method in dict.fromkeys(p["method"] for p in mine):
+                line = sorted((p for p in mine if p["method"] == method), key=lambda p: p["kept_share"])
+                ax.plot([100 * p["kept_share"] for p in line], [100 * p["score"] for p in line],
+                        "-o" if method.startswith(("kv-prefix", "distill")) else "--.", label=method.replace("kv-press:", ""))
+            ax.axhline(100 * mine[0]["keep_prompt"], color="k", lw=0.8, label="keep-prompt")
+            ax.set_xscale("log")
+            ax.set_xticks([5, 10, 25, 50], ["5", "10", "25", "50"])
+            ax.minorticks_off()
+            ax.set_xlabel("kept share of the document's K/V (%, log)")
+            ax.set_ylabel("F1 %" if mine[0]["metric"] == "squad" else "string match %")
+            ax.set_title(f"{MODELS.get(model, model)}, {task}, {split} ({mine[0]['episodes']} episodes)", fontsize=9)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            path = HERE / f"curve-{split}-{model}-{task}.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            paths.append(path)
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--split", default="validation", choices=["validation", "test", "dev"])
+    args = parser.parse_args()
+    points = collect(Path("runs") / f"field-{args.split}")
+    if not points:
+        raise SystemExit(f"no runs under runs/field-{args.split}: run results/field-benchmarks/run.sh first")
+    (HERE / f"field-{args.split}.json").write_text(json.dumps(points, indent=1))
+    (HERE / f"field-{args.split}.md").write_text(table(points) + "\n")
+    for path in plot(points, args.split):
+        print(path)
+    print(HERE / f"field-{args.split}.md")
+
+
+if __name__ == "__main__":
+    main()
