@@ -353,3 +353,34 @@ def test_absorb_says_why_when_peft_cannot_write_the_cartridge(model_folder, tmp_
     record = json.loads((out / "absorb.json").read_text())
     assert record["peft_adapter"]["written"] is False and not (out / "peft_adapter").exists()
     assert run(capsys, "generate", "--model", model_folder, "--adapted", str(out), "--max-new-tokens", "3", QUESTION)
+
+
+@pytest.mark.parametrize("init, extra", [("document", []), ("press", ["press=knorm", "ratio=0.3"]),
+                                         ("press", ["press=kvzip", "ratio=0.3"]),
+                                         ("press", ["press=knorm", "ratio=0.3", "steps=0"])])
+def test_every_init_writes_a_cartridge_peft_serves_as_generate_or_none(model_folder, init, extra, tmp_path, capsys):
+    """For every kv-prefix init on the Hugging Face backend (press-rerotated runs on our Transformer alone): the plain peft path (PeftModel.from_pretrained on peft_adapter/, transformers' generate)
+    gives `incontext generate --adapted`'s tokens, or the folder holds no peft_adapter/ and absorb.json says why (a
+    press start keeps pairs of the whole document at their own positions, or a different count per head: a CARTRIDGE
+    attends to every pair it holds, its queries right after them)."""
+    if "llama" not in model_folder:
+        pytest.skip("one family is enough")
+    out = tmp_path / init
+    options = [o for o in OPTIONS if not (o.startswith("steps=") and any(e.startswith("steps=") for e in extra))]
+    printed = run(capsys, "absorb", "--model", model_folder, "--method", "kv-prefix", "--prompt", PROMPTS[0], "--placement",
+                  "raw", "--out", str(out), *[x for o in options + [f"init={init}", *extra] for x in ("--set", o)])
+    note = json.loads((out / "absorb.json").read_text())["peft_adapter"]
+    if not note["written"]:
+        assert init == "press" and not (out / "peft_adapter").exists()
+        assert "no layout for it" in note["reason"] and "no PEFT adapter" in printed
+        return
+    from incontext.interop.models import load_model
+
+    codec = load_model(model_folder).tokenizer
+    query = codec.encode(QUESTION)
+    fresh = transformers.AutoModelForCausalLM.from_pretrained(model_folder).eval()
+    theirs = transformers_generate(from_peft(fresh, out / "peft_adapter"), query, 6)
+    eos = codec.eos_token_id
+    theirs = theirs[: theirs.index(eos)] if eos in theirs else theirs
+    printed = run(capsys, "generate", "--model", model_folder, "--adapted", str(out), "--max-new-tokens", "6", QUESTION)
+    assert printed == codec.decode(theirs) + "\n"

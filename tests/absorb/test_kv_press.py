@@ -216,3 +216,18 @@ def test_kvzip_without_a_tokenizer_says_so(backends, tokenizer):
     prompt = placed(HFCodec(tokenizer))
     with pytest.raises(ValueError, match="give codec="):
         get_absorb_method("kv-press", press="kvzip").absorb(backends[0], prompt)
+
+
+@pytest.mark.parametrize("press", ["kvzap", "fastkvzip", "restorekv"])
+def test_presses_with_hub_weights_are_refused_before_any_model_runs(press):
+    with pytest.raises(ValueError, match=f"press={press} needs trained weights") as error:
+        get_absorb_method("kv-press", press=press)
+    assert "\n" not in str(error.value)
+
+
+def test_kvgrad_reconstructs_with_the_tokenizer_as_kvzip(backends, tokenizer):
+    """KVgrad inherits KVzip's reconstruction (its tokenizer from a folder): it runs on both backends."""
+    codec, prompt = HFCodec(tokenizer), placed(HFCodec(tokenizer))
+    kept = [get_absorb_method("kv-press", press="kvgrad", ratio=0.3).absorb(m, prompt, codec=codec).kept_bytes(m)
+            for m in backends]
+    assert kept[0] == kept[1] > 0

@@ -44,6 +44,22 @@ def press_classes() -> dict[str, type]:
     return dict(sorted(out.items()))
 
 
+# presses whose scorer or restore weights kvpress downloads from the Hugging Face hub, released only for large models
+# (KVzap's MLPs, FastKVzip's gates, RestoreKV's tokens and LoRA): nothing here can fetch them, so they are refused
+# before any model runs (kvpress would otherwise retry the network for half a minute)
+HUB_WEIGHTS = {"kvzap": "nvidia/KVzap-*", "fastkvzip": "Jang-Hyun/Fast-KVzip", "restorekv": "higokri/RestoreKV-*"}
+
+
+def check_press(press: str, where: str = "kv-press") -> None:
+    """One-line ValueError for a press that is not kvpress's or that needs weights from the hub."""
+    classes = press_classes()
+    if press not in classes:
+        raise ValueError(f"{where}: unknown press {press!r}; kvpress's: {', '.join(classes)}")
+    if press in HUB_WEIGHTS:
+        raise ValueError(f"{where}: press={press} needs trained weights that kvpress downloads from the Hugging Face hub "
+                         f"({HUB_WEIGHTS[press]}, released for large models only); none ship for the models here")
+
+
 def document_start(codec, ids: list[int]) -> int:
     """Where the document starts in a prompt `ids` that the chat template placed as a system turn: the number of the
     template's tokens before it (0 for a raw document, a tokenizer without a template, or a prompt that does not
@@ -62,9 +78,9 @@ def document_start(codec, ids: list[int]) -> int:
 
 
 def _reconstructs(cls: type) -> bool:
-    """KVzip and its kind: `prepare` writes a reconstruction prompt with the tokenizer, after a template prefix it
-    measures on a user turn."""
-    return "prepare" in vars(cls)
+    """KVzip and its kind (KVgrad, FastKVzip, ... inherit it): `prepare` writes a reconstruction prompt with the
+    tokenizer, after a template prefix it measures on a user turn."""
+    return any("prepare" in vars(c) for c in cls.__mro__)
 
 
 def _placed(cls: type, start: int) -> type:
@@ -138,13 +154,12 @@ def _tokenizer_folder(hf, codec):
 
 @torch.no_grad()
 def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float, codec=None,
-                start: int | None = None) -> Cache:
+                start: int | None = None, where: str = "kv-press") -> Cache:
     """The prompt's ((1, M) ids) cache after `press` kept the share `ratio` of its K/V, as a cache of `model`'s own
     backend at position M (queries continue after the whole document). `start`: where the document starts (KVzip's
-    reconstruction; None: found from the codec's chat template)."""
+    reconstruction; None: found from the codec's chat template). `where`: the method its errors name."""
+    check_press(press, where)
     classes = press_classes()
-    if press not in classes:
-        raise ValueError(f"kv-press: unknown press {press!r}; kvpress's: {', '.join(classes)}")
     hf = hf_twin(model)
     m = prompt.shape[1]
     ids = prompt
@@ -152,7 +167,7 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
     if bos is not None:  # the Hugging Face backend reads its BOS first (HFCausalLM.read_bos_first): the press sees it
         ids = torch.cat([torch.full_like(prompt[:, :1], bos), prompt], 1)
     if codec is None and _reconstructs(classes[press]):
-        raise ValueError(f"kv-press: {press} writes its reconstruction prompt with the model's tokenizer: give codec= "
+        raise ValueError(f"{where}: {press} writes its reconstruction prompt with the model's tokenizer: give codec= "
                          "(incontext absorb and compare do)")
     start = document_start(codec, prompt[0].tolist()) if start is None else start
     with _quiet_kvpress():
@@ -160,7 +175,7 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
         try:
             instance = with_cache_position(cls(compression_ratio=1.0 - ratio))
         except (AssertionError, ValueError, TypeError) as error:
-            raise ValueError(f"kv-press: kvpress's {press} refuses ratio={ratio}: {error}") from None
+            raise ValueError(f"{where}: kvpress's {press} refuses ratio={ratio}: {error}") from None
         from transformers import DynamicCache
 
         cache = DynamicCache(config=hf.config)
@@ -171,7 +186,7 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
                 hf.model(input_ids=ids.to(next(hf.parameters()).device), past_key_values=cache)
             masks = [getattr(module, "masked_key_indices", None) for module in attention]
         except (AssertionError, ValueError, RuntimeError, OSError, KeyError, AttributeError, IndexError) as error:
-            raise ValueError(f"kv-press: kvpress's {press} failed on this model ({type(error).__name__}: "
+            raise ValueError(f"{where}: kvpress's {press} failed on this model ({type(error).__name__}: "
                              f"{str(error).splitlines()[0] if str(error) else ''})") from None
         finally:
             for module in attention:  # kvpress's attention patch reads them in every later decode: never leave them

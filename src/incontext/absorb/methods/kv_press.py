@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ...config import limit, option
 from ...interop.hf import hf_twin
 from ...models.lm import is_causal_lm
-from ..presses import CacheBuffers, press_cache, press_classes
+from ..presses import CacheBuffers, check_press, press_cache
 from ..protocol import AbsorbMethod, AdaptedModel
 
 
@@ -61,9 +61,7 @@ class KVPress(AbsorbMethod):
     summary = "the document's K/V compressed by a kvpress press (press=NAME, ratio=R kept), no training (NVIDIA kvpress)"
 
     def setup(self) -> None:
-        classes = press_classes()
-        if self.press not in classes:
-            raise ValueError(f"kv-press: unknown press {self.press!r}; kvpress's: {', '.join(classes)}")
+        check_press(self.press)
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:

@@ -68,6 +68,15 @@ def _check_model(model) -> None:
         raise ValueError(f"model_type {model.config.model_type!r} is not in the families table ({', '.join(FAMILIES)})")
 
 
+def _sliding(model, layer: int) -> bool:
+    """Whether the transformers model's layer `layer` is a sliding-window layer (it keeps only its last positions)."""
+    config = model.hf.config
+    types = getattr(config, "layer_types", None)
+    if types:
+        return types[layer] == "sliding_attention"
+    return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
+
+
 def cartridge_kv(adapted: TrainedPrefix) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
     """The prefix's K/V per layer ((1, kv_heads, n, head_dim) each) as a cartridge holds them, and n (the query's first
     position: the prefix's length, plus the BOS a model that reads one first holds). A ValueError naming the family
@@ -86,9 +95,16 @@ def cartridge_kv(adapted: TrainedPrefix) -> tuple[list[tuple[torch.Tensor, torch
     for i, (layer, (k, v)) in enumerate(zip(state.layers, kv)):
         held = k.shape[-2]
         seen = getattr(layer, "seen", held)
+        if getattr(layer, "keep", None) is not None:
+            raise ValueError(f"layer {i} of this prefix keeps a different number of pairs in each head (a press start "
+                             "such as KVzip's); a PEFT CARTRIDGE attends to every pair it holds, so it has no layout for it")
         if held > n or seen != n:
             raise ValueError(f"model_type {name}: layer {i} of this prefix holds {seen} positions but its queries start at "
                              f"{n}; a PEFT CARTRIDGE's queries follow every position it holds")
+        if held < n and not _sliding(model, i):
+            raise ValueError(f"this prefix holds {held} pairs whose queries start at position {n} (a press start keeps "
+                             "pairs of the whole document at their own positions); a PEFT CARTRIDGE's queries follow "
+                             "the pairs it holds, so it has no layout for it (init=press-rerotated has one)")
         if held < n:  # a sliding window kept its last positions: the earlier ones, out of every query's reach, as zeros
             pad = k.new_zeros(k.shape[0], k.shape[1], n - held, k.shape[3])
             k, v = torch.cat([pad, k], 2), torch.cat([pad.to(v.dtype), v], 2)

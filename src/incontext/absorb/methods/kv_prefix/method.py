@@ -31,7 +31,7 @@ from ....config import limit, option, redefault
 from ....models import Cache
 from ....models.lm import cache_kv, is_causal_lm, with_kv
 from ...distill import Distiller, Student, TrainOptions
-from ...presses import press_cache, press_classes
+from ...presses import check_press, press_cache
 from ...study import StudyOptions, chunk_spans
 from .adapted import TrainedPrefix, compose_prefixes
 from .start import rerotated_press, spread_prefix
@@ -78,8 +78,8 @@ class KVPrefix(Distiller):
         return None
 
     def setup(self) -> None:
-        if self.init.startswith("press") and self.press not in press_classes():
-            raise ValueError(f"kv-prefix: unknown press {self.press!r}; kvpress's: {', '.join(press_classes())}")
+        if self.init.startswith("press"):
+            check_press(self.press, "kv-prefix")
 
     def prepare(self, model, prompt: torch.Tensor, codec) -> dict[str, Any]:
         m, context = prompt.shape[0], model.config.max_seq_len
@@ -106,7 +106,7 @@ class KVPrefix(Distiller):
             return model.prefill(prompt[None, :p])
         if self.init.startswith("press"):  # the press keeps `ratio` itself where it is given (kv-press's own budget)
             share = self.ratio if self.ratio is not None and self.prefix_tokens is None else p / prompt.shape[0]
-            pressed = press_cache(model, prompt[None], self.press, share, codec)
+            pressed = press_cache(model, prompt[None], self.press, share, codec, where="kv-prefix")
             return pressed if self.init == "press" else rerotated_press(model, prompt, pressed, self.press)
         return spread_prefix(model, prompt, p, chunk_spans(prompt.shape[0], self.study.chunk_tokens, model.config.max_seq_len))
 
