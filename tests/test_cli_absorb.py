@@ -567,3 +567,17 @@ def test_each_command_resolves_its_device_once(llama, tmp_path, capsys, monkeypa
         code, _, err = run(capsys, *argv)
         assert code == 0, (name, err)
         assert calls == ["cpu"], name
+
+
+def test_kvzip_absorbs_into_a_hugging_face_folder_and_generate_reads_it(llama, loaded, tmp_path, capsys):
+    """kv-press's default press (KVzip: a different count of pairs per head) on a user's own Hugging Face model: the
+    folder is written, generate continues it with the per-head mask and gives the adapted model's own greedy chain."""
+    out = tmp_path / "kvzip"
+    absorb(capsys, llama, out, "kv-press", "press=kvzip", "ratio=0.3")
+    adapted = AdaptedModel.load(out, base=loaded.model)
+    assert any(getattr(layer, "keep", None) is not None for layer in adapted.state().layers)
+    code, printed, err = run(capsys, "generate", "--model", llama, "--adapted", str(out), "--max-new-tokens", "5",
+                             QUESTION)
+    assert code == 0, err
+    ids = loaded.tokenizer.encode(QUESTION)
+    assert printed == loaded.tokenizer.decode(list(stream_tokens(adapted, ids, 5, stop_ids={loaded.tokenizer.eos_token_id}))) + "\n"

@@ -106,12 +106,13 @@ def hotpot_document(record: dict) -> str:
                        for i, (title, sentences) in enumerate(context, 1))
 
 
-def qa_episode(codec, document: str, asked, fmt: str, max_answer_tokens: int) -> Episode:
+def qa_episode(codec, document: str, asked, fmt: str, max_answer_tokens: int, wording: str = "ruler") -> Episode:
     """One document and its questions ((question, gold answers) pairs) as an episode of the `squad` metric: chat
-    (the document a system turn, each question a user turn in RULER's QA wording) or plain."""
+    (the document a system turn, each question a user turn: in RULER's QA wording, or the bare question) or plain."""
     if fmt == "chat":
         prompt = placed_document(codec, document, "system")
-        pairs = [(chat_turn(codec, f"{QA_INSTRUCTION}\n\nQuestion: {q}", "system"), golds[0], golds) for q, golds in asked]
+        ask = (lambda q: f"{QA_INSTRUCTION}\n\nQuestion: {q}") if wording == "ruler" else (lambda q: q)
+        pairs = [(chat_turn(codec, ask(q), "system"), golds[0], golds) for q, golds in asked]
     else:
         prompt = f"{document}\n\n"
         pairs = [(f"Question: {q}\nAnswer:", " " + golds[0], golds) for q, golds in asked]
@@ -133,6 +134,9 @@ class SquadConfig:
     asked: int = 3  # answerable questions asked per paragraph (at most; in file order)
     format: Literal["auto", "chat", "plain"] = "auto"  # auto: chat for a tokenizer with a chat template
     max_answer_tokens: int = 24  # the greedy answer's most tokens (it also stops at a newline or the end of the turn)
+    # chat: the user's turn is the question in RULER's QA wording (an instruction to answer with the answer alone) or
+    # the bare question
+    wording: Literal["ruler", "bare"] = "ruler"
     path: str = ""  # another squad.json (SQuAD v1.1/v2.0 layout; "": the package's SQuAD v2.0 dev)
 
     def __post_init__(self):
@@ -157,14 +161,15 @@ class Squad(EpisodeSource):
             raise ValueError(f"squad's {split} articles hold {len(pool)} paragraphs with answerable questions, fewer "
                              f"than the {n} episodes asked")
         random.Random(f"squad-{seed}").shuffle(pool)
-        return [qa_episode(codec, p.text, p.questions[: self.config.asked], fmt, self.config.max_answer_tokens)
-                for p in pool[:n]]
+        return [qa_episode(codec, p.text, p.questions[: self.config.asked], fmt, self.config.max_answer_tokens,
+                           self.config.wording) for p in pool[:n]]
 
 
 @dataclass
 class HotpotConfig:
     format: Literal["auto", "chat", "plain"] = "auto"  # auto: chat for a tokenizer with a chat template
     max_answer_tokens: int = 24
+    wording: Literal["ruler", "bare"] = "ruler"  # as squad's
     path: str = ""  # another hotpotqa.json (the dev distractor layout; "": the package's)
 
     def __post_init__(self):
@@ -191,4 +196,4 @@ class HotpotQA(EpisodeSource):
         chosen = random.Random(f"hotpotqa-{seed}").sample(indices, n)
         return [qa_episode(codec, hotpot_document(records[i]), [(" ".join(records[i]["question"].split()),
                                                                 (records[i]["answer"].strip(),))],
-                           fmt, self.config.max_answer_tokens) for i in chosen]
+                           fmt, self.config.max_answer_tokens, self.config.wording) for i in chosen]
