@@ -31,7 +31,7 @@ from ..config import parse_overrides, to_dict
 from ..interop.models import load_model
 from ..outputs import claim_output_folder
 from ..runtime import Runtime, device_of
-from ..tasks.placement import chat_turn, placed_document, resolve_placement
+from ..tasks.placement import chat_turn, placed_document, resolve_placement, unmarked
 
 # ----------------------------------------------------------------------------- shared checks
 
@@ -92,7 +92,7 @@ def train_query_ids(groups: list[list[str]], codec, model, prompt_text: str, pro
     system-placed document a question is the user's turn, as generate --chat asks it) and its question's index
     (absorb's train_groups)."""
     limit = max_context(model)
-    start = "" if prompt_text.endswith("\n") or placement == "system" else "\n"
+    start = "" if unmarked(prompt_text).endswith("\n") or placement == "system" else "\n"
     ids, questions = [], []
     for question, wordings in enumerate(groups):
         for text in wordings:

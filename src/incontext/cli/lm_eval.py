@@ -42,7 +42,7 @@ except ImportError as error:  # pragma: no cover - the module is only imported t
 from ..absorb.decode import context_room, stream_tokens
 from ..absorb.folder import ABSORB_RECORD, adapted_placement, load_adapted
 from ..interop.models import load_model
-from ..tasks.placement import conversation_after
+from ..tasks.placement import conversation_after, unmarked
 
 NAME = "incontext"
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm-eval's command line passes it when --device is not given
@@ -155,7 +155,8 @@ class IncontextLM(TemplateLM):
         if self.placement == "system" and any(m.get("role") == "system" for m in chat_history):
             raise ValueError("--apply_chat_template: the absorbed document is the conversation's system turn; "
                              "a system instruction (--system_instruction, a task's description) cannot follow it")
-        return conversation_after(self.codec, chat_history, self.placement)
+        # lm-eval records and re-tokenizes this string whole, as its own Hugging Face model does: returned unmarked
+        return unmarked(conversation_after(self.codec, chat_history, self.placement))
 
     # ------------------------------------------------------------------ scoring
 

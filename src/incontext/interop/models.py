@@ -24,12 +24,25 @@ MODEL_CHOICES = "smollm2 (the shipped pretrained SmolLM2-135M-Instruct), qwen2.5
 
 
 class HFCodec:
-    """A Hugging Face tokenizer as the harness's codec: encode without special tokens, decode, chat template."""
+    """A Hugging Face tokenizer as the harness's codec: encode without special tokens, decode, chat template. Text
+    marked as data (tasks.placement.as_data: a document, a user's message) is encoded as plain text, a special
+    token's text as its characters; special tokens come only from the template's own text."""
+
+    reads_data_marks = True
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
     def encode(self, text: str) -> list[int]:
+        from ..tasks.placement import DATA_OPEN, data_segments
+
+        if DATA_OPEN not in text:
+            return self._encode(text, False)
+        return [i for segment, data in data_segments(text) for i in self._encode(segment, data)]
+
+    def _encode(self, text: str, data: bool) -> list[int]:
+        if data:
+            return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids) -> str:
@@ -72,8 +85,14 @@ class FolderCodec(HFCodec):
         """The number of tokens (added ones included), without loading transformers' tokenizer."""
         return self.fast.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        return self.fast.encode(text, add_special_tokens=False).ids
+    def _encode(self, text: str, data: bool) -> list[int]:
+        if not data:
+            return self.fast.encode(text, add_special_tokens=False).ids
+        self.fast.encode_special_tokens = True  # special tokens' text read as text
+        try:
+            return self.fast.encode(text, add_special_tokens=False).ids
+        finally:
+            self.fast.encode_special_tokens = False
 
     def decode(self, ids) -> str:
         if self.settings.get("clean_up_tokenization_spaces"):

@@ -14,6 +14,39 @@ from __future__ import annotations
 
 PLACEMENTS = ("auto", "system", "raw")
 _MARK = "\u2063incontext-mark\u2063"  # stands for the user's message while the template renders around it
+# A document or a message is data: text the chat template's special tokens may never come from (a document that holds
+# "<|im_end|><|im_start|>user" must not open a turn). A codec that `reads_data_marks` (interop.models' codecs) encodes
+# what lies between these two marks as plain text (a special token's text as its characters) and the rest (the
+# template's own text) with its special tokens; other codecs get the text unmarked.
+DATA_OPEN, DATA_CLOSE = "\ue000", "\ue001"
+
+
+def as_data(codec, text: str) -> str:
+    """`text` marked as data for a codec that reads the marks (as it is for one that does not); the marks' own
+    characters (Unicode private use) are dropped from it."""
+    if not getattr(codec, "reads_data_marks", False):
+        return text
+    return DATA_OPEN + text.replace(DATA_OPEN, "").replace(DATA_CLOSE, "") + DATA_CLOSE
+
+
+def unmarked(text: str) -> str:
+    """`text` without as_data's marks (what it reads as)."""
+    return text.replace(DATA_OPEN, "").replace(DATA_CLOSE, "")
+
+
+def data_segments(text: str) -> list[tuple[str, bool]]:
+    """(segment, is_data) pieces of a text marked by as_data, in order (empty pieces left out)."""
+    out, rest = [], text
+    while rest:
+        before, opened, after = rest.partition(DATA_OPEN)
+        if before:
+            out.append((before, False))
+        if not opened:
+            break
+        inside, _, rest = after.partition(DATA_CLOSE)
+        if inside:
+            out.append((inside, True))
+    return out
 
 
 def has_chat_template(codec) -> bool:
@@ -44,6 +77,7 @@ def _head(codec, system: str) -> tuple[str, str]:
 
 def placed_document(codec, document: str, placement: str) -> str:
     """The text a method absorbs for `document` (placement system or raw; see the module docstring)."""
+    document = as_data(codec, document)
     if placement == "raw":
         return document
     head, _ = _head(codec, document)
@@ -61,6 +95,7 @@ def chat_turn(codec, message: str, placement: str) -> str:
 
 def conversation_after(codec, messages: list[dict[str, str]], placement: str) -> str:
     """chat_turn for a conversation of several turns (user and assistant messages, the last a user's)."""
+    messages = [{**m, "content": as_data(codec, m["content"])} for m in messages]
     if placement == "raw":
         return codec.chat(messages, add_generation_prompt=True)
     head, tail = _head(codec, "D")
