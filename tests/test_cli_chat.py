@@ -223,3 +223,39 @@ def test_prompts_file_errors_are_one_line_and_print_no_answer(llama, tmp_path, c
     code = cli.main(argv)
     captured = capsys.readouterr()
     assert code == 2 and captured.out == "" and len(captured.err.splitlines()) == 1 and message in captured.err
+
+
+def test_ctrl_c_stops_the_answer_and_the_conversation_goes_on(llama, capsys, monkeypatch):
+    """Ctrl-C while chat answers: that answer stops (one line on stderr), the next question is answered, exit 0."""
+    import incontext.cli.chat as chat_module
+
+    real, calls = chat_module.stream_answer, []
+
+    def interrupted_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat_module, "stream_answer", interrupted_once)
+    code, out, err = chat(capsys, monkeypatch, ["Hello?", "Where was Ada born?"], "--model", llama, "--max-new-tokens", "3")
+    assert code == 0 and len(calls) == 2
+    assert [line for line in err if "interrupted" in line] == ["incontext: (interrupted: the answer stopped; ask again, or /exit)"]
+    assert not any("Traceback" in line for line in err)
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130(llama, capsys, monkeypatch):
+    import incontext.cli.generate as generate_module
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_module, "stream_tokens", interrupt)
+    code = cli.main(["generate", "--model", llama, "--max-new-tokens", "3", "Hi"])
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "incontext: interrupted"
+
+
+def test_chat_exits_non_zero_when_every_question_was_refused_for_room(llama, capsys, monkeypatch):
+    code, out, err = chat(capsys, monkeypatch, ["word " * 200], "--model", llama, "--max-new-tokens", "3")
+    assert code == 2 and any("no room is left" in line for line in err)

@@ -159,7 +159,7 @@ def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | N
     if interactive:
         print(f"chatting with {loaded.description}{where} ({'chat template' if template else 'plain Q/A turns'}); "
               f"commands: {COMMANDS}", file=sys.stderr)
-    skipped = 0
+    skipped = refused = answered = 0
     for line in _lines(stdin, interactive):
         if line is None:
             skipped += 1
@@ -205,14 +205,23 @@ def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | N
             conversation.turns.pop(0)
             ids = codec.encode(conversation.text(question))
         if _no_room(runner, ids):
+            refused += 1
             _say(f"the question has {len(ids)} tokens: no room is left in the model's context for an answer")
             continue
-        answer, _ = stream_answer(runner, codec, ids, sampling, stop, generator, stdout, line_end=not template,
-                                  escape=not interactive)  # scripted: one output line per answer
+        try:
+            answer, _ = stream_answer(runner, codec, ids, sampling, stop, generator, stdout, line_end=not template,
+                                      escape=not interactive)  # scripted: one output line per answer
+        except KeyboardInterrupt:  # Ctrl-C stops this answer; the conversation goes on without it
+            stdout.write("\n")
+            stdout.flush()
+            _say("(interrupted: the answer stopped; ask again, or /exit)")
+            continue
         stdout.write("\n")
         stdout.flush()
+        answered += 1
         conversation.turns.append((question, answer))
-    return 2 if skipped else 0  # bad input was seen (each line said so on stderr); the rest was answered
+    # bad input was seen (each line said so on stderr), or every question was refused for lack of room
+    return 2 if skipped or (refused and not answered) else 0
 
 
 def _no_room(runner, ids: list[int]) -> bool:

@@ -563,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT (130), no traceback
+        print("incontext: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, KeyError, OSError, FloatingPointError) as error:  # OSError: missing, existing, unreadable or
         _fail(error)  # full files; FloatingPointError: an absorb that diverged (its options)
         return 2
