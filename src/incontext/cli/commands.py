@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add_common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field (repeatable), e.g. --set steps=500 --set seed=1")
-        p.add_argument("--out", type=Path, default=None, help="output folder (default: runs/<experiment>)")
+        p.add_argument("--out", type=path_arg, default=None, help="output folder (default: runs/<experiment>)")
 
     demo = sub.add_parser(
         "demo",
@@ -381,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--model", default=DEMO["model"], help="smollm2 (default), qwen2.5-coder-0.5b, or any model "
                       "compare takes")
-    demo.add_argument("--out", type=Path, default=None, help="output folder (default: runs/demo, runs/demo-MODEL for "
+    demo.add_argument("--out", type=path_arg, default=None, help="output folder (default: runs/demo, runs/demo-MODEL for "
                       "another model)")
     add_runtime(demo, tf32=True)
     demo.set_defaults(func=cmd_demo)
@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     comparer.add_argument("--ratio", type=float, default=None, metavar="R",
                           help="the kept share of each document's K/V for every method with a budget (kv-press, "
                           "kv-prefix: their ratio option; an explicit --set wins), e.g. --ratio 0.1")
-    comparer.add_argument("--out", type=Path, default=None, help="output folder (default: runs/compare-MODEL-TASK)")
+    comparer.add_argument("--out", type=path_arg, default=None, help="output folder (default: runs/compare-MODEL-TASK)")
     add_runtime(comparer, tf32=True)
     comparer.set_defaults(func=cmd_compare)
 
@@ -432,11 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     absorber.add_argument("--model", help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a local HF model folder")
     absorber.add_argument("--method", help="an absorb method (see --list)")
     absorber.add_argument("--prompt", default=None, help="the prompt text")
-    absorber.add_argument("--prompt-file", type=Path, default=None, help="a UTF-8 file holding the prompt")
-    absorber.add_argument("--prompts", type=Path, default=None,
+    absorber.add_argument("--prompt-file", type=path_arg, default=None, help="a UTF-8 file holding the prompt")
+    absorber.add_argument("--prompts", type=path_arg, default=None,
                           help="a folder of prompt files (*.txt): one adapted model each, in --out/<name>/; "
                           "torchrun --nproc_per_node N -m incontext.cli absorb ... shards them over N processes")
-    absorber.add_argument("--train-queries", type=Path, default=None, metavar="FILE",
+    absorber.add_argument("--train-queries", type=path_arg, default=None, metavar="FILE",
                           help="questions distill-lora or kv-prefix may train on (never the ones you will ask): one "
                           "a line, asked as 'Q: LINE\\nA:' (a line without closing punctuation, the start of a "
                           "statement the document completes, is read as it is); wordings of one question on "
@@ -449,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "system prompt), auto (system where the tokenizer has a chat template; default)")
     absorber.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                           help="a method option (repeatable), e.g. --set steps=32 --set learning_rate=1e-3")
-    absorber.add_argument("--out", type=Path, default=None, help="output folder (new, empty, or an earlier absorb folder)")
+    absorber.add_argument("--out", type=path_arg, default=None, help="output folder (new, empty, or an earlier absorb folder)")
     add_runtime(absorber, tf32=True)
     absorber.set_defaults(func=cmd_absorb)
 
@@ -464,11 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     generator.add_argument("text", metavar="TEXT", nargs="?", default=None,
                            help="the text to continue (a question, with --chat); or --prompts-file")
     generator.add_argument("--model", required=True, help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a local HF model folder")
-    generator.add_argument("--adapted", type=Path, action="append", default=None,
+    generator.add_argument("--adapted", type=path_arg, action="append", default=None,
                            help="an absorb folder (incontext absorb --out); repeated: the folders composed (kv-prefix's "
                            "prefixes concatenated, distill-lora's adapters added), documents answered together")
     generator.add_argument("--chat", action="store_true", help="TEXT is a user turn of the chat template")
-    generator.add_argument("--prompts-file", type=Path, default=None, metavar="FILE",
+    generator.add_argument("--prompts-file", type=path_arg, default=None, metavar="FILE",
                            help="answer every line of FILE (one prompt a line, \\n for a line break inside one) with "
                            "one model load: one output line per prompt, line breaks written as \\n")
     generator.add_argument("--jsonl", action="store_true",
@@ -487,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exporter.add_argument("--model", required=True, help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a "
                           "local HF model folder")
-    exporter.add_argument("--out", type=Path, required=True, help="a new or empty folder")
+    exporter.add_argument("--out", type=path_arg, required=True, help="a new or empty folder")
     add_runtime(exporter)
     exporter.set_defaults(func=cmd_export_model)
 
@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chatter.add_argument("--model", required=True, help="smollm2, qwen2.5-coder-0.5b, gemma3-270m, a run folder/checkpoint of ours, or a "
                          "local HF model folder")
-    chatter.add_argument("--adapted", type=Path, action="append", default=None,
+    chatter.add_argument("--adapted", type=path_arg, action="append", default=None,
                          help="an absorb folder (incontext absorb --out); repeated: the folders composed")
     add_sampling(chatter, 256, "at most this many tokens an answer (default 256)")
     add_runtime(chatter)
@@ -518,10 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Writes config.yaml, metrics.jsonl, TensorBoard logs, safetensors checkpoints, loss.png and results.json "
         "to run.out_dir. For several processes: torchrun --nproc_per_node N -m incontext.cli train CONFIG.",
     )
-    trainer.add_argument("config", type=Path, help="YAML file, e.g. configs/regression-small.yaml")
+    trainer.add_argument("config", type=path_arg, help="YAML file, e.g. configs/regression-small.yaml")
     trainer.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                          help="override a config value (repeatable), e.g. --set optimizer.lr=3e-4 --set run.batch_size=32")
-    trainer.add_argument("--out", type=Path, default=None, help="run folder (overrides run.out_dir)")
+    trainer.add_argument("--out", type=path_arg, default=None, help="run folder (overrides run.out_dir)")
     trainer.add_argument("--resume", action="store_true",
                          help="continue from the run folder's latest checkpoint (bit-identical to an uninterrupted run)")
     trainer.add_argument("--force", action="store_true",
@@ -535,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluator = sub.add_parser("eval", help="evaluate a checkpoint on its run's held-out set",
                                description="Rebuild the model and task from a checkpoint's saved config and re-run "
                                "the evaluation that training logged (same held-out sequences).")
-    evaluator.add_argument("checkpoint", type=Path, help="a checkpoint folder, or a run folder (uses its latest)")
+    evaluator.add_argument("checkpoint", type=path_arg, help="a checkpoint folder, or a run folder (uses its latest)")
     add_runtime(evaluator)
     evaluator.add_argument("--full", action="store_true", help="also print list-valued metrics (per position/example)")
     evaluator.set_defaults(func=cmd_eval)
@@ -555,6 +555,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _fail(error: BaseException) -> None:
     message = error.args[0] if isinstance(error, KeyError) and error.args else error
     print("incontext: error: " + " ".join(str(message).split()), file=sys.stderr)  # always one line
+
+
+def path_arg(value: str) -> Path:
+    """A path option's value: an empty one is refused (argparse would read it as the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path (give a folder or file name)")
+    return Path(value)
 
 
 def main(argv: list[str] | None = None) -> int:

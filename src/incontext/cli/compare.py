@@ -97,9 +97,12 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     if spec.ratio is not None:  # --ratio: one budget for every method that takes one (an explicit --set wins)
         if not (isinstance(spec.ratio, (int, float)) and 0 < spec.ratio <= 1):
             raise ValueError(f"--ratio must be a share in (0, 1], got {spec.ratio!r}")
-        for name in methods:
-            if "ratio" in method_option_names(method_name(name)):
-                method_options[name].setdefault("ratio", float(spec.ratio))
+        budgeted = [name for name in methods if "ratio" in method_option_names(method_name(name))]
+        if not budgeted:
+            raise ValueError(f"--ratio {spec.ratio}: none of the compared methods ({', '.join(methods)}) takes a budget "
+                             "(kv-press and kv-prefix do)")
+        for name in budgeted:
+            method_options[name].setdefault("ratio", float(spec.ratio))
     for name in spec.method_options:
         if name not in methods:
             raise ValueError(f"options given for {name!r}, which is not among the compared methods ({', '.join(methods)})")

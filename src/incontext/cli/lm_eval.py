@@ -89,6 +89,8 @@ class IncontextLM(TemplateLM):
                              "(it takes absorbed=DIR, model=SPEC, dtype=...)")
         if absorbed is None and model is None:
             raise ValueError("give model_args absorbed=DIR (an absorb folder) or model=SPEC (the base model alone)")
+        if absorbed is not None and not str(absorbed).strip():
+            raise ValueError("model_args absorbed= is empty: give the absorb folder (absorbed=DIR)")
         folder = None if absorbed is None else Path(str(absorbed))
         spec = str(model) if model is not None else base_spec(folder)
         if device is None or device == LM_EVAL_DEFAULT_DEVICE and not torch.cuda.is_available():

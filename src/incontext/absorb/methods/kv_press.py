@@ -76,4 +76,7 @@ class KVPress(AbsorbMethod):
 
     def _absorb(self, model, given) -> AdaptedModel:
         prompt, codec = given.prompt, given.codec
+        if self.document_start is not None and self.document_start >= prompt.shape[-1]:
+            raise ValueError(f"kv-press: document_start={self.document_start} is at or past the end of the "
+                             f"{prompt.shape[-1]}-token prompt (it counts the template's tokens before the document)")
         return PressedCache(model, press_cache(model, prompt, self.press, self.ratio, codec, self.document_start)).eval()

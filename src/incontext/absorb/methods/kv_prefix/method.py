@@ -80,6 +80,9 @@ class KVPrefix(Distiller):
     def setup(self) -> None:
         if self.init.startswith("press"):
             check_press(self.press, "kv-prefix")
+        elif self.press != KVPrefixOptions.press:
+            raise ValueError(f"kv-prefix: press={self.press} is read only with init=press or init=press-rerotated "
+                             f"(this is init={self.init}): give --set init=press too, or leave press out")
 
     def prepare(self, model, prompt: torch.Tensor, codec) -> dict[str, Any]:
         m, context = prompt.shape[0], model.config.max_seq_len
