@@ -139,7 +139,9 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
         same_in_another_dtype = ("model_fingerprint_bf16" in record
                                  and record["model_fingerprint_bf16"] == model_fingerprint(model, rounded=True))
         if not same_in_another_dtype:
-            raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
+            raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}" if absorbed_into != str(spec)
+                             else f"--adapted {folder} was absorbed into {spec!r} with other weights (their fingerprint "
+                                  "differs: another version of the model, or weights not rounded from this dtype)")
     if not (folder / ADAPTED_FILES[0]).is_file() and peft_note.get("written"):  # the PEFT adapter alone
         return _load_peft(folder, peft_note, model)
     description_file = folder / "adapted.json"
@@ -151,7 +153,9 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"--adapted {folder}: adapted.json is corrupt") from None
     if base_config != to_dict(model.config):
-        raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}")
+        raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}" if absorbed_into != str(spec)
+                         else f"--adapted {folder} was absorbed into a {spec!r} of another configuration "
+                              f"({', '.join(k for k in base_config if base_config.get(k) != to_dict(model.config).get(k))[:120]} differ)")
     try:
         return AdaptedModel.load(folder, base=model)
     except (RuntimeError, KeyError, TypeError, FileNotFoundError) as error:  # safetensors / load_state_dict complaints

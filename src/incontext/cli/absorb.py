@@ -40,9 +40,14 @@ def read_prompt(text: str | None, file: Path | None) -> str:
     if (text is None) == (file is None):
         raise ValueError("give the prompt with exactly one of --prompt TEXT and --prompt-file FILE")
     if file is not None:
+        if file.is_dir():
+            raise ValueError(f"--prompt-file {file} is a folder, not a file (several documents: --prompts DIR)")
         if not file.is_file():
             raise FileNotFoundError(f"--prompt-file {file}: no such file")
-        text = file.read_text(encoding="utf-8")
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"--prompt-file {file} is not UTF-8 text") from None
         where = f"--prompt-file {file}"
     else:
         where = "--prompt"

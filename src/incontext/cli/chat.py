@@ -235,6 +235,8 @@ def _no_room(runner, ids: list[int]) -> bool:
 def read_prompts(file: Path) -> list[tuple[int, str]]:
     """--prompts-file FILE: one prompt a line, the two characters \\n standing for a line break inside one; blank
     lines skipped. (line number, prompt) pairs."""
+    if file.is_dir():
+        raise ValueError(f"--prompts-file {file} is a folder, not a file (one prompt a line)")
     if not file.is_file():
         raise FileNotFoundError(f"--prompts-file {file}: no such file")
     try:

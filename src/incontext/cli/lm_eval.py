@@ -81,7 +81,8 @@ class IncontextLM(TemplateLM):
             self._setup(absorbed, model, device, dtype, unknown)
         except (ValueError, OSError, KeyError) as error:  # our model's arguments: one line from main(), no traceback
             message = error.args[0] if isinstance(error, KeyError) and error.args else error
-            raise ModelArgsError(" ".join(str(message).split())) from None
+            message = " ".join(str(message).split()).replace("--adapted ", "absorbed=")  # the folder as given here
+            raise ModelArgsError(message) from None
 
     def _setup(self, absorbed, model, device, dtype, unknown) -> None:
         if unknown:
