@@ -17,6 +17,7 @@ from incontext.absorb import get_absorb_method
 from incontext.absorb.study import stage as study_stage
 from incontext.interop.models import load_model
 from incontext.tasks.episodes import get_episode_source
+from incontext.tasks.splits import split_of
 
 
 def add_facts_arguments(p: argparse.ArgumentParser, episodes: int, seed: int) -> None:
@@ -32,14 +33,16 @@ def add_facts_arguments(p: argparse.ArgumentParser, episodes: int, seed: int) ->
 def add_validation_arguments(p: argparse.ArgumentParser) -> None:
     """--allow-test and --out of a probe that reads evaluation questions (chunked_teacher.py, prefix_trajectory.py,
     wording_consistency.py); check_validation_arguments refuses them after parsing."""
-    p.add_argument("--allow-test", action="store_true", help="allow seed 0 (the test episodes)")
+    p.add_argument("--allow-test", action="store_true", help="allow a seed of the test split (1,000,000 and up)")
     p.add_argument("--out", type=Path, help="a JSON file to write (an existing one is refused)")
 
 
 def check_validation_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Seed 0 (the test episodes) without --allow-test, and an --out that exists, named by p.error."""
-    if args.seed == 0 and not args.allow_test:
-        p.error("seed 0 holds the test episodes: probe validation episodes (seed 10000), or pass --allow-test")
+    """A seed of the test split (tasks/splits.py: 1,000,000 and up) without --allow-test, and an --out that exists,
+    named by p.error. Seed 0 is the dev split (the old test episodes, reused)."""
+    if split_of(args.seed) == "test" and not args.allow_test:
+        p.error(f"seed {args.seed} draws the test split's episodes: probe validation episodes (seed 10000), or pass "
+                "--allow-test")
     if args.out is not None and args.out.exists():
         p.error(f"--out {args.out} exists; give a new file")
 

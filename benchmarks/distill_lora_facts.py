@@ -44,7 +44,7 @@ import torch
 
 from incontext.absorb import get_absorb_method
 from incontext.absorb.decode import stream_tokens
-from incontext.cli.compare import episode_seed
+from incontext.tasks.splits import episode_seed
 from incontext.cli.absorb import train_query_ids, train_query_text
 from incontext.config import parse_overrides
 from incontext.interop.models import load_model
