@@ -100,12 +100,19 @@ def simulated_step(config: Table3Config, tint_config: TintConfig) -> dict:
             "max_weight_rel_error_vs_r_approx": weight_error, "vs_r_exact": exact}
 
 
+def _verdict(formula: dict, paper: list) -> str:
+    """"" where every part and the total round to the paper's (one decimal), else which differ by how much."""
+    ours = [formula["forward"], formula["backward"], formula["descent"], formula["total_sum"]]
+    off = [f"{name} {round(o, 1)} vs {p}" for name, o, p in zip(("F", "B", "D", "total"), ours, paper) if round(o, 1) != p]
+    return "" if not off else f" (differs: {', '.join(off)})"
+
+
 def table(results: dict) -> str:
     lines = [("Simulator parameters (billions, biases ignored): formula (forward / backward / descent / sum of the three)"
              " vs the paper's Table 3"), ""]
     lines += markdown_table(["auxiliary", "forward", "backward", "descent", "total", "paper F / B / D / total"], [
         [name, f["forward"], f["backward"], f["descent"], f["total_sum"], " / ".join(map(str, results["paper_billions"][name]))
-         + (" (does not reproduce)" if name == "OPT-350M" else "")] for name, f in results["formula_billions"].items()])
+         + _verdict(f, results["paper_billions"][name])] for name, f in results["formula_billions"].items()])
     b, o, lay = results["gpt2_small_built_meta"], results["gpt2_small_formula"], results["gpt2_small_layout"]
     lines += ["", (f"GPT-2-small-sized auxiliary (D_sim={lay['d_sim']}, H_sim={lay['h_sim']}, K={lay['K']}, T_sim={lay['t_sim']}): "
               "TinT parameter tree built on the meta device vs the formula for this construction"), "",
