@@ -123,3 +123,13 @@ def test_names_of_nearly_coinciding_points_are_stacked_not_drawn_over_each_other
     assert offsets["kv-prefix"] == (3, 3) and offsets["distill-lora"] == (3, -7)  # the second one goes below
     assert offsets["keep-prompt"] == offsets["drop-prompt"] == offsets["iclca-approx"] == (3, 3)
     pyplot().close(fig)
+
+
+def test_the_demo_is_squad_on_the_chosen_model():
+    """`incontext demo` runs SQuAD paragraphs of the test articles with every method at its defaults; --model picks the
+    shipped model (its default output folder named by it)."""
+    args = cli.build_parser().parse_args(["demo"])
+    spec = cli.demo_spec(args)
+    assert (spec.model, spec.task, spec.split, spec.episodes, spec.task_options) == ("smollm2", "squad", "test", 5, {})
+    assert "kv-press" in spec.methods and "kv-prefix" in spec.methods and not spec.method_options
+    assert cli.demo_spec(cli.build_parser().parse_args(["demo", "--model", "qwen2.5-coder-0.5b"])).model == "qwen2.5-coder-0.5b"

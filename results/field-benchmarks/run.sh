@@ -3,7 +3,8 @@
 # document alone as the chat template's system turn. One compare per (model, task, budget) into runs/field-SPLIT/
 # (scratch); summary.py writes the one table and curve per task and model here (field-SPLIT.{md,json}, curve-*.png).
 #   bash scripts/env.sh bash results/field-benchmarks/run.sh references   # validation: what each model reads (F1, RULER)
-#   SPLIT=test bash scripts/env.sh bash results/field-benchmarks/run.sh presses   # the test split, once: the presses
+#   bash scripts/env.sh bash results/field-benchmarks/run.sh wording      # validation: the squad question's wording
+#   bash scripts/env.sh bash results/field-benchmarks/test.sh             # the test split, once (the phases below)
 #   bash scripts/env.sh python results/field-benchmarks/summary.py --split validation|test
 # MODELS, EPISODES, RATIOS and LENGTHS narrow a phase (a CPU run of the whole is hours; on 2 cores the run is cut to
 # what fits, and the table says how many episodes each row saw).
@@ -33,6 +34,13 @@ if [ "$phase" = references ]; then
       done
     done
   done
+elif [ "$phase" = wording ]; then
+  # the squad question's wording, chosen on validation by keep-prompt's F1 over both models (ruler: RULER's QA
+  # instruction, the default; bare: the question alone)
+  for model in $models; do
+    incontext compare --model "$model" --task squad --split "$split" --seed "$seed" --episodes "${EPISODES:-10}" \
+      --methods keep-prompt,drop-prompt --set wording=bare --out "$scratch/$(short "$model")-squad_bare-refs"
+  done
 elif [ "$phase" = presses ]; then
   # kvpress's presses at each kept share, with keep-prompt on the same episodes (the compare's reference)
   for model in $models; do
@@ -52,6 +60,6 @@ elif [ "$phase" = ruler-presses ]; then
     done
   done
 else
-  echo "phase: references, presses or ruler-presses" >&2
+  echo "phase: references, wording, presses or ruler-presses" >&2
   exit 2
 fi

@@ -61,54 +61,70 @@ def _pct(value) -> str:
     return "" if value is None else f"{100 * value:.1f}"
 
 
+def _task_label(task: str) -> str:
+    """"ruler_niah_single_2_2048" -> "ruler niah_single_2 @2048"; "squad_bare" -> "squad (wording=bare)"."""
+    if task.startswith("ruler_"):
+        kind, _, length = task.removeprefix("ruler_").rpartition("_")
+        return f"ruler {kind} @{length}"
+    name, _, variant = task.partition("_")
+    return f"{name} (wording={variant})" if variant else name
+
+
 def table(points: list[dict]) -> str:
     lines = []
+    refs = [p for p in points if p["budget"] is None]
+    if refs:
+        lines += ["What each model reads: the prompted reference (keep-prompt: the document in the context) and the floor "
+                  "(drop-prompt); squad and hotpotqa F1 (EM, contains), ruler string match; % with 95% intervals over "
+                  "episodes.", "",
+                  "| model | task | tokens a document | episodes (questions) | keep-prompt | drop-prompt |",
+                  "|---|---|---|---|---|---|"]
+        for (model, task) in dict.fromkeys((p["model"], p["task"]) for p in refs):
+            mine = {p["method"]: p for p in refs if p["model"] == model and p["task"] == task}
+            cells = []
+            for method in ("keep-prompt", "drop-prompt"):
+                p = mine[method]
+                extra = "" if p.get("em") is None else f" ({_pct(p['em'])}, {_pct(p.get('contains'))})"
+                cells.append(f"{_pct(p['score'])} [{_pct(p['low'])}, {_pct(p['high'])}]{extra}")
+            first = mine["keep-prompt"]
+            lines.append(f"| {MODELS.get(model, model)} | {_task_label(task)} | {first['prompt_tokens']:.0f} | "
+                         f"{first['episodes']} ({first['queries']}) | " + " | ".join(cells) + " |")
+        lines.append("")
     for model in dict.fromkeys(p["model"] for p in points):
-        for task in dict.fromkeys(p["task"] for p in points if p["model"] == model):
-            mine = [p for p in points if p["model"] == model and p["task"] == task]
-            refs = [p for p in mine if p["budget"] is None]
-            curve = [p for p in mine if p["budget"] is not None]
-            first = mine[0]
-            lines += [f"**{MODELS.get(model, model)}, `{task}`**: {first['episodes']} episodes ({first['queries']} "
-                      f"questions), {first['prompt_tokens']:.0f} tokens a document; score: "
-                      f"{'F1 (EM, contains)' if first['metric'] == 'squad' else 'string match'} %", ""]
-            if refs:
-                lines += ["| reference | score [95% CI] | EM % | contains % | ms / query |", "|---|---|---|---|---|"]
-                for p in refs:
-                    lines.append(f"| {p['method']} | {_pct(p['score'])} [{_pct(p['low'])}, {_pct(p['high'])}] | "
-                                 f"{_pct(p.get('em'))} | {_pct(p.get('contains'))} | {p['query_ms'] or 0:.0f} |")
-                lines.append("")
-            if curve:
-                budgets = sorted({p["budget"] for p in curve}, reverse=True)
-                keep = next((p["keep_prompt"] for p in curve), None)
-                lines += [f"keep-prompt on these episodes: {_pct(keep)}", "",
-                          "| method | " + " | ".join(f"{100 * b:g}% kept" for b in budgets) + " | absorb s |",
-                          "|---|" + "---|" * (len(budgets) + 1)]
-                methods = [m for m in dict.fromkeys(p["method"] for p in curve) if "(press run)" not in m or
-                           m.startswith("drop-prompt")]
-                for method in methods:
-                    cells, absorb = [], []
-                    for b in budgets:
-                        p = next((p for p in curve if p["method"] == method and p["budget"] == b), None)
-                        if p is None:
-                            cells.append("")
-                        elif p["score"] is None:
-                            cells.append(p["status"])
-                        else:
-                            band = "" if not p["share_interval"] else \
-                                f" [{100 * p['share_interval'][0]:.0f}, {100 * p['share_interval'][1]:.0f}]"
-                            share = "" if p["share_of_keep_prompt"] is None else f"{100 * p['share_of_keep_prompt']:.0f}%"
-                            cells.append(f"{_pct(p['score'])} ({share}{band}; {_pct(p['kept_share'])}% kept)")
-                            absorb.append((p["absorb_ms"] or 0) / 1000)
-                    lines.append(f"| {method.replace(' (press run)', '')} | " + " | ".join(cells) +
-                                 (f" | {max(absorb):.1f} |" if absorb else " | |"))
-                lines.append("")
-            if task.split("_")[0] in PUBLISHED:
-                lines += [f"Published, for scale (other models): {PUBLISHED[task.split('_')[0]]}.", ""]
-    lines.append("Cells: the score (its share of keep-prompt's on the same episodes, with a paired bootstrap 95% interval "
-                 "over episodes; the measured kept share of the document's K/V bytes). absorb s: the largest per-document "
-                 "absorb time over the budgets (CPU time per thread, 2 threads). Commands: each row's results.json in "
-                 "the scratch folder records it; run.sh runs them all.")
+        for task in dict.fromkeys(p["task"] for p in points if p["model"] == model and p["budget"] is not None):
+            curve = [p for p in points if p["model"] == model and p["task"] == task and p["budget"] is not None]
+            first = curve[0]
+            budgets = sorted({p["budget"] for p in curve}, reverse=True)
+            lines += [f"**{MODELS.get(model, model)}, {_task_label(task)}**: {first['episodes']} episodes "
+                      f"({first['queries']} questions), {first['prompt_tokens']:.0f} tokens a document; keep-prompt "
+                      f"{_pct(first['keep_prompt'])} ({'F1' if first['metric'] == 'squad' else 'string match'} %)", "",
+                      "| method | " + " | ".join(f"{100 * b:g}% kept" for b in budgets) + " | absorb s |",
+                      "|---|" + "---|" * (len(budgets) + 1)]
+            methods = [m for m in dict.fromkeys(p["method"] for p in curve) if "(press run)" not in m or
+                       m.startswith("drop-prompt")]
+            for method in methods:
+                cells, absorb = [], []
+                for b in budgets:
+                    p = next((p for p in curve if p["method"] == method and p["budget"] == b), None)
+                    if p is None:
+                        cells.append("")
+                    elif p["score"] is None:
+                        cells.append(f"{p['status']}: {p['reason'][:80]}")
+                    else:
+                        band = "" if not p["share_interval"] else \
+                            f" [{100 * p['share_interval'][0]:.0f}, {100 * p['share_interval'][1]:.0f}]"
+                        share = "" if p["share_of_keep_prompt"] is None else f"{100 * p['share_of_keep_prompt']:.0f}%"
+                        cells.append(f"{_pct(p['score'])} ({share}{band}; {_pct(p['kept_share'])}% kept)")
+                        absorb.append((p["absorb_ms"] or 0) / 1000)
+                lines.append(f"| {method.replace(' (press run)', '')} | " + " | ".join(cells) +
+                             (f" | {max(absorb):.1f} |" if absorb else " | |"))
+            lines.append("")
+    if any(p["budget"] is not None for p in points):
+        lines.append("Cells: the score (its share of keep-prompt's on the same episodes, with a paired bootstrap 95% "
+                     "interval over episodes; the measured kept share of the document's K/V bytes). absorb s: the largest "
+                     "per-document absorb time over the budgets (CPU time per thread, 2 threads).")
+    tasks = {p["task"].split("_")[0] for p in points}
+    lines += [f"Published, for scale (other models): {PUBLISHED[t]}." for t in PUBLISHED if t in tasks]
     return "\n".join(lines)
 
 

@@ -8,7 +8,9 @@
 #   bash scripts/env.sh python results/second-test-run/summary.py
 set -euo pipefail
 out=results/second-test-run
-incontext demo --out results/demo
+# the main job as it was then (the invented-facts demo; `incontext demo` runs SQuAD now): the same command
+incontext compare --model smollm2 --task facts --episodes 5 --seed 0 --set people=2 \
+  --methods keep-prompt,drop-prompt,iclca-approx,dynamic-eval,distill-lora,kv-prefix,kv-press --out results/demo-facts
 methods=(--methods keep-prompt,drop-prompt,distill-lora,kv-prefix --set distill-lora.progress=false
   --set kv-prefix.progress=false)
 incontext compare --model smollm2 --task facts --episodes 12 --seed 1 --set people=2 "${methods[@]}" --out $out/facts

@@ -14,7 +14,9 @@ methods=(--methods keep-prompt,drop-prompt,distill-lora,kv-prefix,kv-prefix:wind
 incontext compare --model smollm2 --task facts --episodes 12 --seed 1 --set people=2 "${methods[@]}" --out $out/facts
 incontext compare --model smollm2 --task documents --episodes 12 --seed 1 "${methods[@]}" --out $out/documents
 incontext compare --model smollm2 --task continuation --episodes 5 --seed 1 "${methods[@]}" --out $out/continuation
-incontext demo --out results/demo  # the main job, each method at its (new) defaults: the README's first table
+# the main job then (the invented-facts demo, before kv-press joined it; results/demo-facts holds the later run)
+incontext compare --model smollm2 --task facts --episodes 5 --seed 0 --set people=2 \
+  --methods keep-prompt,drop-prompt,iclca-approx,dynamic-eval,distill-lora,kv-prefix --out results/demo-facts
 python benchmarks/distill_lora_facts.py --split test --seed 1 --episodes 5 --method kv-prefix --config teacher \
   --config s29-test-kv-prefix
 python benchmarks/distill_lora_facts.py --split test --seed 1 --episodes 5 --method distill-lora --config s29-test-distill-lora

@@ -23,7 +23,8 @@ ROOT = docs.repo_root()
 # each run script and the arguments its header states (press-curve/test.sh runs run.sh itself, with its test settings)
 SCRIPTS = {"results/self-study-test/run.sh": [[]], "results/press-curve/run.sh": [["presses"], ["trained"]],
            "results/press-curve/test.sh": [[]], "results/self-study-validation/run.sh": [[]],
-           "results/second-test-run/run.sh": [[]], "results/demo-after-move/run.sh": [[]]}
+           "results/second-test-run/run.sh": [[]], "results/demo-after-move/run.sh": [[]],
+           "results/field-benchmarks/run.sh": [["references"], ["wording"]], "results/field-benchmarks/test.sh": [[]]}
 SHIMS = ('incontext() { "$INCONTEXT_PY" -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@"; }; '
          'python() { :; }; export -f incontext python; ')
 
@@ -31,7 +32,9 @@ SHIMS = ('incontext() { "$INCONTEXT_PY" -c \'import json, sys; print(json.dumps(
 def dry_run(script: str, args: list[str]) -> list[list[str]]:
     """The `incontext` command lines the script runs with these arguments (its other commands do nothing)."""
     env = {k: v for k, v in os.environ.items() if k not in ("SPLIT", "SEED", "RATIOS", "STARTS", "TRAINED_EPISODES",
-                                                             "LONG_EPISODES", "CHOSEN_START")}
+                                                             "LONG_EPISODES", "CHOSEN_START", "MODELS", "EPISODES",
+                                                             "PRESSES", "LENGTH", "LENGTHS", "RULER_EPISODES",
+                                                             "HOTPOT_EPISODES")}
     env["INCONTEXT_PY"] = sys.executable
     out = subprocess.run(["bash", "--noprofile", "--norc", "-c", SHIMS + f'source "$0" "$@"', script, *args],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -81,7 +84,7 @@ def commands():
 
 
 def test_the_dry_run_runs_nothing_and_finds_the_scripts_commands(commands):
-    assert {"results/self-study-test/facts", "results/self-study-test/documents", "results/demo",
+    assert {"results/self-study-test/facts", "results/self-study-test/documents", "results/demo", "results/demo-facts",
             "runs/press-curve-validation/facts-0.25", "runs/press-curve-test/trained-documents-0.1"} <= set(commands)
     assert not (ROOT / "runs/press-curve-validation/facts-0.05/results.json.dry").exists()
 

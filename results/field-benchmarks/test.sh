@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The field's benchmarks on the test split, run once after the validation runs (run.sh references, wording): the main
+# job on SQuAD (the README's first table), then kvpress's presses on squad and RULER for both models, cut to what fits
+# on 2 CPU cores (Qwen: RULER with KVzip and SnapKV on 3 samples).
+#   bash scripts/env.sh bash results/field-benchmarks/test.sh
+#   bash scripts/env.sh python results/field-benchmarks/summary.py --split test
+set -euo pipefail
+here=$(dirname "$0")
+incontext demo --out results/demo
+SPLIT=test MODELS=smollm2 EPISODES=10 bash "$here/run.sh" presses
+SPLIT=test MODELS=smollm2 RULER_EPISODES=5 LENGTH=2048 bash "$here/run.sh" ruler-presses
+SPLIT=test MODELS=qwen2.5-coder-0.5b EPISODES=6 bash "$here/run.sh" presses
+SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" RULER_EPISODES=3 LENGTH=2048 bash "$here/run.sh" ruler-presses
+incontext compare --model qwen2.5-coder-0.5b --task squad --episodes 2 --methods keep-prompt,drop-prompt,iclca-approx,dynamic-eval,distill-lora,kv-prefix,kv-press --out results/demo-qwen05-preview  # the demo's methods on the larger model, 2 of its 5 paragraphs (the whole demo is about an hour here)
