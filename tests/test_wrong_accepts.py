@@ -45,3 +45,14 @@ def test_lm_eval_empty_absorbed_is_refused():
 
     with pytest.raises(ValueError, match="absorbed= is empty"):
         IncontextLM(absorbed="")
+
+
+def test_export_model_checks_out_before_converting(tmp_path, capsys, monkeypatch):
+    """An --out that cannot be created is refused in one line before the model loads (a conversion takes minutes)."""
+    import incontext.cli.absorb as absorb_cli
+
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(absorb_cli, "load_model", lambda *a, **k: pytest.fail("the model loaded before --out was checked"))
+    code = cli.main(["export-model", "--model", "smollm2", "--out", str(tmp_path / "file" / "sub")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "cannot be created" in err and len(err.splitlines()) == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -314,6 +315,13 @@ def export_model(args, runtime: Runtime) -> int:
 
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise FileExistsError(f"--out {args.out} is not a new or empty folder; export-model writes only into one")
+    parent = args.out.resolve().parent
+    try:  # where the folder goes must be writable before the model loads and converts (minutes for a large one)
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--out {args.out} cannot be created ({error.strerror or type(error).__name__})") from None
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"--out {args.out} cannot be created: {parent} is not writable")
     loaded = load_model(args.model, runtime=runtime)
     try:
         twin = hf_twin(loaded.model)

@@ -69,6 +69,11 @@ class ModelArgsError(ValueError):
     argument): main() prints it as one line and exits with status 2."""
 
 
+class RequestError(ValueError):
+    """A request the incontext model cannot serve (a system instruction after a system-turn document, a continuation
+    longer than the room left): main() prints it as one line and exits with status 2."""
+
+
 @register_model(NAME)
 class IncontextLM(TemplateLM):
     """An absorb folder (or a base model) of incontext as an lm-eval model: loglikelihood, loglikelihood_rolling
@@ -105,6 +110,9 @@ class IncontextLM(TemplateLM):
         self.runner.eval()
         self._device = next(self.runner.parameters()).device
         room = context_room(self.runner, 0)  # tokens a query may have after the absorbed document
+        if room is not None and room < 2:
+            raise ValueError(f"absorbed={folder}: the absorbed document leaves {room} token(s) of the model's context; "
+                             "lm-eval's requests need at least a question and an answer token after it")
         self._max_length = DEFAULT_MAX_LENGTH if room is None else room
         hf_tokenizer = getattr(self.codec, "tokenizer", None)
         bos = getattr(hf_tokenizer, "bos_token_id", None)
@@ -156,7 +164,7 @@ class IncontextLM(TemplateLM):
             raise ValueError("--apply_chat_template: a task that prefills the assistant's answer (gen_prefix) is not "
                              "supported by the incontext model")
         if self.placement == "system" and any(m.get("role") == "system" for m in chat_history):
-            raise ValueError("--apply_chat_template: the absorbed document is the conversation's system turn; "
+            raise RequestError("--apply_chat_template: the absorbed document is the conversation's system turn; "
                              "a system instruction (--system_instruction, a task's description) cannot follow it")
         # lm-eval records and re-tokenizes this string whole, as its own Hugging Face model does: returned unmarked
         return unmarked(conversation_after(self.codec, chat_history, self.placement))
@@ -171,7 +179,7 @@ class IncontextLM(TemplateLM):
             return 0.0, True
         inputs = (context + continuation)[:-1][-self._max_length:]
         if len(inputs) < len(continuation):
-            raise ValueError(f"a continuation of {len(continuation)} tokens does not fit the model's room "
+            raise RequestError(f"a continuation of {len(continuation)} tokens does not fit the model's room "
                              f"({self._max_length} tokens after the absorbed document)")
         logits = self.runner(torch.tensor([inputs], device=self._device))[0, -len(continuation):]
         logprobs = F.log_softmax(logits.double(), dim=-1)
@@ -253,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = [sys.argv[0], *argv]
     try:
         cli_evaluate()
-    except ModelArgsError as error:  # lm-eval's own errors (an unknown task) stay lm-eval's
+    except (ModelArgsError, RequestError) as error:  # lm-eval's own errors (an unknown task) stay lm-eval's
         print(f"incontext: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 
