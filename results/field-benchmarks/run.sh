@@ -53,13 +53,21 @@ elif [ "$phase" = presses ]; then
 elif [ "$phase" = ruler-presses ]; then
   for model in $models; do
     for ratio in ${RATIOS:-0.25 0.1}; do
-      incontext compare --model "$model" --task ruler --set kind=niah_single_2 --set length=${LENGTH:-2048} \
+      incontext compare --model "$model" --task ruler --set kind=${KIND:-niah_single_2} --set length=${LENGTH:-2048} \
         --split "$split" --seed "$seed" --episodes "${RULER_EPISODES:-5}" --ratio "$ratio" \
         --methods "drop-prompt,${press_methods%,}" "${press_sets[@]}" \
-        --out "$scratch/$(short "$model")-ruler_niah_single_2_${LENGTH:-2048}-$ratio"
+        --out "$scratch/$(short "$model")-ruler_${KIND:-niah_single_2}_${LENGTH:-2048}-$ratio"
+    done
+  done
+elif [ "$phase" = hotpotqa-presses ]; then
+  for model in $models; do
+    for ratio in ${RATIOS:-0.25 0.1}; do
+      incontext compare --model "$model" --task hotpotqa --split "$split" --seed "$seed" --episodes "${HOTPOT_EPISODES:-4}" \
+        --ratio "$ratio" --methods "drop-prompt,${press_methods%,}" "${press_sets[@]}" \
+        --out "$scratch/$(short "$model")-hotpotqa-$ratio"
     done
   done
 else
-  echo "phase: references, wording, presses or ruler-presses" >&2
+  echo "phase: references, wording, presses, ruler-presses or hotpotqa-presses" >&2
   exit 2
 fi

@@ -12,3 +12,5 @@ SPLIT=test MODELS=smollm2 RULER_EPISODES=5 LENGTH=2048 bash "$here/run.sh" ruler
 SPLIT=test MODELS=qwen2.5-coder-0.5b EPISODES=6 bash "$here/run.sh" presses
 SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" RULER_EPISODES=3 LENGTH=2048 bash "$here/run.sh" ruler-presses
 incontext compare --model qwen2.5-coder-0.5b --task squad --episodes 2 --methods keep-prompt,drop-prompt,iclca-approx,dynamic-eval,distill-lora,kv-prefix,kv-press --out results/demo-qwen05-preview  # the demo's methods on the larger model, 2 of its 5 paragraphs (the whole demo is about an hour here)
+SPLIT=test MODELS=smollm2 KIND=niah_multikey_1 RULER_EPISODES=5 LENGTH=2048 bash "$here/run.sh" ruler-presses
+SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" HOTPOT_EPISODES=4 bash "$here/run.sh" hotpotqa-presses
