@@ -204,6 +204,17 @@ HEADLINES = [
               metric_pct(SQUAD_DEMO, "kv-prefix"), bytes_share(SQUAD_DEMO, "kv-prefix"))),
     ("no training, {:.1f} s against kv-prefix's\n{:.1f} s) {:.1f} with the closest agreement",
      lambda: (seconds(SQUAD_DEMO, "kv-press"), seconds(SQUAD_DEMO, "kv-prefix"), metric_pct(SQUAD_DEMO, "kv-press"))),
+    # the systems table's rows: the SQuAD demo
+    ("| F1 {:.1f} on SQuAD test paragraphs, SmolLM2, the document alone (demo) |", lambda: metric_pct(SQUAD_DEMO, "keep-prompt")),
+    ("| F1 {:.1f} (demo) |", lambda: metric_pct(SQUAD_DEMO, "drop-prompt")),
+    ("| F1 {:.1f} at {:.0f}% of the paragraph's K/V bytes (demo) |",
+     lambda: (metric_pct(SQUAD_DEMO, "distill-lora"), bytes_share(SQUAD_DEMO, "distill-lora"))),
+    ("| F1 {:.1f} at {:.0f}% of the bytes, {:.1f} s to absorb on 2 CPU cores (demo) |",
+     lambda: (metric_pct(SQUAD_DEMO, "kv-prefix"), bytes_share(SQUAD_DEMO, "kv-prefix"), seconds(SQUAD_DEMO, "kv-prefix"))),
+    ("KVzip: F1 {:.1f} at a quarter of the K/V in {:.1f} s (demo);",
+     lambda: (metric_pct(SQUAD_DEMO, "kv-press"), seconds(SQUAD_DEMO, "kv-press"))),
+    ("| F1 {:.1f} (demo); perplexity", lambda: metric_pct(SQUAD_DEMO, "dynamic-eval")),
+    ("| F1 {:.1f} (demo, FAVOR+) |", lambda: metric_pct(SQUAD_DEMO, "iclca-approx")),
     ("(F1 {:.1f},\nEM {:.1f} on validation paragraphs)",
      lambda: tuple(100 * next(p for p in json.loads((ROOT / "results/field-benchmarks/field-validation.json").read_text())
                               if p["model"] == "qwen05" and p["task"] == "squad" and p["method"] == "keep-prompt")[k]
