@@ -96,14 +96,22 @@ def hotpot_records(path: str | None = None) -> tuple[dict, ...]:
     return tuple(json.loads(Path(path or data_file("hotpotqa.json")).read_text(encoding="utf-8")))
 
 
-def hotpot_document(record: dict) -> str:
-    """The question's ten paragraphs as RULER writes documents: "Document i:\\n{title}\\n{sentences}" apart by a
-    blank line."""
+def hotpot_paragraphs(record: dict) -> list[str]:
+    """The question's ten paragraphs, each "{title}\\n{sentences}" as RULER's qa.py joins them."""
     context = record["context"]
     if isinstance(context, str):
         context = ast.literal_eval(context)
-    return "\n\n".join(f"Document {i}:\n{title}\n{''.join(sentences).strip()}"
-                       for i, (title, sentences) in enumerate(context, 1))
+    return [f"{title}\n{''.join(sentences).strip()}" for title, sentences in context]
+
+
+def documents_text(paragraphs: list[str]) -> str:
+    """Paragraphs as RULER writes documents: "Document i:\\n{paragraph}" apart by a blank line."""
+    return "\n\n".join(f"Document {i}:\n{paragraph}" for i, paragraph in enumerate(paragraphs, 1))
+
+
+def hotpot_document(record: dict) -> str:
+    """The question's ten paragraphs as RULER writes documents."""
+    return documents_text(hotpot_paragraphs(record))
 
 
 def qa_episode(codec, document: str, asked, fmt: str, max_answer_tokens: int, wording: str = "ruler") -> Episode:

@@ -274,7 +274,7 @@ class RulerScore(Generated):
 
     def score_answer(self, out, query, answer):
         s = token_scores(out, query)
-        s.correct, s.total = string_match(answer, query.answers, getattr(query, "match", "all")), 1
+        s.correct, s.total = string_match(answer, query.answers, query.match), 1
         return s
 
     def episode_score(self, scores):

@@ -40,8 +40,8 @@ import torch
 
 from ..config import check_choices
 from .episodes import Episode, EpisodeSource, _need, _positive, text_query
-from .field import (SQUAD_SPLITS, HOTPOT_SPLITS, data_file, hotpot_document, hotpot_records, resolve_format,
-                    squad_paragraphs)
+from .field import (HOTPOT_SPLITS, SQUAD_SPLITS, data_file, documents_text, hotpot_paragraphs, hotpot_records,
+                    resolve_format, squad_paragraphs)
 from .placement import chat_turn, placed_document
 from .splits import split_of
 
@@ -183,14 +183,13 @@ def qa_sample(kind: str, size: int, rng: random.Random, split: str, pick: int) -
         ids = [i for i in HOTPOT_SPLITS[split] if i < len(records)]
         record = records[ids[pick % len(ids)]]
         question, golds = record["question"], (record["answer"].strip(),)
-        own = [d.split("\n", 1)[1] for d in hotpot_document(record).split("\n\nDocument ")]
-        near, far = [], [d.split("\n", 1)[1] for other in rng.sample(ids, 20) if other != ids[pick % len(ids)]
-                         for d in hotpot_document(records[other]).split("\n\nDocument ")]
+        own = hotpot_paragraphs(record)
+        near, far = [], [d for other in rng.sample(ids, 20) if other != ids[pick % len(ids)]
+                         for d in hotpot_paragraphs(records[other])]
     extra = max(0, size - len(own))
     chosen = own + (rng.sample(near, extra) if extra <= len(near) else near + rng.sample(far, min(len(far), extra - len(near))))
     rng.shuffle(chosen)
-    context = "\n\n".join(f"Document {i}:\n{d}" for i, d in enumerate(chosen, 1))
-    return Sample(QA_TEMPLATE.format(context=context), QA_QUESTION.format(query=" ".join(question.split())), QA_PREFIX,
+    return Sample(QA_TEMPLATE.format(context=documents_text(chosen)), QA_QUESTION.format(query=" ".join(question.split())), QA_PREFIX,
                   tuple(golds), "part")
 
 
