@@ -22,7 +22,7 @@ greedily (up to 24 tokens); per answer:
 queries and their question ids, as `incontext compare` gives them (`facts` with paraphrases=3: each fact's statement
 cut before its answer and three other wordings of its question, never the question asked below), so that
 `study.wording_ensemble=true` has groups to read; --train-queries questions: the three other wordings alone. Either is what
-`incontext absorb --train-queries FILE` gives for a file of those lines (cli.absorb.train_query_text: the statement
+`incontext absorb --train-queries FILE` gives for a file of those lines (tasks.queries.train_query_text: the statement
 cut before its answer read as it is, the questions as "Q: LINE\nA:"; checked below); without it the method reads the
 passage alone, as `incontext absorb` without the option. --covered F: only the first round(F * 7) facts of each
 passage get training queries; the row then counts right answers on the covered and the other facts apart.
@@ -45,7 +45,8 @@ import torch
 from incontext.absorb import get_absorb_method
 from incontext.absorb.decode import stream_tokens
 from incontext.tasks.splits import episode_seed
-from incontext.cli.absorb import train_query_ids, train_query_text
+from incontext.absorb.protocol import max_context
+from incontext.tasks.queries import train_query_ids, train_query_text
 from incontext.config import parse_overrides
 from incontext.interop.models import load_model
 from incontext.tasks.facts import facts_prompt, make_people
@@ -131,7 +132,7 @@ def main() -> None:
             assert [[train_query_text(t) for t in w] for w in lines] == wordings
             placed = placed_document(codec, text, args.placement)
             if covered:  # as `incontext absorb --train-queries` reads the lines after the placed passage
-                ids, groups = train_query_ids(lines, codec, model, placed, len(codec.encode(placed)), args.placement)
+                ids, groups = train_query_ids(lines, codec, max_context(model), placed, len(codec.encode(placed)), args.placement)
                 given = {"train_queries": [torch.tensor(i) for i in ids], "train_groups": groups}
             else:
                 given = {}

@@ -344,8 +344,8 @@ def test_a_crash_while_writing_keeps_the_earlier_absorb_folder(llama, tmp_path, 
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "study.seed_prompts=poems"], "seed_prompts must be"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "autocast=int4"], "autocast must be one of none, bfloat16"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "tf32=maybe"], "tf32"),
-    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "study.wording_ensemble=true"], "give them with --train-queries FILE"),
-    (["--method", "distill-lora", "--prompt", PROMPT, "--set", "study.wording_ensemble=true"], "give them with --train-queries FILE"),
+    (["--method", "kv-prefix", "--prompt", PROMPT, "--set", "study.wording_ensemble=true"], "groups training questions by question, and there are none"),
+    (["--method", "distill-lora", "--prompt", PROMPT, "--set", "study.wording_ensemble=true"], "groups training questions by question, and there are none"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--train-queries", "MISSING"], "--train-queries"),
     (["--method", "kv-prefix", "--prompt", PROMPT, "--train-queries", "EMPTY"], "holds no questions"),
 ])
@@ -402,7 +402,7 @@ def test_train_queries_reach_the_method_as_from_python(method, options, placemen
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--method", "keep-prompt", "--prompt", PROMPT], "keep-prompt does not learn from training queries"),
+    (["--method", "keep-prompt", "--prompt", PROMPT], "keep-prompt does not learn from training questions"),
     (["--method", "kv-prefix", "--prompts", "FOLDER"], "--train-queries goes with one prompt"),
 ])
 def test_train_queries_where_they_do_not_apply_are_one_line_errors(argv, message, llama, tmp_path, capsys):
@@ -419,21 +419,22 @@ def test_train_queries_where_they_do_not_apply_are_one_line_errors(argv, message
 def test_train_query_lines_are_asked_as_questions_or_read_as_statements(loaded):
     """A line ending in ?, . or ! is asked as 'Q: LINE\\nA:'; one without is the start of a statement, read as it is;
     on a new line when the prompt does not end in one."""
-    from incontext.cli.absorb import train_query_ids, train_query_text
+    from incontext.absorb.protocol import max_context
+    from incontext.tasks.queries import train_query_ids, train_query_text
 
     assert train_query_text("Where was Ada born?") == "Q: Where was Ada born?\nA:"
     assert train_query_text("Name the town where Ada was born.") == "Q: Name the town where Ada was born.\nA:"
     assert train_query_text("Ada Lovelace was born in") == "Ada Lovelace was born in"
     codec = loaded.tokenizer
     groups = [["Ada Lovelace was born in", "Where was Ada born?"], ["What pet does Alan have?"]]
-    ids, questions = train_query_ids(groups, codec, loaded.model, PROMPT, 20)
+    ids, questions = train_query_ids(groups, codec, max_context(loaded.model), PROMPT, 20)
     assert ids[0] == codec.encode("Ada Lovelace was born in") and questions == [0, 0, 1]
-    ids, _ = train_query_ids(groups, codec, loaded.model, PROMPT.rstrip(), 20)
+    ids, _ = train_query_ids(groups, codec, max_context(loaded.model), PROMPT.rstrip(), 20)
     assert ids[1] == codec.encode("\nQ: Where was Ada born?\nA:")
 
 
 def test_a_train_queries_file_is_read_in_blocks(tmp_path):
-    from incontext.cli.absorb import read_train_queries
+    from incontext.tasks.queries import read_train_queries
 
     file = tmp_path / "q.txt"
     file.write_bytes("\ufeffWhere was Ada born?  \r\nIn which town was Ada born?\r\n\r\n \r\nAda works as a\r\n".encode())
@@ -444,7 +445,7 @@ def test_a_train_query_too_long_for_the_context_is_named(llama, tmp_path, capsys
     (tmp_path / "q.txt").write_text("Where " * 200 + "?\n")
     code, _, err = run(capsys, "absorb", "--model", llama, "--method", "kv-prefix", "--prompt", PROMPT,
                        "--train-queries", str(tmp_path / "q.txt"), "--out", str(tmp_path / "o"))
-    assert code == 2 and "--train-queries: 'Where Where" in err and "reads at most 96" in err, err
+    assert code == 2 and "training question 'Where Where" in err and "reads at most 96" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 

@@ -419,7 +419,7 @@ HARNESS_CASES = [
     (["absorb", "--model", "LLAMA", "--method", "distill-lora", "--set", "steps=0", "--prompts", "PROMPTS", "--out",
       "OUT"], "distill-lora: steps=0 trains nothing"),
     (["generate", "--model", "CGT", "hello"], "has no tokenizer"),
-    ([*absorb_args("keep-prompt"), "--writer", "LLAMA"], "keep-prompt writes no questions (--writer: distill-lora, kv-prefix)"),
+    ([*absorb_args("keep-prompt"), "--writer", "LLAMA"], "keep-prompt writes no questions, so it takes no writer model"),
     ([*absorb_args("kv-prefix", *QUICK), "--writer", "no-such-model"], "unknown model 'no-such-model'"),
     ([*compare_args("--methods", "kv-prefix"), "--writer", "no-such-model"], "unknown model 'no-such-model'"),
     ([*absorb_args("kv-prefix", "speed=fast", *QUICK)], "kv-prefix: unknown option 'speed'"),

@@ -22,8 +22,9 @@ from ..absorb.folder import adapted_placement, composed_folders
 from ..interop.models import load_model
 from ..runtime import Runtime, device_of, generator_for
 from ..tasks.placement import chat_turn, conversation_after
-from .absorb import _codec
+from ..absorb.job import codec_of as _codec
 from .generate import check_generation_options
+from ..tasks.queries import plain_question
 
 COMMANDS = "/reset (forget the conversation), /adapted DIR [DIR ...] (answer from absorb folders, composed), " \
            "/base (the model alone), /exit"
@@ -96,7 +97,7 @@ class Conversation:
                 messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
             messages.append({"role": "user", "content": question})
             return conversation_after(self.codec, messages, self.placement)
-        return "".join(f"Q: {user}\nA: {answer.strip()}\n" for user, answer in self.turns) + f"Q: {question}\nA:"
+        return "".join(f"{plain_question(user)} {answer.strip()}\n" for user, answer in self.turns) + plain_question(question)
 
 
 def _text(line: str) -> str | None:

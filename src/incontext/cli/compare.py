@@ -85,7 +85,7 @@ def run_compare(spec: CompareSpec, out_dir: Path | None, *, loaded=None, progres
     the output folder of `owner` (compare, or demo). `runtime`: spec's device and dtype as the caller resolved them
     (the CLI's one Runtime); resolved here from the spec when None."""
     from ..interop.models import load_model
-    from .absorb import load_writer
+    from ..absorb.job import load_writer
 
     source = get_episode_source(spec.task, **spec.task_options)  # unknown task/options fail before loading the model
     seed = episode_seed(spec.split, spec.seed)

@@ -13,7 +13,7 @@ from ..absorb.folder import (
 from ..interop.models import load_model
 from ..runtime import Runtime, device_of, generator_for
 from ..tasks.placement import chat_turn
-from .absorb import _codec
+from ..absorb.job import codec_of as _codec
 
 
 def check_generation_options(args, dtype: torch.dtype) -> None:

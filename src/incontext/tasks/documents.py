@@ -31,6 +31,7 @@ import torch
 from ..config import check_choices
 from .document_kinds import KINDS, MAX_QUERIES, Document, Fact, Names, occurrences
 from .episodes import Episode, EpisodeSource, _need, _positive, chat_document, text_query
+from .queries import plain_question
 
 _DRAWS = 200  # draws of a document before a failed uniqueness check is an error (a draw rarely fails)
 
@@ -71,7 +72,7 @@ def ask(fact: Fact, noun: str, rng: random.Random) -> tuple[str, str]:
     question = rng.choice(fact.questions)
     if rng.random() < 1 / 3:
         question = f"According to {noun}, {question[0].lower()}{question[1:]}"
-    return f"Q: {question}\nA:", f" {fact.answer}"
+    return plain_question(question), f" {fact.answer}"
 
 
 def parse_kinds(value) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from ..config import check_choices, from_dict
 from .base import Task
 from .facts import MAX_PEOPLE, PARAPHRASES, facts_prompt, make_people
 from .metrics import get_metric
+from .queries import question_of
 
 
 
@@ -307,7 +308,7 @@ class Facts(EpisodeSource):
 
 def _bare(question: str) -> str:
     """A plain-format question ("Q: ...\nA:") as a chat user's message."""
-    return question.removeprefix("Q: ").removesuffix("\nA:")
+    return question_of(question)
 
 
 def chat_document(codec, document: str, example: tuple[str, str], asked: list[tuple[str, str]],

@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 
 from .stories import HELDOUT_NAMES, TRAIN_NAMES
+from .queries import plain_question
 
 _ONSETS = ("b", "br", "c", "cr", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "st", "t",
            "tr", "v", "w", "z", "th", "sh")
@@ -75,7 +76,7 @@ class Person:
             "year": f"In which year was {self.name} born?",
         }[attribute]
         answer = {"birthplace": self.birthplace, "job": self.job, "pet": self.pet_name, "year": str(self.year)}[attribute]
-        return f"Q: {question}\nA:", f" {answer}"
+        return plain_question(question), f" {answer}"
 
     def paraphrase(self, attribute: str, form: int = 0) -> str:
         """The question in other words (a training query for distillation: never an evaluation question); `form`
@@ -97,7 +98,7 @@ class Person:
                      f"{self.name} was born in which year?", f"What is the birth year of {self.name}?",
                      f"Tell me the year {self.name} was born.", f"{self.name} came into the world in which year?"),
         }[attribute][form]
-        return f"Q: {question}\nA:"
+        return plain_question(question)
 
     def cloze(self, attribute: str) -> str:
         """The statement up to its answer (a training query for distillation: not an evaluation question)."""

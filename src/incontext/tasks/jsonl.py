@@ -32,6 +32,7 @@ import torch
 from ..config import check_choices
 from .episodes import Episode, EpisodeSource, _need, _positive, text_query
 from .metrics import normalize_answer
+from .queries import plain_question
 
 DOCUMENT_KEYS = ("document", "context", "text")  # where a record's document may be, in this order
 CHAT_INTRO = "Read this document:\n"  # the chat format's first user turn: this, then the document
@@ -160,7 +161,7 @@ class JsonlQA(EpisodeSource):
         where = f"{self.config.path}, line {record.line}"
         if self.config.format == "plain":
             prompt = record.document + "\n\n"
-            asked = [(f"Q: {question}\nA:", " " + answers[0], answers) for question, answers in record.questions]
+            asked = [(plain_question(question), " " + answers[0], answers) for question, answers in record.questions]
         else:
             turns = [{"role": "user", "content": CHAT_INTRO + record.document},
                      {"role": "assistant", "content": CHAT_REPLY}]

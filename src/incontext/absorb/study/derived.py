@@ -11,6 +11,7 @@ from collections import Counter
 import torch
 
 from .options import DERIVED_KINDS, seed_kinds
+from ...tasks.queries import plain_question
 
 
 def document_text(codec, ids: list[int]) -> str:
@@ -76,9 +77,9 @@ def derived_queries(text: str, kinds, limit: int, generator: torch.Generator) ->
             starts = sorted({a for a, _ in found} | {m.start() for m in _NUMBER.finditer(s)} | set(content))
             mine += [s[:a].rstrip() for a in starts if s[:a].strip()]
         if "about" in kinds:
-            mine += [f"Q: What does the text say about {s[a:b]}?\nA:" for a, b in found]
+            mine += [plain_question(f"What does the text say about {s[a:b]}?") for a, b in found]
         if "qa" in kinds:
-            mine += [f"Q: {q}\nA:" for q in _rule_questions(s, names)]
+            mine += [plain_question(q) for q in _rule_questions(s, names)]
         mine = [q for q in dict.fromkeys(mine) if q not in seen]
         seen.update(mine)
         per.append([mine[i] for i in torch.randperm(len(mine), generator=generator).tolist()])

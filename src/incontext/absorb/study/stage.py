@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ...models import Cache
+from ...tasks.queries import is_plain_question, plain_question, question_of
 from .answer import _answer, _copy, _log_probs, _sample, _wide, wording_ensemble
 from .cache import load_stage, save_stage, stage_key, tokenizer_fingerprint
 from .derived import derived_queries, document_text
@@ -176,7 +177,7 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
     def encode(t):
         return torch.tensor(codec.encode(t), device=device)
 
-    written = [("questions", encode(f"Q: {t}\nA:"), t) for t in questions] + [("derived", encode(t), t) for t in derived]
+    written = [("questions", encode(plain_question(t)), t) for t in questions] + [("derived", encode(t), t) for t in derived]
     written = [(kind, q, t) for kind, q, t in written if q.shape[0] + options.answer_tokens < room]
     texts = [t for _, _, t in written]
     written = [(kind, q) for kind, q, _ in written]
@@ -204,12 +205,12 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
     counts["conversations"] = len(messages)
     templated = codec is not None and _has_template(codec)  # a base model (Gemma-3-270M) has no chat template
     if messages and not templated:  # a base model: the messages as plain Q/A turns
-        asked = [q for q in map(encode, (f"Q: {t}\nA:" for t in messages)) if q.shape[0] + options.answer_tokens < room]
+        asked = [q for q in map(encode, (plain_question(t) for t in messages)) if q.shape[0] + options.answer_tokens < room]
         keep(_answer(model, cache, asked, [min(options.chat_answer_tokens, room - q.shape[0]) for q in asked], decode),
              [q.shape[0] - 1 for q in asked], [()] * len(asked))
     if templated:  # the written and derived questions, and the messages, as chat turns
-        asked = ([(t, ("chat_turns",)) for t in questions] + [(t[3:-3], ("chat_turns",)) for t in derived
-                                                               if t.startswith("Q: ") and t.endswith("\nA:")]
+        asked = ([(t, ("chat_turns",)) for t in questions] + [(question_of(t), ("chat_turns",)) for t in derived
+                                                               if is_plain_question(t)]
                  + [(t, ("chat_turns",)) for t in messages])
         chat = _chat_turns(model, prompt, [t for t, _ in asked], room, codec, options.chat_answer_tokens) if asked else []
         kept = [(turn, tags) for turn, (_, tags) in zip(chat, asked) if turn is not None]
