@@ -6,6 +6,8 @@
 #   bash scripts/env.sh bash results/field-benchmarks/run.sh wording      # validation: the squad question's wording
 #   bash scripts/env.sh bash results/field-benchmarks/test.sh             # the test split, once (the phases below)
 #   bash scripts/env.sh python results/field-benchmarks/summary.py --split validation|test
+# Phases presses, ruler-presses, hotpotqa-presses (kvpress's presses at each kept share) and methods (the demo's
+# methods at their defaults on TASK=ruler|hotpotqa) are what test.sh runs.
 # MODELS, EPISODES, RATIOS and LENGTHS narrow a phase (a CPU run of the whole is hours; on 2 cores the run is cut to
 # what fits, and the table says how many episodes each row saw).
 set -euo pipefail
@@ -67,7 +69,21 @@ elif [ "$phase" = hotpotqa-presses ]; then
         --out "$scratch/$(short "$model")-hotpotqa-$ratio"
     done
   done
+elif [ "$phase" = methods ]; then
+  # the demo's methods at their defaults (each at its own bytes) on a RULER kind or HotpotQA (TASK=ruler|hotpotqa)
+  task=${TASK:-ruler}
+  demo_methods=${METHODS:-keep-prompt,drop-prompt,iclca-approx,dynamic-eval,distill-lora,kv-prefix,kv-press}
+  for model in $models; do
+    if [ "$task" = ruler ]; then
+      incontext compare --model "$model" --task ruler --set kind=${KIND:-niah_single_2} --set length=${LENGTH:-2048} \
+        --split "$split" --seed "$seed" --episodes "${RULER_EPISODES:-5}" --methods "$demo_methods" \
+        --out "$scratch/$(short "$model")-ruler_${KIND:-niah_single_2}_${LENGTH:-2048}-methods"
+    else
+      incontext compare --model "$model" --task "$task" --split "$split" --seed "$seed" \
+        --episodes "${HOTPOT_EPISODES:-4}" --methods "$demo_methods" --out "$scratch/$(short "$model")-$task-methods"
+    fi
+  done
 else
-  echo "phase: references, wording, presses, ruler-presses or hotpotqa-presses" >&2
+  echo "phase: references, wording, presses, ruler-presses, hotpotqa-presses or methods" >&2
   exit 2
 fi

@@ -14,3 +14,10 @@ SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" RULER_EPISODES=3 LEN
 incontext compare --model qwen2.5-coder-0.5b --task squad --episodes 2 --methods keep-prompt,drop-prompt,iclca-approx,dynamic-eval,distill-lora,kv-prefix,kv-press --out results/demo-qwen05-preview  # the demo's methods on the larger model, 2 of its 5 paragraphs (the whole demo is about an hour here)
 SPLIT=test MODELS=smollm2 KIND=niah_multikey_1 RULER_EPISODES=5 LENGTH=2048 bash "$here/run.sh" ruler-presses
 SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" HOTPOT_EPISODES=4 bash "$here/run.sh" hotpotqa-presses
+# the second batch (the session after): the demo's methods on RULER and HotpotQA, presses on vt and on Qwen's
+# niah_multikey_1 (SmolLM2's vt is 0 with the full document: no press row there); Qwen without distill-lora and
+# dynamic-eval, whose SmolLM2 rates break it (results/demo-qwen05-preview)
+SPLIT=test MODELS=smollm2 TASK=ruler KIND=niah_single_2 RULER_EPISODES=3 LENGTH=2048 bash "$here/run.sh" methods
+SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" KIND=vt RULER_EPISODES=3 LENGTH=2048 bash "$here/run.sh" ruler-presses
+SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" KIND=niah_multikey_1 RULER_EPISODES=3 LENGTH=2048 bash "$here/run.sh" ruler-presses
+SPLIT=test MODELS=qwen2.5-coder-0.5b TASK=hotpotqa METHODS=keep-prompt,drop-prompt,iclca-approx,kv-prefix,kv-press HOTPOT_EPISODES=2 bash "$here/run.sh" methods
