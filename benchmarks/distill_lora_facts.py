@@ -53,7 +53,7 @@ from incontext.tasks.facts import facts_prompt, make_people
 from incontext.tasks.placement import chat_turn, placed_document
 
 RESULTS = Path(__file__).resolve().parent / "results" / "distill_lora_facts.json"
-VALIDATION_SEED = 10_000  # as cli.compare.VALIDATION_SEED_OFFSET with --seed 0
+VALIDATION_SEED = 10_000  # as tasks.splits.episode_seed("validation", 0)
 TEACHER = "teacher"  # --config teacher: the base model reading the passage in the user turn, the ceiling
 
 

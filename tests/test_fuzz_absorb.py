@@ -410,7 +410,7 @@ HARNESS_CASES = [
     (absorb_args("iclca"), "iclca does not apply to model"),
     (absorb_args("kv-prefix") + ["--train-queries", "FILE/missing.txt"], "--train-queries"),
     (absorb_args("keep-prompt") + ["--train-queries", "LLAMA/config.json"], "keep-prompt does not learn from training"),
-    (absorb_args("kv-prefix", "study.wording_ensemble=true"), "give them with --train-queries FILE"),
+    (absorb_args("kv-prefix", "study.wording_ensemble=true"), "groups training questions by question, and there are none"),
     (["absorb", "--model", "LLAMA", "--method", "kv-prefix", "--prompts", "PROMPTS", "--train-queries",
       "LLAMA/config.json", "--out", "OUT"], "--train-queries goes with one prompt"),
     (["absorb", "--model", "CGT", "--method", "keep-prompt", "--prompt", "1+1", "--out", "OUT"], "has no tokenizer"),

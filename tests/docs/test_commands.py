@@ -2,7 +2,7 @@
 (`incontext` and `python` replaced by shell functions that only print their arguments: nothing runs, nothing is
 written), and every results.json (or curve row) the docs embed whose folder a script writes (`--out`) must record the
 command the script gives for that folder, read back through the CLI's own parser (cli.compare_spec, cli.demo_spec)
-and printed in the one canonical form (cli.compare.command_line)."""
+and printed in the one canonical form (harness.job.command_line)."""
 
 import dataclasses
 import json
@@ -17,7 +17,7 @@ import pytest
 from incontext import docs
 from incontext.absorb.study import StudyOptions
 from incontext.cli.commands import build_parser, compare_spec, demo_spec
-from incontext.cli.compare import command_line
+from incontext.harness.job import command_line
 
 ROOT = docs.repo_root()
 # each run script and the arguments its header states (press-curve/test.sh runs run.sh itself, with its test settings)

@@ -119,7 +119,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def compare_spec(args: argparse.Namespace):
-    """The CompareSpec of an `incontext compare` command line (its results.json records cli.compare.command_line of
+    """The CompareSpec of an `incontext compare` command line (its results.json records harness.job.command_line of
     it: tests/docs/test_commands.py reads both back to check a result file against its run script)."""
     from ..config import parse_overrides
     from .compare import CompareSpec, parse_tune, split_settings

@@ -1,5 +1,5 @@
 """A comparison's report: the table (table.md), the plot (compare.png) and results.json, written into its output folder
-(write_results), from the results dict cli/compare.py's run_compare makes."""
+(write_results), from the results dict harness/job.py's run_compare makes."""
 
 from __future__ import annotations
 import math

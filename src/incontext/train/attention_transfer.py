@@ -119,7 +119,7 @@ def save_feature_maps(maps: list[LearnedFeatures], folder: str | Path, options: 
 def read_options(folder: str | Path) -> dict:
     path = Path(folder) / OPTIONS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} holds no learned feature maps ({OPTIONS_FILE} is missing)")
+        raise FileNotFoundError(f"{str(folder)!r} holds no learned feature maps ({OPTIONS_FILE} is missing)")
     return json.loads(path.read_text())
 
 
