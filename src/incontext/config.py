@@ -283,12 +283,12 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def parse_overrides(overrides: list[str], flat: bool = False) -> dict[str, Any]:
     """["a.b=1", "c=x"] -> {"a": {"b": 1}, "c": "x"}; values are parsed as YAML scalars. flat=True keeps dotted
-    keys whole and words errors for a command's `--set OPTION=VALUE` (as `incontext absorb` takes them)."""
+    keys whole (a method's options, as `incontext absorb --set OPTION=VALUE` takes them)."""
     nested: dict[str, Any] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if flat and (not sep or not key.strip()):
-            raise ConfigError(f"--set {item!r} must look like OPTION=VALUE (e.g. --set steps=8)")
+            raise ConfigError(f"setting {item!r} must look like OPTION=VALUE (e.g. steps=8)")
         if not sep:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. optimizer.lr=3e-4)")
         parts = [key.strip()] if flat else key.strip().split(".")
@@ -303,7 +303,7 @@ def parse_overrides(overrides: list[str], flat: bool = False) -> dict[str, Any]:
             node[parts[-1]] = scalar(raw)
         except yaml.YAMLError as error:
             if flat:
-                raise ConfigError(f"--set {item!r}: the value is not a valid YAML scalar") from None
+                raise ConfigError(f"setting {item!r}: the value is not a valid YAML scalar") from None
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(error)})") from error
     return nested
 

@@ -37,9 +37,9 @@ def check_writable(out_dir: Path) -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        raise NotADirectoryError(f"--out {out_dir} cannot be created: {existing} is a file, not a folder")
+        raise NotADirectoryError(f"output folder {out_dir} cannot be created: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f"--out {out_dir}: {existing} is not writable; choose another folder")
+        raise PermissionError(f"output folder {out_dir}: {existing} is not writable; choose another folder")
 
 
 def claim_output_folder(out_dir: Path, owner: str, create: bool = True) -> None:
@@ -49,19 +49,19 @@ def claim_output_folder(out_dir: Path, owner: str, create: bool = True) -> None:
     out_dir = Path(out_dir)
     marker = out_dir / EXPERIMENT_MARKER
     if out_dir.exists() and not out_dir.is_dir():
-        raise FileExistsError(f"--out {out_dir} is a file, not a folder")
+        raise FileExistsError(f"output folder {out_dir} is a file, not a folder")
     if marker.is_file():
         try:
             earlier = json.loads(marker.read_text()).get("experiment")
         except (ValueError, AttributeError, UnicodeDecodeError):
             earlier = None
         if earlier != owner:
-            raise FileExistsError(f"--out {out_dir} holds the output of experiment {earlier!r}, not {owner!r}: "
-                                  "choose another --out")
+            raise FileExistsError(f"output folder {out_dir} holds the output of experiment {earlier!r}, not {owner!r}: "
+                                  "choose another folder")
     else:
         entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
         if entries:
-            raise FileExistsError(f"--out {out_dir} is not empty: it holds files this command did not write "
+            raise FileExistsError(f"output folder {out_dir} is not empty: it holds files this command did not write "
                                   f"({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and no marker of "
                                   f"{owner!r}; choose a new or empty folder (incontext never writes over files it did "
                                   "not create)")

@@ -61,7 +61,7 @@ def resolve_placement(placement: str, codec) -> str:
     if placement == "auto":
         return "system" if has_chat_template(codec) else "raw"
     if placement == "system" and not has_chat_template(codec):
-        raise ValueError("--placement system needs a tokenizer with a chat template; this one has none (use raw)")
+        raise ValueError("placement system needs a tokenizer with a chat template; this one has none (use raw)")
     return placement
 
 

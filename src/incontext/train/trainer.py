@@ -341,7 +341,7 @@ def _resume_or_start(config: TrainConfig, dist_info: Distributed, run_dir: Path,
     if resume:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {run_dir}/checkpoints to resume from")
+            raise FileNotFoundError(f"resume: no checkpoint under {run_dir}/checkpoints to resume from")
         pointer = run_dir / "checkpoints" / LATEST
         if dist_info.is_main and pointer.is_file() and pointer.read_text(errors="replace").strip() != checkpoint.name:
             print(f"incontext: note: {pointer} names an incomplete checkpoint; resuming from {checkpoint}", file=sys.stderr)
