@@ -8,7 +8,7 @@ answers more than the whole document's reader does.
     python benchmarks/chunked_teacher.py --episodes 3 --seed 10000 --people 15 --chunks 128 192 256 384 \
         --out benchmarks/results/chunked_teacher_facts_long.json
 
-Evaluation questions of validation episodes only: seed 0 holds the test episodes, refused without --allow-test.
+Evaluation questions of validation episodes only: a seed of the test split (1,000,000 and up: tasks/splits.py) is refused without --allow-test.
 """
 
 from __future__ import annotations

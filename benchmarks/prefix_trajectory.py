@@ -7,7 +7,7 @@ gives (default: the test rows' bf16 autocast).
 
     python benchmarks/prefix_trajectory.py --episodes 6 --seed 10000 --out results/prefix_trajectory_validation.json
 
-Evaluation questions of validation episodes only: seed 0 holds the test episodes, refused without --allow-test.
+Evaluation questions of validation episodes only: a seed of the test split (1,000,000 and up: tasks/splits.py) is refused without --allow-test.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ and, with --student, by a kv-prefix (or distill-lora) absorbed from the same tra
 A prompt-free method learns each fact from the teacher's answers to the training wordings; where the teacher answers
 the evaluation wording right but the training wordings wrong, a student that fits its targets answers it wrong. The
 table splits the facts keep-prompt answers right by how many training wordings it also answers right, and gives the
-student's hits in each group. A diagnosis (nothing is chosen from it), on validation episodes: seed 0 holds the
-test episodes, refused without --allow-test.
+student's hits in each group. A diagnosis (nothing is chosen from it), on validation episodes: a seed of the
+test split (1,000,000 and up: tasks/splits.py) is refused without --allow-test.
 
     python benchmarks/wording_consistency.py --people 15 --episodes 3 --seed 10000
     python benchmarks/wording_consistency.py --people 15 --episodes 3 --seed 10000 --student \\
