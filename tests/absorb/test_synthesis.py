@@ -185,3 +185,42 @@ def test_kv_prefix_derives_queries_by_default_and_distill_lora_does_not():
     assert prefix.study.derived == 16 and lora.study.derived == 0  # the sweep's choice is kv-prefix's alone
     assert get_absorb_method("kv-prefix", **{"study.n_questions": 8}).study.derived == 16  # other study options keep it
     assert get_absorb_method("kv-prefix", study=dict(derived=0)).study.derived == 0
+
+
+def test_reconstruction_pieces_cover_the_document_then_spread():
+    from incontext.absorb.study.stage import reconstruction_pieces
+
+    assert reconstruction_pieces(10, 0, 4) == []
+    assert reconstruction_pieces(10, 5, 4) == [(0, 4), (4, 8), (6, 10)]  # consecutive, the last flush with the end
+    assert reconstruction_pieces(100, 3, 10) == [(0, 10), (40, 50), (90, 100)]  # spread where 3 do not cover it
+    assert reconstruction_pieces(100, 1, 10) == [(0, 10)] and reconstruction_pieces(3, 2, 10) == [(0, 3)]
+
+
+def test_reconstruction_is_the_teacher_repeating_the_document_after_the_instruction():
+    """Each reconstruction sequence: the instruction (a chat turn where the tokenizer has a template) and a piece of
+    the document; its targets are the model's distributions reading the document, the instruction and the piece
+    (float64, a plain forward pass), from the instruction's last token on."""
+    from incontext.absorb.study.options import REPEAT
+    from incontext.tasks.placement import chat_turn
+
+    model, codec = tiny(vocab=64), CharCodec()
+    prompt = torch.tensor(codec.encode("The meeting is on Tuesday at ten in Room B. Alice Brown chairs it."))
+    options = StudyOptions(window_tokens=8, n_continuations=0, answer_tokens=0, reconstruction=3,
+                           reconstruction_tokens=16, top_k=None)
+    sequences, counts = study(model, prompt, [], options, codec, torch.Generator().manual_seed(0))
+    assert counts["reconstruction"] == 3 and len(sequences) == counts["recall_windows"] + 3
+    instruction = torch.tensor(codec.encode(chat_turn(codec, REPEAT, "system")))
+    m = prompt.shape[0]
+    from incontext.absorb.study.stage import reconstruction_pieces
+
+    assert reconstruction_pieces(m, 3, 16) == [(0, 16), (32, 48), (m - 16, m)]
+    for (ids, logp), (s, e) in zip(sequences[counts["recall_windows"]:], reconstruction_pieces(m, 3, 16)):
+        assert torch.equal(ids, torch.cat([instruction, prompt[s:e]]))
+        with torch.no_grad():
+            full = model(torch.cat([prompt, ids])[None])[0, m + instruction.shape[0] - 1:]
+        assert logp.shape[0] == e - s + 1 and torch.allclose(logp, F.log_softmax(full, -1), atol=1e-10)
+    plain = StudyOptions(**{**dataclasses.asdict(options), "reconstruction": 0})
+    assert study(model, prompt, [], plain, codec, torch.Generator().manual_seed(0))[1]["reconstruction"] == 0
+    chunked = dataclasses.replace(options, chunk_tokens=40)
+    pieces = study(model, prompt, [], chunked, codec, torch.Generator().manual_seed(0))[1]
+    assert pieces["chunks"] > 1 and pieces["reconstruction"] == 3  # each piece once, in the chunk that holds it

@@ -19,6 +19,10 @@ class StudyOptions:
     n_conversations: int = limit(0, min=0, help="self-study: messages the model writes from the seed prompts")
     seed_prompts: str | tuple[str, ...] = option("structuring,summarization,question,use-case,creative", "their kinds")
     derived: int = limit(0, min=0, help="queries derived from the document's text by rules (no writer model)")
+    reconstruction: int = limit(0, min=0,
+        help="reconstruction pieces: after an instruction to repeat the document, the teacher repeats this many of "
+             "its pieces (KVzip's signal; 0: none)")
+    reconstruction_tokens: int = limit(64, min=1, help="tokens per reconstruction piece")
     derived_kinds: str | tuple[str, ...] = option("prefix,about,qa", "their kinds (derived_queries)")
     grounded: bool = option(False,
         "keep only questions and messages whose answers use the document's words, surer with it")
@@ -53,6 +57,9 @@ SEED_PROMPTS = {
 
 
 DERIVED_KINDS = ("prefix", "about", "qa")  # derived_queries' kinds
+
+# The reconstruction instruction (KVzip's repeat prompt, Kim et al. 2025): after the document, then the document again.
+REPEAT = "Repeat the previous context exactly."
 
 
 def seed_kinds(value, known=SEED_PROMPTS, name: str = "seed_prompts") -> tuple[str, ...]:

@@ -14,6 +14,10 @@ model's context, one chunk at a time: teacher_sequences); the student reads the 
   chat turn (the teacher reads the document and the question in the user turn, the student the question);
 - with a tokenizer: queries derived from the document's text by rules, no writer model (derived_queries: sentence
   prefixes the teacher continues, and questions answered like the written ones);
+- reconstruction (KVzip's signal): after an instruction to repeat the document (REPEAT; a chat turn where the
+  tokenizer has a template), a piece of the document; the teacher reads the whole document first, the student the
+  instruction and the piece (reconstruction_pieces: `reconstruction` pieces of `reconstruction_tokens`, spread over
+  the document);
 - `grounded`: a written or derived question, or a self-study message, is kept only where the teacher's answer is
   grounded in the document (_grounded_rows).
 
@@ -32,11 +36,12 @@ import torch
 import torch.nn.functional as F
 
 from ...models import Cache
+from ...tasks.placement import chat_turn
 from ...tasks.queries import is_plain_question, plain_question, question_of
 from .answer import _answer, _copy, _log_probs, _sample, _wide, wording_ensemble
 from .cache import load_stage, save_stage, stage_key, tokenizer_fingerprint
 from .derived import derived_queries, document_text
-from .options import StudyOptions
+from .options import REPEAT, StudyOptions
 from .writers import (
     _chat_turns,
     _grounded_rows,
@@ -78,6 +83,10 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
         merged = assign_chunks(prompt, spans, [torch.cat([q for q, g in zip(queries, groups) if g == i]) for i in ids])
         home_of = dict(zip(ids, merged))
         homes = [home_of[g] for g in groups]
+    piece = min(options.reconstruction_tokens, size // 2)  # each piece whole in a chunk
+    all_pieces = reconstruction_pieces(m, options.reconstruction, piece)
+    piece_homes = [max(range(k), key=lambda j: min(s - spans[j][0], spans[j][1] - e)
+                       if spans[j][0] <= s and e <= spans[j][1] else -1) for s, e in all_pieces]
     sequences, counts = [], {}
 
     def share(n: int, j: int) -> int:
@@ -88,10 +97,11 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
                                    n_questions=share(options.n_questions, j), derived=share(options.derived, j),
                                    n_conversations=share(options.n_conversations, j))
         mine = [s - a for s, home in zip(starts, windows) if home == j]
+        pieces = [(s - a, e - a) for (s, e), home in zip(all_pieces, piece_homes) if home == j]
         out, seen = _chunk_sequences(model, prompt[a:b], [q for q, home in zip(queries, homes) if home == j], mine,
                                      part, codec, generator, width,
                                      groups=None if groups is None else [g for g, home in zip(groups, homes) if home == j],
-                                     decode=decode, writer=writer)
+                                     decode=decode, writer=writer, pieces=pieces)
         sequences += out
         for key, value in seen.items():  # counts add up; the derived queries' texts join
             counts[key] = counts[key] + value if key in counts else value
@@ -129,6 +139,43 @@ def chunk_spans(m: int, chunk_tokens: int, max_len: int | None) -> list[tuple[in
     return [(s, s + size) for s in sorted(set(range(0, m - size + 1, stride)) | {m - size})]
 
 
+def reconstruction_pieces(m: int, n: int, width: int) -> list[tuple[int, int]]:
+    """`n` pieces of at most `width` tokens of an m-token document, as (start, end): consecutive from its start, and
+    where n pieces do not cover it, spread evenly over it (the first at its start, the last flush with its end)."""
+    width = min(width, m)
+    if n <= 0 or width <= 0:
+        return []
+    starts = list(range(0, m - width + 1, width))
+    if starts[-1] != m - width:
+        starts.append(m - width)
+    if len(starts) > n:
+        starts = [starts[round(i * (len(starts) - 1) / max(1, n - 1))] for i in range(n)] if n > 1 else starts[:1]
+    return [(s, s + width) for s in dict.fromkeys(starts)]
+
+
+def _reconstruction(model, cache, prompt: torch.Tensor, codec, pieces: list[tuple[int, int]], room: int) -> list:
+    """(instruction + piece, the teacher's log-probs at the instruction's last token and each piece token) for each
+    piece: the teacher has read the document (`cache`), then reads the instruction to repeat it and the piece."""
+    if not pieces or codec is None:
+        return []
+    text = f"\n\n{REPEAT}\n"
+    if _has_template(codec):  # the instruction as the user's turn after the document, the assistant's reply begun
+        try:
+            text = chat_turn(codec, REPEAT, "system")
+        except ValueError:  # a template that renders a turn differently in each conversation: the plain form
+            pass
+    instruction = torch.tensor(codec.encode(text), device=prompt.device)
+    out = []
+    for s, e in pieces:
+        e = min(e, s + room - instruction.shape[0])
+        if e <= s:
+            continue
+        ids = torch.cat([instruction, prompt[s:e]])
+        logits = model(ids[None], cache=_copy(cache, 1))[0]
+        out.append((ids, _log_probs(logits[instruction.shape[0] - 1:])))
+    return out
+
+
 def window_starts(m: int, width: int) -> list[int]:
     """Where the recall windows of `width` tokens start: a stride of half a window, the last flush with the end."""
     return sorted(set(list(range(0, m - width + 1, max(1, width // 2))) + [m - width]))
@@ -150,11 +197,13 @@ def assign_chunks(prompt: torch.Tensor, spans: list[tuple[int, int]], queries: l
 
 def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], starts: list[int] | None,
                      options: StudyOptions, codec, generator: torch.Generator, width: int | None = None,
-                     groups: list[int] | None = None, decode: str = "always", writer=None):
+                     groups: list[int] | None = None, decode: str = "always", writer=None,
+                     pieces: list[tuple[int, int]] | None = None):
     """teacher_sequences for the teacher reading `prompt` (the document, or one chunk of it); `starts`: its recall
     windows' starts (None: every window of the prompt), of `width` tokens; `groups`: the training queries' question
     ids, for wording_ensemble (None: none); `writer`: (model, tokenizer) that writes the questions and self-study
-    messages (None: the model itself)."""
+    messages (None: the model itself); `pieces`: the reconstruction pieces, (start, end) in `prompt` (None:
+    reconstruction_pieces of the whole prompt)."""
     m, max_len = prompt.shape[0], model.config.max_seq_len
     cache = Cache.empty(model.config.n_layer)
     prompt_logits = model(prompt[None], cache=cache)[0]
@@ -163,6 +212,11 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
     windows = _recall_windows(model, cache, prompt, width or min(options.window_tokens, m, room), starts)
     sequences += windows
     counts["recall_windows"] = len(windows)
+    if pieces is None:
+        pieces = reconstruction_pieces(m, options.reconstruction, options.reconstruction_tokens)
+    rebuilt = _reconstruction(model, cache, prompt, codec, pieces, room)
+    sequences += rebuilt
+    counts["reconstruction"] = len(rebuilt)
     if options.n_continuations:
         tokens, logits = _sample(model, cache, prompt_logits[-1], options.n_continuations,
                                  min(options.continuation_tokens, room), options.temperature, generator, decode)
