@@ -184,9 +184,40 @@ def test_rerotated_press_start(backends, tokenizer):
     quarter = get_absorb_method("kv-prefix", init="press-rerotated", press="knorm", ratio=0.25, steps=0, passes=0,
                                 progress=False).absorb(ours, prompt, codec=codec)
     assert quarter.position == prompt.shape[0] - int(prompt.shape[0] * 0.75)  # positions 0..n-1
-    with pytest.raises(ValueError, match="same number of pairs in every head"):
-        get_absorb_method("kv-prefix", init="press-rerotated", press="kvzip", steps=0, passes=0,
-                          progress=False).absorb(ours, prompt, codec=codec)
+
+
+def test_a_per_head_press_start_keeps_each_heads_budget(backends, tokenizer):
+    """init=press-rerotated with KVzip (a different number of pairs per head): in every layer and head the press's
+    kept pairs, in document order, keys re-rotated to 0 .. n_h - 1 (rotated back, the document's own keys), values
+    unchanged, the rest of the head masked; the prefix as long as the largest budget, the kept bytes the press's.
+    All kept (ratio 1): the document's own cache."""
+    from incontext.absorb.methods.kv_prefix.start import rerotate
+    from incontext.ops.masked_kv import MaskedKV
+
+    ours, _ = backends
+    codec, prompt = HFCodec(tokenizer), placed(HFCodec(tokenizer))
+    query = torch.tensor([codec.encode("Q: Where was Ada born?\nA:")])
+    pressed = get_absorb_method("kv-press", press="kvzip", ratio=0.25).absorb(ours, prompt, codec=codec)
+    start = get_absorb_method("kv-prefix", init="press-rerotated", press="kvzip", ratio=0.25, steps=0, passes=0,
+                              progress=False).absorb(ours, prompt, codec=codec)
+    full = ours.prefill(prompt[None])
+    budgets = []
+    for layer, mine, (fk, fv) in zip(pressed.state().layers, start.state().layers, full.layers):
+        assert isinstance(mine, MaskedKV)
+        for h in range(fk.shape[1]):
+            positions = layer.keep[0, h].nonzero().flatten()
+            n = positions.shape[0]
+            budgets.append(n)
+            assert mine.keep[0, h, :n].all() and not mine.keep[0, h, n:].any()
+            back = rerotate(ours, mine.keys[:, h:h + 1, :n], positions - torch.arange(n))
+            assert torch.allclose(back[0, 0], fk[0, h, positions], atol=1e-5)
+            assert torch.equal(mine.values[0, h, :n], fv[0, h, positions])
+    assert len(set(budgets)) > 1 and start.position == max(budgets) < prompt.shape[0]
+    assert start.kept_bytes(ours) == pressed.kept_bytes(ours)
+    assert torch.isfinite(start(query)).all()
+    whole = get_absorb_method("kv-prefix", init="press-rerotated", press="kvzip", ratio=1.0, steps=0, passes=0,
+                              progress=False).absorb(ours, prompt, codec=codec)
+    assert torch.allclose(whole(query), ours(query, cache=ours.prefill(prompt[None])), atol=1e-5)
 
 
 @pytest.mark.parametrize("backend, press", [(0, "kvzip"), (1, "kvzip"), (1, "knorm")])
@@ -194,9 +225,11 @@ def test_folders_round_trip(backends, tokenizer, backend, press, tmp_path):
     model = backends[backend]
     codec, prompt = HFCodec(tokenizer), placed(HFCodec(tokenizer))
     query = torch.tensor([codec.encode("Q: Where was Ada born?\nA:")])
+    rerotated = [get_absorb_method("kv-prefix", init="press-rerotated", press=press, steps=2, passes=0,
+                                   autocast="none", progress=False)] if backend == 0 else []  # our Transformer's RoPE
     for i, method in enumerate([get_absorb_method("kv-press", press=press, ratio=0.25),
                                 get_absorb_method("kv-prefix", init="press", press=press, steps=2, passes=0,
-                                                  autocast="none", progress=False)]):
+                                                  autocast="none", progress=False), *rerotated]):
         adapted = method.absorb(model, prompt, codec=codec)
         adapted.save(tmp_path / str(i))
         back = AdaptedModel.load(tmp_path / str(i), base=model)

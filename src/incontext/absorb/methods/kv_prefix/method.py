@@ -50,7 +50,8 @@ class KVPrefixOptions(TrainOptions):
     prefix_tokens: int | None = limit(None, min=1, help="p, the prefix's length (default: a quarter of the document)")
     init: Literal["document", "document-spread", "press", "press-rerotated"] = option("document",
         "the start: the first p tokens' K/V; p spread over all; a kvpress press's kept K/V at their own positions "
-        "(queries after the whole document); or those re-rotated to 0..p-1 (the PEFT CARTRIDGE layout)")
+        "(queries after the whole document); or those re-rotated to 0..p-1 (each head its own budget; a PEFT CARTRIDGE "
+        "where every head keeps as many)")
     ratio: float | None = limit(None, gt=0, max=1, help=
         "p as a share of the document's tokens (when prefix_tokens is unset)")
     press: str = option("kvzip", "init=press / press-rerotated: the kvpress press whose kept K/V start the prefix")

@@ -1,6 +1,6 @@
 """kv-prefix's starts beside the document's first p tokens: p of its K/V pairs spread over the whole document
-(init=document-spread) and a press's kept pairs re-rotated to the prefix's positions (init=press-rerotated); both
-move RoPE keys (rerotate)."""
+(init=document-spread) and a press's kept pairs re-rotated to the prefix's positions (init=press-rerotated; a
+per-head press such as KVzip keeps each head's own budget: per_head_prefix); both move RoPE keys (rerotate)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ def rerotated_press(model, prompt: torch.Tensor, pressed: Cache, press: str) -> 
     """init=press-rerotated: the press's kept pairs, each key re-rotated from its document position to its rank among
     its head's kept positions (0 .. n-1, in document order), the values in the same order: a prefix at positions
     0..n-1, the PEFT CARTRIDGE layout. The positions are found by matching each kept key with the document's own
-    keys (kvpress gathers them unchanged). A press that keeps a different number of pairs per head (kvzip) has no
-    such layout: a one-line ValueError (use init=press)."""
+    keys (kvpress gathers them unchanged). A press that keeps a different number of pairs per head (kvzip) keeps its
+    per-head budgets: each head's kept pairs re-rotated to 0 .. n_h - 1, the prefix as long as the largest n_h, each
+    head's unused tail masked (per_head_prefix)."""
     from ....ops.masked_kv import MaskedKV
 
     if any(isinstance(layer, MaskedKV) for layer in pressed.layers):
-        raise ValueError(f"kv-prefix: init=press-rerotated needs a press that keeps the same number of pairs in every "
-                         f"head; {press} keeps a different number per head (use init=press, or a press such as snapkv)")
+        return per_head_prefix(model, pressed)
     full = cache_kv(model.prefill(prompt[None]))
     kept = cache_kv(pressed)
     n = kept[0][0].shape[2]
@@ -43,6 +43,37 @@ def rerotated_press(model, prompt: torch.Tensor, pressed: Cache, press: str) -> 
         ranks = torch.arange(n, device=k.device).expand_as(positions)
         layers.append((rerotate(model, k, ranks - positions), v))
     return Cache(layers=layers, position=n)
+
+
+@torch.no_grad()
+def per_head_prefix(model, pressed: Cache) -> Cache:
+    """A per-head press's masked cache (MaskedKV layers: the document's K/V, a keep mask per head) as a prefix that
+    keeps each head's budget: in every layer and K/V head the n_h kept pairs, in document order, keys re-rotated from
+    their document positions to 0 .. n_h - 1; the prefix is P = the largest n_h long (over layers and heads), each
+    head's positions n_h .. P - 1 masked (MaskedKV), so the kept pairs are exactly the press's and the queries come
+    at P, not after the whole document."""
+    from ....ops.masked_kv import MaskedKV
+
+    masks = [layer.keep[:1] for layer in pressed.layers]
+    if any(m.shape[0] != 1 for m in masks):
+        raise ValueError("kv-prefix: a per-head press start is made from one document")
+    p = max(int(m.sum(-1).max()) for m in masks)
+    layers = []
+    for layer, keep in zip(pressed.layers, masks):
+        k, v = layer.keys[:1], layer.values[:1]
+        heads = k.shape[1]
+        out_k = k.new_zeros(1, heads, p, k.shape[-1])
+        out_v = v.new_zeros(1, heads, p, v.shape[-1])
+        out_keep = torch.zeros(1, heads, p, dtype=torch.bool, device=k.device)
+        for h in range(heads):
+            positions = keep[0, h].nonzero().flatten()  # document order
+            n = positions.shape[0]
+            ranks = torch.arange(n, device=k.device)
+            out_k[0, h, :n] = rerotate(model, k[:, h:h + 1, positions], ranks - positions)[0, 0]
+            out_v[0, h, :n] = v[0, h, positions]
+            out_keep[0, h, :n] = True
+        layers.append(MaskedKV(out_k, out_v, out_keep))
+    return Cache(layers=layers, position=p)
 
 
 def rerotate(model, k: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
