@@ -69,6 +69,36 @@ def tint(name: str) -> float:
     return data["perplexity"][name][data["config"]["fractions"].index(0.5)]
 
 
+def tint_shares(row: str = "TinT") -> tuple:
+    """A row's share of dynamic evaluation's gain, % (results/tint-perplexity gain_share): pooled with its interval,
+    then per fraction."""
+    share = result("tint-perplexity")["gain_share"][row]
+    pooled = share["pooled"]
+    return (100 * pooled["share"], 100 * pooled["low"], 100 * pooled["high"], *(100 * f["share"] for f in share["per_fraction"]))
+
+
+def paper_tint_shares() -> tuple:
+    """The paper's Table 2 for GPT-2 (as results/tint-perplexity stores it) read the same way: TinT's share of dynamic
+    evaluation's log-perplexity gain per fraction, %."""
+    import math
+
+    paper = result("tint-perplexity")["paper_gpt2_wikitext103"]
+    return tuple(100 * math.log(v / t) / math.log(v / d) for v, d, t in zip(paper["vanilla"], paper["dynamic eval"], paper["TinT"]))
+
+
+def cgt_text_turn() -> tuple:
+    """results/cgt-text: the first offset after the join at which y is nearer its direction at the sequence's end than
+    its direction before the join (regularised, unregularised), then the regularised cosines at the last offset."""
+    models = result("cgt-text")["models"]
+
+    def turn(t: dict) -> int:
+        return next(o for o, before, end in zip(t["offsets"], t["cos_with_before_join"], t["cos_with_end"]) if o >= 0 and end > before)
+
+    last = models["regularised"]["transition"]
+    return (turn(last), turn(models["unregularised"]["transition"]), last["offsets"][-1], last["cos_with_before_join"][-1],
+            last["cos_with_end"][-1])
+
+
 def absorb_s(method: str, tokens: int, name: str = "absorb_cost_cuda_h100_tf32") -> float:
     """An absorb_cost benchmark's absorb seconds (default: the README's GPU run)."""
     rows = json.loads((ROOT / f"benchmarks/results/{name}.json").read_text())["rows"]
@@ -513,6 +543,15 @@ DOC_NUMBERS = [
                          100 * f["covered"]["right"] / f["covered"]["reference_right"]))(second_split("facts"))),
     (PAGE, "**Repeated K/V heads for sdpa on CUDA**: {:.1f} against {:.1f} s at 489 tokens",
      lambda: (absorb_s("kv-prefix", 489, "absorb_cost_cuda_h100_gqa"), absorb_s("kv-prefix:enable-gqa", 489, "absorb_cost_cuda_h100_gqa"))),
+    # the papers' results pages (issue 76: the claims read from their files)
+    ("docs/results/cgt.md", "from {} tokens after the join on (unregularised {}), and is still turning {} tokens after it (cosine "
+                            "{:.3f} with the direction before the join, {:.3f} with the end;", cgt_text_turn),
+    ("docs/results/cgt.md", "(5-nearest-neighbour topic accuracy {:.2f}-{:.2f}, chance",
+     lambda: tuple(sorted(m["knn_topic_accuracy"] for m in result("cgt-text")["models"].values()))),
+    ("docs/results/tint.md", "TinT keeps {:.0f}% [{:.0f}, {:.0f}] of dynamic evaluation's gain here over all fractions "
+                             "(30 / 50 / 70 / 90%: {:.0f}, {:.0f}, {:.0f}, {:.0f}%)", tint_shares),
+    ("docs/results/tint.md", "(the share of dynamic evaluation's log-perplexity gain): {:.0f} / {:.0f} / {:.0f} / {:.0f}% for GPT-2",
+     paper_tint_shares),
 ]
 DOC_NUMBERS += [("docs/results/facts-demo.md", template, value) for template, value in FACTS_NUMBERS]
 
