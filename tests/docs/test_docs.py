@@ -552,6 +552,14 @@ DOC_NUMBERS = [
                              "(30 / 50 / 70 / 90%: {:.0f}, {:.0f}, {:.0f}, {:.0f}%)", tint_shares),
     ("docs/results/tint.md", "(the share of dynamic evaluation's log-perplexity gain): {:.0f} / {:.0f} / {:.0f} / {:.0f}% for GPT-2",
      paper_tint_shares),
+    ("docs/results/tint.md", "Flagged: OPT-125M's forward, backward and descent parts round to the paper's {} / {} / {} but sum to "
+                             "{:.3f}B, which the paper prints as {}B (the sum of the rounded parts); OPT-350M's {:.3f}B against the "
+                             "printed {}B does not follow from the paper's own formula; the totals of OPT-1.3B ({:.3f}B) and OPT-2.7B ({:.3f}B) "
+                             "agree with the printed {}B and {}B.",
+     lambda: (lambda ours, paper: (*paper["OPT-125M"][:3], ours["OPT-125M"]["total_sum"], paper["OPT-125M"][3],
+                                   ours["OPT-350M"]["total_sum"], paper["OPT-350M"][3], ours["OPT-1.3B"]["total_sum"],
+                                   ours["OPT-2.7B"]["total_sum"], paper["OPT-1.3B"][3], paper["OPT-2.7B"][3]))(
+         result("tint-table3")["formula_billions"], result("tint-table3")["paper_billions"])),
 ]
 DOC_NUMBERS += [("docs/results/facts-demo.md", template, value) for template, value in FACTS_NUMBERS]
 
