@@ -224,7 +224,14 @@ def budget_table(root: Path) -> str:
     return "\n".join(lines)
 
 
-GENERATED = {"systems": systems_table, "budgets": budget_table}
+def _papers() -> dict:
+    """One generated table per paper (docs/results/papers.md): experiments.status's per-experiment statuses."""
+    from .experiments.status import PAPERS, papers_table
+
+    return {f"papers-{p}": (lambda root, p=p: papers_table(p)) for p in PAPERS}
+
+
+GENERATED = {"systems": systems_table, "budgets": budget_table, **_papers()}
 
 
 def generated(root: Path, name: str) -> str:
