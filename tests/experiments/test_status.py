@@ -51,6 +51,6 @@ def test_papers_table_lists_a_paper_s_registered_rows_first_and_refuses_an_unkno
     rows = papers_table("tint").splitlines()[2:]
     assert [row.split("|")[1].strip() for row in rows] == [
         "[`tint-table3`](tint.md)", "[`tint-perplexity`](tint.md)", "[`tint-classification`](tint.md)",
-        "tint-layer-steps (none registered)"]
+        "[`tint-layer-steps`](tint.md)"]
     with pytest.raises(KeyError):
         papers_table("gpt-5")

@@ -124,6 +124,13 @@ _REGISTERED = [
            "no gain beyond the intervals (calibrated 4-shot TinT 41.9 vs vanilla 39.8%, half-width 5.9): validation "
            "picks the smallest inner lr uncalibrated, one step does not help this model",
            TINT),
+    _entry("tint-layer-steps", "tint", "Tables 4-5: few-shot accuracy by layer-step budget 12x1, 6x2, 3x4, label / full "
+           "loss, single / multi format, with and without calibration",
+           "reduced: tint-classification's model (4 layers, width 96), 5-way BBC News, 4 shots x 3 draws, budgets 4x1, "
+           "2x2, 1x4; paper OPT-125M, 7 tasks, 32 shots, 3 seeds",
+           "not run",
+           "registered; the reduced run is queued",
+           TINT),
     # residual streams and AMICL
     _entry("amicl", "residual-streams", "Figs 5-6 (and Fig. 4's grid): AMICL accuracy by a, D, length, similarity",
            "the paper's: K 512, D 100, s 20, 1,000 trials per point (K 50 for the D sweep)",
@@ -175,12 +182,12 @@ UNREGISTERED: list[PaperStatus] = [
            "-", "not run", "no experiment: cgt-text joins two documents", ""),
     _entry("iclca-bias-scratch", "iclca", "Sec. 6.3, Fig. 1: the biased architecture trained from scratch vs without",
            "-", "not run", "no experiment", ""),
-    _entry("tint-layer-steps", "tint", "Tables 4-5: layer-step budgets 12x1, 6x2, 3x4 (32 shots, 7 tasks)",
-           "-", "not run", "no experiment: tint-classification takes one step of all layers (TintConfig.n_steps, "
-           "n_simulation_layers)", ""),
     _entry("residual-overhead", "residual-streams", "Sec. 4: wall-clock cost of residual V (paper 30.18 vs 29.12 h, +3.6%)",
-           "-", "not run", "no benchmark; residual-lm's times per model (1112 +- 122 s vs 1016 +- 89 s) are from a shared "
-           "CPU", ""),
+           "residual-lm's LM (4 layers, width 128, T 64, batch 32), 1 CPU thread; paper 8 layers, width 256, T 256, "
+           "batch 64, whole runs on a PC with 4 GPUs",
+           "not run", "a benchmark, not an experiment: benchmarks/residual_overhead.py measures +0.4% [-0.9, +0.9] per "
+           "training step at the reduced size (benchmarks/results/residual_overhead.md); its paper size (--preset "
+           "paper, a GPU) not run", RESIDUAL),
 ]
 
 

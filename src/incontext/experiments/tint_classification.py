@@ -54,6 +54,7 @@ from ..outputs import Result, pyplot
 from ..stats import accuracy_interval95
 from ..tasks.episodes import get_episode_source
 from ..tint import TintConfig
+from ..train.config import TrainConfig
 from ..train.fresh import train_fresh
 from .common import GPT2_ADAMW, GPT2_BLOCK, TrainedModelOptions
 from .registry import register_experiment
@@ -126,16 +127,21 @@ def accuracy(scores: torch.Tensor, baseline: torch.Tensor, labels: torch.Tensor)
 
 
 # ---------------------------------------------------------------------------------------------- the study
-@register_experiment("tint-classification", "TinT Table 1 analogue: few-shot BBC News topics, vanilla / in-context / dynamic eval / TinT", ClassificationConfig)
-def run(config: ClassificationConfig, out_dir: Path) -> Result:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    model, train_config, trained = train_fresh(out_dir, config.train_config(
+def train_settings(config: ClassificationConfig) -> TrainConfig:
+    """The trainer's run of the model the study asks (tint-layer-steps trains the same one)."""
+    return config.train_config(
         {"name": "bbc-news", "vocab_size": config.vocab_size, "seq_len": config.seq_len,
          "excerpt_words": config.excerpt_words, "labelled_fraction": config.labelled_fraction,
          "heldout_per_topic": config.heldout_per_topic, "split_seed": config.seed,
          "max_train_per_topic": config.max_train_per_topic},
-        model=GPT2_BLOCK, optimizer=GPT2_ADAMW, warmup_steps=min(100, config.steps), eval_sequences=64, log_every=20))
+        model=GPT2_BLOCK, optimizer=GPT2_ADAMW, warmup_steps=min(100, config.steps), eval_sequences=64, log_every=20)
+
+
+@register_experiment("tint-classification", "TinT Table 1 analogue: few-shot BBC News topics, vanilla / in-context / dynamic eval / TinT", ClassificationConfig)
+def run(config: ClassificationConfig, out_dir: Path) -> Result:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    model, train_config, trained = train_fresh(out_dir, train_settings(config))
     train_seconds = time.perf_counter() - start
     model = model.double().eval()  # float64: TinT's finite-difference backward is exact to rounding
     study = Study(model, train_config.build_task(), config)

@@ -53,10 +53,18 @@ def tint_simulate(model: CausalLM, ids: torch.Tensor, targets: torch.Tensor | No
 
 def tint_update(model: CausalLM, sequences: list[torch.Tensor], targets: list[torch.Tensor | None], config) -> CausalLM:
     """TinT's step on the sequences (one simulator pass each): the updates read back from the prefixes are
-    summed (one step of a summed loss) into a copy of the auxiliary model."""
+    summed (one step of a summed loss) into a copy of the auxiliary model. Several sequences and n_steps > 1:
+    n steps of the summed loss, each step summing the sequences' one-step updates from the weights the previous
+    step left (a batch whose prefixes all sequences share, as dynamic evaluation's prompt_sgd steps), not n steps
+    on each sequence alone added up."""
     if len(sequences) == 1:
         sim, _, banks = tint_simulate(model, sequences[0], targets[0], config)
         return sim.updated_model(model, banks).eval().requires_grad_(False)
+    if config.n_steps > 1:
+        one_step = dataclasses.replace(config, n_steps=1)
+        for _ in range(config.n_steps):
+            model = tint_update(model, sequences, targets, one_step)
+        return model
     base = model.state_dict()
     total = {name: value.clone() for name, value in base.items()}
     for ids, keep in zip(sequences, targets):
