@@ -34,16 +34,18 @@ def collect(scratch: Path) -> list[dict]:
         rows = {row["method"]: row for row in results["rows"]}
         keep = rows["keep-prompt"]
         for label, row in rows.items():
-            if label in ("keep-prompt", "drop-prompt") and budget != "refs":
+            if label in ("keep-prompt", "drop-prompt") and budget not in ("refs", "methods"):
                 label = f"{label} (press run)"
             ok = row["status"] == "ok"
             paired = None
-            if ok and len(row.get("episode_scores", [])) > 1 and label.startswith("kv-") and keep["score"]["mean"]:
+            if ok and len(row.get("episode_scores", [])) > 1 and label not in ("keep-prompt", "drop-prompt") \
+                    and keep["score"]["mean"]:
                 paired = paired_share_interval95([e["score"] for e in row["episode_scores"]],
                                                  [e["score"] for e in keep["episode_scores"]])
             extra = {key: row[key]["mean"] for key in ("em", "contains") if ok and isinstance(row.get(key), dict)}
             points.append({
-                "model": model, "task": task, "budget": None if budget == "refs" else float(budget), "method": label,
+                "model": model, "task": task, "group": budget if budget in ("refs", "methods") else "presses",
+                "budget": None if budget in ("refs", "methods") else float(budget), "method": label,
                 "status": row["status"], "reason": row.get("reason", ""),
                 "score": row["score"]["mean"] if ok else None, "low": row["score"]["low"] if ok else None,
                 "high": row["score"]["high"] if ok else None, **extra,
@@ -72,7 +74,7 @@ def _task_label(task: str) -> str:
 
 def table(points: list[dict]) -> str:
     lines = []
-    refs = [p for p in points if p["budget"] is None]
+    refs = [p for p in points if p.get("group", "refs") == "refs" and p["budget"] is None]
     if refs:
         lines += ["What each model reads: the prompted reference (keep-prompt: the document in the context) and the floor "
                   "(drop-prompt); squad and hotpotqa F1 (EM, contains), ruler string match; % with 95% intervals over "
@@ -118,6 +120,25 @@ def table(points: list[dict]) -> str:
                         absorb.append((p["absorb_ms"] or 0) / 1000)
                 lines.append(f"| {method.replace(' (press run)', '')} | " + " | ".join(cells) +
                              (f" | {max(absorb):.1f} |" if absorb else " | |"))
+            lines.append("")
+    for model in dict.fromkeys(p["model"] for p in points):
+        for task in dict.fromkeys(p["task"] for p in points if p["model"] == model and p.get("group") == "methods"):
+            rows = [p for p in points if p["model"] == model and p["task"] == task and p.get("group") == "methods"]
+            first = rows[0]
+            lines += [f"**{MODELS.get(model, model)}, {_task_label(task)}, the demo's methods at their defaults**: "
+                      f"{first['episodes']} episodes ({first['queries']} questions), {first['prompt_tokens']:.0f} tokens "
+                      f"a document", "",
+                      f"| method | {'F1' if first['metric'] == 'squad' else 'string match'} % [95% CI] | share of "
+                      "keep-prompt's [paired 95%] | kept share of the K/V | absorb s |", "|---|---|---|---|---|"]
+            for p in rows:
+                if p["score"] is None:
+                    lines.append(f"| {p['method']} | {p['status']}: {p['reason'][:80]} | | | |")
+                    continue
+                band = "" if not p["share_interval"] else \
+                    f" [{100 * p['share_interval'][0]:.0f}, {100 * p['share_interval'][1]:.0f}]"
+                share = "" if p["share_of_keep_prompt"] is None else f"{100 * p['share_of_keep_prompt']:.0f}%{band}"
+                lines.append(f"| {p['method']} | {_pct(p['score'])} [{_pct(p['low'])}, {_pct(p['high'])}] | {share} | "
+                             f"{_pct(p['kept_share'])}% | {(p['absorb_ms'] or 0) / 1000:.1f} |")
             lines.append("")
     if any(p["budget"] is not None for p in points):
         lines.append("Cells: the score (its share of keep-prompt's on the same episodes, with a paired bootstrap 95% "
