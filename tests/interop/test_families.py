@@ -119,7 +119,7 @@ def test_converted_families_match_transformers_logits(family_folder):
     ids = torch.randint(0, 300, (2, 33), generator=torch.Generator().manual_seed(3))
     hf32 = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     lm = wrap_hf(hf32)
-    if not FAMILIES[model_type].converts:
+    if not FAMILIES.get(model_type).converts:
         with pytest.raises(ValueError, match="does not convert"):
             lm.as_transformer()
         return
@@ -150,7 +150,7 @@ def test_compare_runs_every_method_and_says_why_not(family_folder, tmp_path, cap
         assert rows[name]["status"] == "ok", (name, rows[name])
     assert rows["keep-prompt"]["agreement"]["kl"] < 1e-9  # the reference against itself
     assert rows["iclca"]["status"] == "n/a"  # softmax attention does not convert exactly
-    if FAMILIES[model_type].converts:
+    if FAMILIES.get(model_type).converts:
         assert rows["iclca-approx"]["status"] == "ok", rows["iclca-approx"]
     else:
         assert rows["iclca-approx"]["status"] == "n/a" and "does not convert" in rows["iclca-approx"]["reason"]

@@ -75,7 +75,7 @@ def test_register_task_and_default_baselines():
     try:
         _check_register_task()
     finally:
-        registry._TASKS.pop("test_constant", None)  # leave the global registry as we found it
+        registry.TASKS.unregister("test_constant")  # leave the global registry as we found it
 
 
 def _check_register_task():

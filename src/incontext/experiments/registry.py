@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-_EXPERIMENTS: dict[str, "Experiment"] = {}
+from ..registry import Registry
 
 
 @dataclass(frozen=True)
@@ -21,11 +21,9 @@ class Experiment:
 
 def register_experiment(name: str, description: str, config_class: type):
     """Decorator for `run(config, out_dir) -> Result` (outputs.Result): the registered run writes the Result
-    through the one writer, outputs.save_result, with the experiment's name and config."""
+    through the one writer, outputs.save_result, with the experiment's name and config (a name registered twice
+    is refused)."""
     def decorate(run: Callable) -> Callable:
-        if name in _EXPERIMENTS:
-            raise ValueError(f"experiment {name!r} is registered twice")
-
         def run_and_save(config, out_dir: Path) -> dict:
             from ..outputs import Result, save_result
 
@@ -36,7 +34,7 @@ def register_experiment(name: str, description: str, config_class: type):
                 raise TypeError(f"experiment {name!r} returned {type(result).__name__}, not a Result")
             return save_result(result, out_dir, name, config)
 
-        _EXPERIMENTS[name] = Experiment(name, description, config_class, run_and_save)
+        EXPERIMENTS.register(name, Experiment(name, description, config_class, run_and_save))
         return run
 
     return decorate
@@ -49,13 +47,12 @@ def _load_all() -> None:
         importlib.import_module(f"{__package__}.{module.name}")
 
 
+EXPERIMENTS: Registry[Experiment] = Registry("experiment", load=_load_all)
+
+
 def list_experiments() -> list[Experiment]:
-    _load_all()
-    return [_EXPERIMENTS[name] for name in sorted(_EXPERIMENTS)]
+    return [EXPERIMENTS.get(name) for name in EXPERIMENTS.names()]
 
 
 def get_experiment(name: str) -> Experiment:
-    _load_all()
-    if name not in _EXPERIMENTS:
-        raise KeyError(f"unknown experiment {name!r}; registered: {sorted(_EXPERIMENTS)}")
-    return _EXPERIMENTS[name]
+    return EXPERIMENTS.get(name)

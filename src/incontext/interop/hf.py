@@ -23,6 +23,7 @@ from torch import nn
 
 from ..models.hf_backend import HFCausalLM
 from ..models.transformer import Transformer, TransformerConfig
+from ..registry import Registry
 
 _GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
@@ -365,19 +366,17 @@ class Conversion:
 
 
 # the families of models/families.py that convert (`Family.converts`; a test checks the two tables agree)
-CONVERSIONS: dict[str, Conversion] = {
-    "llama": Conversion(from_hf_llama, to_hf_llama),
-    "mistral": Conversion(from_hf_llama),
-    "qwen2": Conversion(from_hf_llama),
-    "phi3": Conversion(from_hf_llama),
-    "gpt2": Conversion(from_hf_gpt2, to_hf_gpt2),
-}
+CONVERSIONS: Registry[Conversion] = Registry("conversion", known="families that convert")
+for _name, _conversion in (("llama", Conversion(from_hf_llama, to_hf_llama)), ("mistral", Conversion(from_hf_llama)),
+                           ("qwen2", Conversion(from_hf_llama)), ("phi3", Conversion(from_hf_llama)),
+                           ("gpt2", Conversion(from_hf_gpt2, to_hf_gpt2))):
+    CONVERSIONS.register(_name, _conversion)
 
 
 def wrap_hf(hf_model: nn.Module) -> HFCausalLM:
     """`hf_model` on the Hugging Face backend, with its family's conversion to our Transformer where it has one (the
     model's `as_transformer`)."""
-    conversion = CONVERSIONS.get(hf_model.config.model_type)
+    conversion = CONVERSIONS.find(hf_model.config.model_type)
     return HFCausalLM(hf_model, to_ours=None if conversion is None else conversion.to_ours)
 
 
@@ -392,7 +391,7 @@ def export_family(model: Transformer) -> tuple[str, nn.Module]:
     reasons = []
     for name in exported_families():
         try:
-            return name, CONVERSIONS[name].to_hf(model)
+            return name, CONVERSIONS.get(name).to_hf(model)
         except ValueError as error:
             reasons.append(f"{name}: {error}")
     raise ValueError("no Hugging Face family takes this model (" + "; ".join(reasons) + ")")

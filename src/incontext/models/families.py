@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..registry import Registry
+
 _LLAMA_LORA = {"attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "attn.out": ("self_attn.o_proj",),
                "mlp.fc_in": ("mlp.gate_proj", "mlp.up_proj"), "mlp.fc_out": ("mlp.down_proj",)}
 
@@ -31,7 +33,15 @@ class Family:
         return not self.no_conversion
 
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+FAMILIES: Registry[Family] = Registry("model family", known="families table")
+
+
+def register_family(family: Family) -> Family:
+    """Register `family` under its model_type (ValueError where that holds another family)."""
+    return FAMILIES.register(family.model_type, family)
+
+
+for _family in (
     Family("llama"),
     Family("mistral", note="sliding window: our context is capped at the window"),
     Family("qwen2", note="q/k/v biases; o_proj and MLP get zero biases"),
@@ -47,11 +57,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("gpt2", blocks="transformer.h", final_norm="transformer.ln_f", fan_in_fan_out=True,
            lora={"attn.qkv": ("attn.c_attn",), "attn.out": ("attn.c_proj",), "mlp.fc_in": ("mlp.c_fc",),
                  "mlp.fc_out": ("mlp.c_proj",)}),
-)}
+):
+    register_family(_family)
 
 
 def family(model_type: str | None) -> Family | None:
-    return FAMILIES.get(model_type or "")
+    return FAMILIES.find(model_type)
 
 
 def families_table() -> list[dict[str, str]]:
@@ -81,7 +92,7 @@ def to_family_factors(model_type: str, config, factors: dict) -> dict:
     """LoRA factors of our fused linears ("blocks.{i}.{role}" -> (B, A, bias or None)) named as in the family's
     transformers class: a fused projection's update W + s B A is one LoRA per part with the same A and B (and
     bias) split by rows."""
-    f = FAMILIES[model_type]
+    f = FAMILIES.get(model_type)
     out = {}
     for name, (b, a, bias) in factors.items():
         _, index, role = name.split(".", 2)
@@ -97,6 +108,6 @@ def to_family_factors(model_type: str, config, factors: dict) -> dict:
 def from_family_parts(model_type: str) -> tuple[str, dict[str, tuple[str, int]], dict[str, int]]:
     """(the family's block path, its module -> (our role, part index), parts per role): the inverse of
     `to_family_factors`'s naming, for reading an adapter back onto our fused linears."""
-    f = FAMILIES[model_type]
+    f = FAMILIES.get(model_type)
     parts = {module: (role, i) for role, names in f.lora.items() for i, module in enumerate(names)}
     return f.blocks, parts, {role: len(names) for role, names in f.lora.items()}

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 
 from ..config import check_choices, from_dict
+from ..registry import Registry
 from .base import Task
 from .facts import MAX_PEOPLE, PARAPHRASES, facts_prompt, make_people
 from .metrics import get_metric
@@ -114,7 +115,7 @@ def token_query(question: torch.Tensor, answer: torch.Tensor) -> Query:
 
 # ------------------------------------------------------------------------------------------- registry
 
-_SOURCES: dict[str, type["EpisodeSource"]] = {}
+SOURCES: Registry[type["EpisodeSource"]] = Registry("task", known="tasks with episodes")
 
 
 class EpisodeSource(ABC):
@@ -130,8 +131,8 @@ class EpisodeSource(ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if getattr(cls, "name", None):
-            _SOURCES[cls.name] = cls
+        if "name" in cls.__dict__:  # defining a source registers it (a base class without a name does not)
+            SOURCES.register(cls.name, cls)
 
     def __init__(self, config: Any | None = None):
         self.config = config if config is not None else self.config_class()
@@ -146,13 +147,11 @@ class EpisodeSource(ABC):
 
 
 def episode_sources() -> list[str]:
-    return sorted(_SOURCES)
+    return SOURCES.names()
 
 
 def get_episode_source(name: str, **options: Any) -> EpisodeSource:
-    if name not in _SOURCES:
-        raise KeyError(f"unknown task {name!r}; tasks with episodes: {', '.join(episode_sources())}")
-    cls = _SOURCES[name]
+    cls = SOURCES.get(name)
     return cls(from_dict(cls.config_class, options, where=f"task '{name}': {cls.config_class.__name__}"))
 
 

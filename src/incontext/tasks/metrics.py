@@ -27,6 +27,8 @@ from typing import ClassVar, Protocol
 import torch
 import torch.nn.functional as F
 
+from ..registry import Registry
+
 
 class Query(Protocol):
     """What a metric reads of a query (tasks/episodes.py's `Query`, which imports this module)."""
@@ -282,20 +284,16 @@ class RulerScore(Generated):
         return {"score": sum(s.correct for s in scores) / n, "answer_logprob": sum(s.logprob for s in scores) / n}
 
 
-METRICS: dict[str, Metric] = {}
+METRICS: Registry[Metric] = Registry("metric")
 
 
 def register_metric(metric: Metric) -> Metric:
-    if metric.name in METRICS and type(METRICS[metric.name]) is not type(metric):
-        raise ValueError(f"metric {metric.name!r} is already registered to {type(METRICS[metric.name]).__name__}")
-    METRICS[metric.name] = metric
-    return metric
+    """Register `metric` under its name (ValueError where the name holds another metric)."""
+    return METRICS.register(metric.name, metric)
 
 
 def get_metric(name: str) -> Metric:
-    if name not in METRICS:
-        raise KeyError(f"unknown metric {name!r}; registered: {', '.join(sorted(METRICS))}")
-    return METRICS[name]
+    return METRICS.get(name)
 
 
 for _metric in (ExactMatch(), Accuracy(), Choice(), CrossEntropy(), MeanSquaredError(), Generated(), SquadScore(),

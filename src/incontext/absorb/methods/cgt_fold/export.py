@@ -48,7 +48,7 @@ def lora_adapter_model(model: CGT, y: torch.Tensor, base_hf_model=None):
     base = base_hf_model if base_hf_model is not None else to_hf_gpt2(model.x_only_transformer())
     rank = model.config.rank
     hf_factors = to_family_factors("gpt2", model.config.transformer_config(), factors)
-    return attach_lora(base, hf_factors, rank, rank, fan_in_fan_out=FAMILIES["gpt2"].fan_in_fan_out)
+    return attach_lora(base, hf_factors, rank, rank, fan_in_fan_out=FAMILIES.get("gpt2").fan_in_fan_out)
 
 
 def save_lora_adapter(model: CGT, y: torch.Tensor, folder: str | Path) -> Path:
