@@ -55,7 +55,7 @@ def data_stage_parts(model, codec, prompt, train, device: str) -> list[dict]:
     rows = []
     for name, fn in originals.items():
         setattr(study_stage, name, timed(name, fn))
-    stage = get_absorb_method("kv-prefix", progress=False).study  # the method's data-stage options (top_k 20)
+    stage = get_absorb_method("kv-prefix", progress=False).options.study  # the method's data-stage options (top_k 20)
     try:
         for mode in ("cuda", "never", "cuda", "never"):
             times.clear()

@@ -66,7 +66,7 @@ def main() -> None:
     args = p.parse_args()
     source = facts_source(p, args)
     loaded = load_model("smollm2")
-    stage = get_absorb_method("kv-prefix", progress=False).study  # the method's data-stage options (top_k 20)
+    stage = get_absorb_method("kv-prefix", progress=False).options.study  # the method's data-stage options (top_k 20)
     sequences = differing = episodes_with = 0
     worst = 0.0
     for episode in source.episodes(args.episodes, seed=args.seed, tokenizer=loaded.tokenizer):

@@ -90,7 +90,7 @@ def main() -> None:
     after = scores(teacher, adapted, queries)
     result = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "set")},
-        "method_options": {f.name: dataclasses.asdict(v) if dataclasses.is_dataclass(v := getattr(method, f.name)) else v
+        "method_options": {f.name: dataclasses.asdict(v) if dataclasses.is_dataclass(v := getattr(method.options, f.name)) else v
                            for f in dataclasses.fields(method.Options)},  # the study options nested
         "speed": dataclasses.asdict(method.speed),
         "pool": history["pool"],

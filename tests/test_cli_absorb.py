@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 from incontext.cli import commands as cli  # noqa: E402
 from incontext.absorb import AdaptedModel  # noqa: E402
-from incontext.absorb.protocol import _METHODS  # noqa: E402
+from incontext.absorb.protocol import METHODS  # noqa: E402
 from incontext.absorb.decode import stream_tokens  # noqa: E402
 from incontext.interop.models import load_model  # noqa: E402
 
@@ -99,7 +99,7 @@ def test_list_and_help_import_no_torch():
               "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'no torch')\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stderr.endswith("no torch"), result.stderr[-2000:]
-    for name, method in _METHODS.items():
+    for name, method in METHODS.items():
         assert f"  {name}" in result.stdout and f"needs {method.needs}:" in result.stdout
 
 

@@ -19,24 +19,24 @@ def test_the_catalog_matches_the_registries():
 
 def test_every_registered_name_is_in_the_help(capsys):
     from incontext.absorb import absorb_methods
-    from incontext.absorb.protocol import _METHODS
+    from incontext.absorb.protocol import METHODS
     from incontext.experiments import list_experiments
-    from incontext.tasks.episodes import _SOURCES, episode_sources
+    from incontext.tasks.episodes import SOURCES, episode_sources
 
     compare = help_text(capsys, ["compare", "--help"])
     absorb = help_text(capsys, ["absorb", "--help"])
     assert main(["absorb", "--list"]) == 0
     listed = capsys.readouterr().out
     for name in absorb_methods():
-        method = _METHODS[name]
+        method = METHODS.get(name)
         assert method.summary, f"{name} has no summary"
         for text in (compare, absorb, listed):
             assert f"  {name}" in text and f"needs {method.needs}" in text, name
         assert f"{method.summary}" in " ".join(compare.split()) and method.summary in listed
     flat = " ".join(compare.split())
     for name in episode_sources():
-        assert f"  {name}" in compare and _SOURCES[name].description in flat, name
-        for field in dataclasses.fields(_SOURCES[name].config_class):  # every task option, with its default
+        assert f"  {name}" in compare and SOURCES.get(name).description in flat, name
+        for field in dataclasses.fields(SOURCES.get(name).config_class):  # every task option, with its default
             default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
             text = json.dumps(default) if not isinstance(default, str) else default
             assert f"{field.name}={text}" in flat, (name, field.name)

@@ -218,9 +218,9 @@ def test_random_option_values_are_taken_typed_or_refused_in_one_line(data):
 def test_no_option_takes_nan_or_a_mapping(name):
     import dataclasses
 
-    from incontext.absorb.protocol import _METHODS
+    from incontext.absorb.protocol import METHODS
 
-    groups = {f.name: f.default_factory for f in dataclasses.fields(_METHODS[name].Options)
+    groups = {f.name: f.default_factory for f in dataclasses.fields(METHODS.get(name).Options)
               if dataclasses.is_dataclass(f.default_factory)}
     options = [(f"{name}", o) for o in method_options(name) if not o.endswith(".*")]
     options += [(f"{name}.{g}", f"{g}.{f.name}") for g, sub in groups.items() for f in dataclasses.fields(sub)]
@@ -236,12 +236,12 @@ def float_options() -> list[tuple[str, str]]:
     import dataclasses
     import typing
 
-    from incontext.absorb.protocol import _METHODS
+    from incontext.absorb.protocol import METHODS
 
     cases = []
     for name in absorb_methods():
-        hints = typing.get_type_hints(_METHODS[name].Options)
-        for field in dataclasses.fields(_METHODS[name].Options):
+        hints = typing.get_type_hints(METHODS.get(name).Options)
+        for field in dataclasses.fields(METHODS.get(name).Options):
             if float in (hints[field.name], *typing.get_args(hints[field.name])) and not (
                     {"max", "lt"} & set(field.metadata)):
                 cases.append((name, field.name))
@@ -275,7 +275,8 @@ def test_every_float_option_is_checked_against_the_models_dtype(name, option):
 
 def test_typed_options_keep_their_types():
     method = get_absorb_method("dynamic-eval", learning_rate=1, n_steps=2, keep_prompt=True, lora_targets=["attn.qkv"])
-    assert isinstance(method.learning_rate, float) and method.n_steps == 2 and method.keep_prompt is True
+    options = method.options
+    assert isinstance(options.learning_rate, float) and options.n_steps == 2 and options.keep_prompt is True
     assert get_absorb_method("tint", n_steps=2).config.n_steps == 2
 
 
@@ -284,10 +285,10 @@ def test_every_method_declares_its_options_with_the_constructors_defaults():
     import dataclasses
     import inspect
 
-    from incontext.absorb.protocol import _METHODS
+    from incontext.absorb.protocol import METHODS
 
     for name in absorb_methods():
-        cls = _METHODS[name]
+        cls = METHODS.get(name)
         parameters = inspect.signature(cls.__init__).parameters
         for field in dataclasses.fields(cls.Options):
             if field.name in parameters:

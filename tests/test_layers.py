@@ -1,6 +1,6 @@
 """The package's layering: a module imports only from its own layer or the layers below it.
 
-    ops, tasks, runtime, config, fileio, outputs, stats  <  models  <  tint, train  <  interop  <  absorb  <  harness
+    ops, tasks, runtime, config, fileio, outputs, stats, registry  <  models  <  tint, train  <  interop  <  absorb  <  harness
         <  experiments  <  cli, docs
 
 Imports are read from the source (relative and absolute `incontext.` imports, also inside functions). The backends
@@ -15,7 +15,7 @@ import pytest
 
 import incontext
 
-LAYER = {"ops": 0, "tasks": 0, "runtime": 0, "config": 0, "fileio": 0, "outputs": 0, "stats": 0, "models": 1, "tint": 2, "train": 2, "interop": 3,
+LAYER = {"ops": 0, "tasks": 0, "runtime": 0, "config": 0, "fileio": 0, "outputs": 0, "stats": 0, "registry": 0, "models": 1, "tint": 2, "train": 2, "interop": 3,
          "absorb": 4, "harness": 5, "experiments": 6, "cli": 7, "docs": 7}
 ROOT = Path(incontext.__file__).parent
 
@@ -123,3 +123,10 @@ def test_one_training_loop_for_the_distillers():
         source = "".join(p.read_text() for p in (ROOT / "absorb" / "methods" / name).glob("*.py"))
         assert not re.search(r"torch\.optim\.|\.backward\(|\.step\(\)|Rollback|tqdm", source), name
     assert "def train(" in (ROOT / "absorb" / "distill.py").read_text()
+
+
+def test_the_absorb_folder_names_no_method():
+    """absorb/folder.py reads every method's adapted model and PEFT form through the registries (protocol.py's ADAPTED
+    and PEFT_FORMS): it imports no method package."""
+    found = sorted(m for m in module_imports(ROOT / "absorb" / "folder.py") if m.startswith("incontext.absorb.methods"))
+    assert not found, f"absorb/folder.py imports {found}"

@@ -139,7 +139,7 @@ def test_the_method_sees_only_the_prompt_its_own_samples_and_the_train_queries()
     assert continuations.shape == (3, 8)
     # the teacher's greedy answers to the training queries: one token per query per step, all queries in one batch
     answers = [x for x in seen if x.shape == (len(train_queries), 1)]
-    assert len(answers) == method().study.answer_tokens - 1
+    assert len(answers) == method().options.study.answer_tokens - 1
 
     def contains(whole, part):
         return any(torch.equal(whole[i: i + len(part)], part) for i in range(len(whole) - len(part) + 1))
@@ -293,7 +293,7 @@ def test_chat_turns_teach_the_answer_given_with_the_prompt_in_the_user_turn():
     method_ = method(study=dict(chat_answer_tokens=6))
     with torch.no_grad():
         (student, logp), = study_writers._chat_turns(model, prompt, ["Where was Abe born?"], 100, codec,
-                                                  method_.study.chat_answer_tokens)
+                                                  method_.options.study.chat_answer_tokens)
     question = codec.encode(codec.chat([{"role": "user", "content": "Where was Abe born?"}], add_generation_prompt=True))
     assert student[: len(question)].tolist() == question
     answer = student[len(question):].tolist()

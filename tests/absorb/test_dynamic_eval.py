@@ -107,7 +107,7 @@ def test_separator_and_options_are_checked_by_name():
     import pytest
 
     for name in ("dynamic-eval", "tint"):
-        assert get_absorb_method(name, keep_prompt=True, separator=[3, 4]).separator == [3, 4]
+        assert get_absorb_method(name, keep_prompt=True, separator=[3, 4]).options.separator == [3, 4]
         with pytest.raises(ValueError, match="separator must be a non-empty list of token ids"):
             get_absorb_method(name, separator=[])
         with pytest.raises(ValueError, match="separator"):

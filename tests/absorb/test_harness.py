@@ -285,7 +285,7 @@ def test_no_training_query_reaches_a_method_by_default_for_any_task():
         assert seen and all(queries == [] and groups is None for queries, groups in seen)
     finally:
         from incontext.absorb import protocol as base
-        base._METHODS.pop("spy-train-queries", None)
+        base.METHODS.unregister("spy-train-queries")
 
 
 def test_the_wording_consensus_reference_by_hand():

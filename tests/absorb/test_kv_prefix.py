@@ -143,9 +143,10 @@ def test_options_from_python_are_the_registrys():
     from incontext.absorb.methods.kv_prefix import KVPrefix, KVPrefixOptions
 
     method = KVPrefix(prefix_tokens=8, study=dict(temperature=2, seed_prompts=["question", "creative"]))
-    assert method.prefix_tokens == 8 and method.passes == KVPrefixOptions.passes and method.study.temperature == 2.0
-    assert isinstance(method.study.temperature, float) and method.study.seed_prompts == ("question", "creative")
-    assert all(getattr(method, f) is getattr(method.options, f) for f in KVPrefixOptions.__dataclass_fields__)
+    options = method.options
+    assert options.prefix_tokens == 8 and options.passes == KVPrefixOptions.passes and options.study.temperature == 2.0
+    assert isinstance(options.study.temperature, float) and options.study.seed_prompts == ("question", "creative")
+    assert not hasattr(method, "prefix_tokens")  # a method reads its options in self.options alone
     assert not set(vars(method)) & set(KVPrefixOptions.__dataclass_fields__)  # one place: method.options, no copies
     assert method.given_options == {"prefix_tokens": 8, "study.temperature": 2.0, "study.seed_prompts": ("question", "creative")}
     with pytest.raises(ValueError, match="unknown option 'prefix'"):

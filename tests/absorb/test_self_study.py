@@ -417,7 +417,7 @@ def test_every_method_gets_the_one_input():
     """absorb() hands every method's _absorb one AbsorbInput: the checked prompt (batched), the loss mask, the training
     queries, their groups and the codec, whatever the method reads of it."""
     from incontext.absorb import AbsorbInput, AbsorbMethod, get_absorb_method
-    from incontext.absorb.protocol import _METHODS
+    from incontext.absorb.protocol import METHODS
 
     seen = []
 
@@ -438,7 +438,7 @@ def test_every_method_gets_the_one_input():
         assert given.loss_mask.tolist() == [[True, False, True]] and given.train_queries is queries
         assert given.train_groups == [0, 0] and given.codec is None and codec is not None
     finally:
-        _METHODS.pop("spy-one-input", None)
+        METHODS.unregister("spy-one-input")
 
 
 def test_a_cached_stage_is_reused_only_with_the_same_tokenizer(tmp_path):

@@ -182,9 +182,9 @@ def test_kv_prefix_derives_queries_by_default_and_distill_lora_does_not():
     from incontext.absorb import get_absorb_method
 
     prefix, lora = get_absorb_method("kv-prefix"), get_absorb_method("distill-lora")
-    assert prefix.study.derived == 16 and lora.study.derived == 0  # the sweep's choice is kv-prefix's alone
-    assert get_absorb_method("kv-prefix", **{"study.n_questions": 8}).study.derived == 16  # other study options keep it
-    assert get_absorb_method("kv-prefix", study=dict(derived=0)).study.derived == 0
+    assert prefix.options.study.derived == 16 and lora.options.study.derived == 0  # the sweep's choice is kv-prefix's alone
+    assert get_absorb_method("kv-prefix", **{"study.n_questions": 8}).options.study.derived == 16  # others keep it
+    assert get_absorb_method("kv-prefix", study=dict(derived=0)).options.study.derived == 0
 
 
 def test_reconstruction_pieces_cover_the_document_then_spread():

@@ -2,6 +2,7 @@
 registries, so nothing stays registered), the result shows up where the guide says, and every command of a guide
 and of the README parses."""
 
+import contextlib
 import re
 import shlex
 from pathlib import Path
@@ -56,14 +57,13 @@ def parses(args: list[str]) -> None:
 
 @pytest.fixture
 def registries(monkeypatch, tmp_path):
-    """Copies of the registries (what a guide registers is gone after the test) and a catalog in tmp_path that
+    """The registries scoped (what a guide registers is gone after the test) and a catalog in tmp_path that
     `write()` regenerates, as `python -m incontext.cli.catalog` does."""
-    monkeypatch.setattr(base, "_METHODS", dict(base._METHODS))
-    monkeypatch.setattr(base, "_ADAPTED", dict(base._ADAPTED))
-    monkeypatch.setattr(episodes, "_SOURCES", dict(episodes._SOURCES))
-    monkeypatch.setattr(metrics, "METRICS", dict(metrics.METRICS))
     monkeypatch.setattr(cli_catalog, "CATALOG", tmp_path / "catalog.json")
-    return lambda: cli_catalog.write_catalog()
+    with contextlib.ExitStack() as stack:
+        for registry in (base.METHODS, base.ADAPTED, base.PEFT_FORMS, episodes.SOURCES, metrics.METRICS):
+            stack.enter_context(registry.scoped())
+        yield lambda: cli_catalog.write_catalog()
 
 
 def help_text(capsys, args) -> str:
@@ -147,15 +147,18 @@ def test_add_an_episode_task_and_a_metric(registries, capsys):
 # ----------------------------------------------------------------------------- add a model family
 
 
-def test_add_a_model_family(monkeypatch):
+def test_add_a_model_family():
     transformers = pytest.importorskip("transformers")
     from incontext.interop import hf as interop_hf
     from incontext.models import families
 
-    table, conversions = dict(families.FAMILIES), dict(interop_hf.CONVERSIONS)
-    del table["mistral"], conversions["mistral"]  # the tables before the guide's rows
-    monkeypatch.setattr(families, "FAMILIES", table)
-    monkeypatch.setattr(interop_hf, "CONVERSIONS", conversions)
+    with families.FAMILIES.scoped(), interop_hf.CONVERSIONS.scoped():
+        families.FAMILIES.unregister("mistral")  # the tables before the guide's rows
+        interop_hf.CONVERSIONS.unregister("mistral")
+        check_the_family_guide(transformers, interop_hf)
+
+
+def check_the_family_guide(transformers, interop_hf):
     torch.manual_seed(0)
     hf = transformers.MistralForCausalLM(transformers.MistralConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

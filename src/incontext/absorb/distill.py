@@ -423,7 +423,7 @@ class Distiller(AbsorbMethod):
 
     @property
     def needs_train_groups(self) -> bool:
-        return bool(self.study.wording_ensemble)
+        return bool(self.options.study.wording_ensemble)
 
     def prepare(self, model, prompt: torch.Tensor, codec) -> dict[str, Any]:
         """Checks before the data stage; returns what `student` needs (e.g. kv-prefix's p and the codec its press
@@ -439,22 +439,23 @@ class Distiller(AbsorbMethod):
     def _absorb(self, model, given) -> AdaptedModel:
         prompt, queries, codec = given.prompt[0].long(), given.train_queries or [], given.codec  # checked by absorb
         prepared = self.prepare(model, prompt, codec)
-        if self.autocast != "none" and self.steps:  # a device without the dtype fails now, not after the data stage
-            resolve_runtime(device_of(model), self.autocast)
-        generator = torch.Generator().manual_seed(self.seed)
+        o = self.options
+        if o.autocast != "none" and o.steps:  # a device without the dtype fails now, not after the data stage
+            resolve_runtime(device_of(model), o.autocast)
+        generator = torch.Generator().manual_seed(o.seed)
         start = time.perf_counter()
         with tf32_matmuls(self.speed.tf32, prompt.device):
             was_training = model.training
             model.eval()
             try:
-                sequences, counts = study(model, prompt, queries, self.study, codec, generator, seed=self.seed,
+                sequences, counts = study(model, prompt, queries, o.study, codec, generator, seed=o.seed,
                                           groups=given.train_groups, static_decode=self.speed.static_decode,
                                           writer=self.writer)
                 student = self.student(model, prompt, generator, sequences, **prepared)
-                total = training_steps(self.steps, self.passes, len(sequences), self.batch_size)
+                total = training_steps(o.steps, o.passes, len(sequences), o.batch_size)
                 # the held-out batch: its own generator, so training's draws are those of a run without it
-                held = heldout_sequences(model, prompt, self.study, torch.Generator().manual_seed(self.seed + 1),
-                                         self.heldout) if total and self.heldout else []
+                held = heldout_sequences(model, prompt, o.study, torch.Generator().manual_seed(o.seed + 1),
+                                         o.heldout) if total and o.heldout else []
                 before = heldout_kl(student, held)
             finally:
                 model.train(was_training)
@@ -472,7 +473,7 @@ class Distiller(AbsorbMethod):
         return adapted.eval()
 
     def _train(self, student: Student, sequences: list, generator: torch.Generator, total: int) -> dict[str, Any]:
-        return train(student, sequences, self, generator, total=total, desc=self.name, progress=self.progress,
+        return train(student, sequences, self.options, generator, total=total, desc=self.name, progress=self.progress,
                      speed=self.speed)
 
     def join(self, adapted: list) -> AdaptedModel:
@@ -487,7 +488,7 @@ class Distiller(AbsorbMethod):
         an absorb trained alone never met another document's. It needs each absorb's data stage, which an absorb
         keeps in memory (`sequences`), not in its saved folder."""
         joined = self.join(adapted)
-        if not self.compose_steps:
+        if not self.options.compose_steps:
             return joined
         if any(getattr(a, "sequences", None) is None for a in adapted):
             raise ValueError(f"{self.name}: compose_steps trains on each absorb's data stage; one loaded from a folder "
@@ -495,7 +496,8 @@ class Distiller(AbsorbMethod):
         sequences = [item for a in adapted for item in a.sequences]
         student, finish = self.join_student(joined, adapted)
         with tf32_matmuls(self.speed.tf32, device_of(joined.base)):
-            history = self._train(student, sequences, torch.Generator().manual_seed(self.seed), self.compose_steps)
+            history = self._train(student, sequences, torch.Generator().manual_seed(self.options.seed),
+                                  self.options.compose_steps)
         out = finish(student)
         out.history = {"compose": history}
         return out.eval()

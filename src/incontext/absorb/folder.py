@@ -5,10 +5,11 @@
     logits = adapted(query_ids)
 
 A folder holds adapted.safetensors + adapted.json (the adapted model, AdaptedModel.save), or a PEFT adapter in
-peft_adapter/ (distill-lora: the adapter alone; kv-prefix: its CARTRIDGE beside the saved prefix), and absorb.json,
-written last: its presence marks a finished folder. `write_folder` writes one through a hidden staging folder that
-takes the folder's place by renames (a kill leaves no half-written folder); `load_adapted` reads one back,
-`composed_folders` composes several of one method."""
+peft_adapter/ (the PEFT form its method registers, protocol.PEFT_FORMS: distill-lora's adapter alone, kv-prefix's
+CARTRIDGE beside the saved prefix; this module imports no method), and absorb.json, written last: its presence
+marks a finished folder. `write_folder` writes one through a hidden staging folder that takes the folder's place by
+renames (a kill leaves no half-written folder); `load_adapted` reads one back, `composed_folders` composes several
+of one method."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from ..config import to_dict
 from ..fileio import sha256_file, strict_json
 from ..outputs import EXPERIMENT_MARKER, claim_output_folder, code_version
-from .protocol import PEFT_FOLDER, AdaptedModel, get_absorb_method
+from .protocol import PEFT_FOLDER, PEFT_FORMS, AdaptedModel, get_absorb_method
 
 ADAPTED_FILES = ("adapted.safetensors", "adapted.json")
 
@@ -143,7 +144,7 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
                              else f"--adapted {folder} was absorbed into {spec!r} with other weights (their fingerprint "
                                   "differs: another version of the model, or weights not rounded from this dtype)")
     if not (folder / ADAPTED_FILES[0]).is_file() and peft_note.get("written"):  # the PEFT adapter alone
-        return _load_peft(folder, peft_note, model)
+        return _load_peft(folder, record, peft_note, model)
     description_file = folder / "adapted.json"
     if not description_file.is_file():
         raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and "
@@ -162,29 +163,22 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
         raise ValueError(f"--adapted {folder} is corrupt ({str(error).splitlines()[0]})") from None
 
 
-def _load_peft(folder: Path, note: dict[str, Any], model) -> AdaptedModel:
-    """The distilled LoRA of `folder`'s PEFT adapter merged into a copy of `model`, or a kv-prefix's CARTRIDGE on
-    `model` (checked against absorb.json)."""
-    from .methods.distill_lora.export import load_peft_adapter
-
+def _load_peft(folder: Path, record: dict[str, Any], note: dict[str, Any], model) -> AdaptedModel:
+    """The adapted model of `folder`'s PEFT adapter on `model`, read back by the PEFT form the record's method registered
+    (protocol.PEFT_FORMS: distill-lora's LoRA merged into a copy of `model`, kv-prefix's CARTRIDGE on `model`),
+    after checking the adapter's weights against absorb.json."""
     weights = folder / PEFT_FOLDER / "adapter_model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is missing")
     if "sha256" in note and sha256_file(weights) != note["sha256"]:
         raise ValueError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is corrupt (its sha256 differs "
                          f"from the one in {ABSORB_RECORD})")
-    if note.get("peft_type") == "CARTRIDGE":  # a kv-prefix's cartridge: the prefix back on `model` itself
-        from .methods.kv_prefix.export import load_cartridge
-
-        try:
-            return load_cartridge(folder / PEFT_FOLDER, model)
-        except ValueError as error:
-            raise ValueError(f"--adapted {error}") from None
-    offset = note.get("query_position")
-    if not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} records no query_position for the PEFT adapter")
+    form = PEFT_FORMS.find(record.get("method"))
+    if form is None:
+        raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} records a PEFT adapter of method {record.get('method')!r}, "
+                         f"which has no PEFT form ({PEFT_FORMS.known}: {', '.join(PEFT_FORMS.names())})")
     try:
-        return load_peft_adapter(folder / PEFT_FOLDER, model, offset)
+        return form.load(folder / PEFT_FOLDER, model, note)
     except ValueError as error:
         raise ValueError(f"--adapted {error}") from None
 

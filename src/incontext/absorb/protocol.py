@@ -11,11 +11,10 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from safetensors import SafetensorError
@@ -26,18 +25,36 @@ from ..config import build_options, check_float_limit, from_dict, parse_options,
 from ..fileio import sha256_file
 from ..models import Cache, Transformer, TransformerConfig
 from ..models.lm import copy_cache, internals_reason, is_causal_lm
+from ..registry import Registry
 from ..runtime import dtype_name, parse_dtype
 
 PEFT_FOLDER = "peft_adapter"  # where an absorb folder keeps an adapted model's PEFT form (AdaptedModel.peft_adapter)
-_ADAPTED: dict[str, type["AdaptedModel"]] = {}
-_EXPORTS: dict[type, Any] = {}  # adapted model type -> its PEFT export (register_export)
+
+# the registries a method package fills (incontext/registry.py): defining a method's class registers it in METHODS
+# (by `name`), defining its adapted model's class in ADAPTED (by `method`: adapted.json names it), and a method
+# with a PEFT form registers its export and load in PEFT_FORMS (register_peft_form, in its export.py)
+METHODS: Registry[type["AbsorbMethod"]] = Registry("absorb method")
+ADAPTED: Registry[type["AdaptedModel"]] = Registry("adapted model", known="known")
 
 
-def register_export(adapted_type: type, export) -> None:
-    """`export(adapted, base, folder) -> note`: how an adapted model of this type writes its PEFT form (the methods'
-    export modules register theirs; AdaptedModel.peft_adapter calls it)."""
-    _EXPORTS[adapted_type] = export
-_METHODS: dict[str, type["AbsorbMethod"]] = {}
+@dataclasses.dataclass(frozen=True)
+class PeftForm:
+    """How one method's adapted model is written as a PEFT adapter and read back (absorb/folder.py uses both).
+
+    export(adapted, base, folder) -> absorb.json's note ({"written": True, ...} or {"written": False, "reason": ...})
+    load(folder, model, note) -> the adapted model on `model` (ValueError naming the problem); `folder`: the absorb
+    folder's PEFT_FOLDER, `note`: the export's note as absorb.json holds it."""
+
+    export: Callable[["AdaptedModel", nn.Module, Path], dict[str, Any]]
+    load: Callable[[Path, nn.Module, dict[str, Any]], "AdaptedModel"]
+
+
+PEFT_FORMS: Registry[PeftForm] = Registry("PEFT form", known="methods with one")
+
+
+def register_peft_form(adapted_type: type["AdaptedModel"], export, load) -> PeftForm:
+    """Register the PEFT form (PeftForm's export and load) of the adapted models of `adapted_type`'s method."""
+    return PEFT_FORMS.register(adapted_type.method, PeftForm(export, load))
 
 
 class AdaptedModel(nn.Module, ABC):
@@ -52,8 +69,8 @@ class AdaptedModel(nn.Module, ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if getattr(cls, "method", None):
-            _ADAPTED[cls.method] = cls
+        if "method" in cls.__dict__:  # defining the class registers it (a base class without a method does not)
+            ADAPTED.register(cls.method, cls)
 
     def __init__(self, base: nn.Module):
         super().__init__()
@@ -68,10 +85,10 @@ class AdaptedModel(nn.Module, ABC):
 
     def peft_adapter(self, base: nn.Module, folder: Path) -> dict[str, Any] | None:
         """Write this adapted model's PEFT form into `folder` (its method's export, registered beside the method with
-        register_export) and return absorb.json's note of it ({"written": True, ...} or {"written": False, "reason":
-        ...}); None: the method has no PEFT form. `base`: the model it was absorbed into."""
-        export = _EXPORTS.get(type(self))
-        return None if export is None else export(self, base, folder)
+        register_peft_form) and return absorb.json's note of it ({"written": True, ...} or {"written": False,
+        "reason": ...}); None: the method has no PEFT form. `base`: the model it was absorbed into."""
+        form = PEFT_FORMS.find(self.method)
+        return None if form is None else form.export(self, base, folder)
 
     def query_cache(self) -> Cache | None:
         """A fresh cache from which `self.base(query, cache=cache)` gives `self(query)` and then decodes further
@@ -127,9 +144,9 @@ class AdaptedModel(nn.Module, ABC):
         where = folder / "adapted.json"
         if not isinstance(description, dict) or not isinstance(description.get("method"), str):
             raise ValueError(f"{where} is not an adapted model's description")
-        cls = _ADAPTED.get(description["method"])
+        cls = ADAPTED.find(description["method"])
         if cls is None:
-            raise ValueError(f"{where}: unknown absorb method {description['method']!r}; known: {sorted(_ADAPTED)}")
+            raise ValueError(f"{where}: unknown absorb method {description['method']!r}; known: {ADAPTED.names()}")
         for key, kind in (("dtype", str), ("backend", str), ("base_config", dict), ("extra", dict), ("sha256", str)):
             if not isinstance(description.get(key), kind):
                 raise ValueError(f"{where} is corrupt: {key} is {'missing' if key not in description else 'not a ' + kind.__name__}"
@@ -267,7 +284,7 @@ class AbsorbMethod(ABC):
     def __init__(self, *, progress: bool = True, **options):
         """The one constructor of every method: `options` (Python values, or YAML scalars from `--set`) checked
         through `Options` (config.parse_options: one-line errors naming the option), the defaults filled in and each
-        set as an attribute (a nested options class, such as the distillers' `study`, as its instance); then `setup`.
+        kept in `self.options` (a nested options class, such as the distillers' `study`, as its instance); then `setup`.
         `progress`: the method's progress bars. (The distillers also take `speed` and `writer`: distill.Distiller.)"""
         if not isinstance(progress, bool):
             raise ValueError(f"{self.name}: progress must be true or false, got {progress!r}")
@@ -280,35 +297,18 @@ class AbsorbMethod(ABC):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if getattr(cls, "name", None):
-            _METHODS[cls.name] = cls
+        if "name" in cls.__dict__:  # defining the class registers it (a base class without a name does not)
+            METHODS.register(cls.name, cls)
 
     needs_internals: ClassVar[bool] = False  # runs on our Transformer (model.as_transformer()), not the protocol alone
 
     def _set_options(self, options: dict[str, Any]) -> None:
         """`options` checked through `Options` (config.parse_options, the one check of every method's options, from
         Python as from `--set`: one-line errors naming the option) into `self.options`, the defaults filled in: the one
-        place they live (`self.steps` reads `self.options.steps`, __getattr__)."""
+        place they live (a method reads `self.options.steps`)."""
         given = parse_options(self.Options, options, where=self.name)
         self.given_options = given  # converted to their types, nested ones as "study.x" (check_options_fit)
         self.options = build_options(self.Options, given)  # every option (results record them: harness.compare)
-
-    def _option_name(self, name: str) -> bool:
-        """Whether `name` is one of the method's options (once they are set)."""
-        return "options" in self.__dict__ and name in _option_names(type(self.__dict__["options"]))
-
-    def __getattr__(self, name: str):
-        """An option read as an attribute of the method (`self.learning_rate`): the value in `self.options`."""
-        if self._option_name(name):
-            return getattr(self.__dict__["options"], name)
-        raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value) -> None:
-        """An option's value set on the method (a method's `setup` normalising it) is set in `self.options`."""
-        if self._option_name(name):
-            setattr(self.__dict__["options"], name, value)
-        else:
-            super().__setattr__(name, value)
 
     def check_options_fit(self, model: nn.Module) -> None:
         """One-line ValueError naming the first float option given a value that the dtype of `model`'s weights cannot
@@ -408,12 +408,6 @@ class AbsorbMethod(ABC):
         `batched`) into `model` (the model the method runs on: runs_on)."""
 
 
-@functools.cache
-def _option_names(options_class: type) -> frozenset[str]:
-    """The field names of an options dataclass (read on every attribute access of a method: made once per class)."""
-    return frozenset(f.name for f in dataclasses.fields(options_class))
-
-
 def max_context(model: nn.Module) -> int | None:
     """The longest sequence the model takes (its configured context, max_seq_len), or None."""
     config = getattr(model, "config", None)
@@ -482,21 +476,19 @@ class PerPrompt(AdaptedModel):
 
 
 def absorb_methods() -> list[str]:
-    return sorted(_METHODS)
+    return METHODS.names()
 
 
 def method_options(name: str) -> list[str]:
     """The names of a method's options (the fields of its `Options` dataclass; a nested options class as
     "study.*")."""
     return [f"{f.name}.*" if dataclasses.is_dataclass(f.default_factory) else f.name
-            for f in dataclasses.fields(_METHODS[name].Options)]
+            for f in dataclasses.fields(METHODS.get(name).Options)]
 
 
 def method_class(name: str) -> type[AbsorbMethod]:
     """The registered class of method `name` (KeyError naming the registered ones)."""
-    if name not in _METHODS:
-        raise KeyError(f"unknown absorb method {name!r}; registered: {', '.join(sorted(_METHODS))}")
-    return _METHODS[name]
+    return METHODS.get(name)
 
 
 def get_absorb_method(name: str, *, progress: bool = True, **options) -> AbsorbMethod:

@@ -1,6 +1,6 @@
-"""The registries as data, for `--help` without importing torch: the experiments (`incontext run --help`), the
-absorb methods (`compare --help`, `absorb --help`, `absorb --list`), the episode tasks (`compare --help`) and
-the metrics they score with.
+"""The registries (incontext/registry.py: each one's `listing`) as data, for `--help` without importing torch: the
+experiments (`incontext run --help`), the absorb methods (`compare --help`, `absorb --help`, `absorb --list`), the
+episode tasks (`compare --help`) and the metrics they score with.
 
     catalog()["experiments"][name] == [description, [[config key, type, default, comment], ...]]
     catalog()["methods"][name] == {"summary": ..., "needs": ..., "options": [[name, default, help], ...]}
@@ -87,16 +87,16 @@ def _type_text(field: dataclasses.Field, hint: object) -> str:
 
 def experiments_catalog() -> dict[str, list]:
     """name -> [description, [[key, type, default, comment], ...]] for every registered experiment."""
-    from ..experiments.registry import list_experiments
+    from ..experiments.registry import EXPERIMENTS
 
-    out = {}
-    for experiment in list_experiments():
+    def entry(experiment) -> list:
         comments = _field_comments(experiment.config_class)
         hints = typing.get_type_hints(experiment.config_class)
         fields = [[f.name, _type_text(f, hints[f.name]), _default_text(f), comments.get(f.name, "")]
                   for f in dataclasses.fields(experiment.config_class)]
-        out[experiment.name] = [experiment.description, fields]
-    return out
+        return [experiment.description, fields]
+
+    return EXPERIMENTS.listing(entry)
 
 
 def _options(config_class: type) -> list[list[str]]:
@@ -120,22 +120,20 @@ def methods_catalog() -> dict[str, dict]:
     """name -> summary, needs and options ([name, default, help]) of every registered absorb method (the two
     reference points, keep-prompt and drop-prompt, first)."""
     from ..absorb.methods.reference import DropPrompt, KeepPrompt
-    from ..absorb.protocol import _METHODS, absorb_methods
+    from ..absorb.protocol import METHODS
 
-    first = (KeepPrompt.name, DropPrompt.name)
-    names = [*first, *(name for name in absorb_methods() if name not in first)]
-    return {name: {"summary": _METHODS[name].summary, "needs": _METHODS[name].needs,
-                   "options": _options(_METHODS[name].Options)} for name in names}
+    return METHODS.listing(lambda method: {"summary": method.summary, "needs": method.needs,
+                                           "options": _options(method.Options)}, first=(KeepPrompt.name, DropPrompt.name))
 
 
 def option_groups_catalog() -> dict[str, dict]:
     """The nested options classes the methods share (`--set study.OPTION=VALUE`): name -> which methods take it and
     its options."""
-    from ..absorb.protocol import _METHODS, absorb_methods
+    from ..absorb.protocol import METHODS
 
     groups: dict[str, dict] = {}
-    for name in absorb_methods():
-        for f in dataclasses.fields(_METHODS[name].Options):
+    for name in METHODS.names():
+        for f in dataclasses.fields(METHODS.get(name).Options):
             if dataclasses.is_dataclass(f.default_factory):  # the shared class's defaults, then a method's own
                 root = [c for c in f.default_factory.__mro__ if dataclasses.is_dataclass(c)][-1]
                 group = groups.setdefault(f.name, {"methods": [], "options": _options(root), "defaults": {}})
@@ -150,24 +148,23 @@ def option_groups_catalog() -> dict[str, dict]:
 def tasks_catalog() -> dict[str, dict]:
     """name -> description, metric, the models it is for and its options (`--set key=value`, with defaults) of every
     registered episode task."""
-    from ..tasks.episodes import _SOURCES, episode_sources
+    from ..tasks.episodes import SOURCES
 
     def options(config_class) -> list[str]:  # a string default as it is typed after --set key=, others as JSON
         return [f"{f.name}={value if isinstance(value, str) else _default_text(f)}"
                 for f, value in ((f, _default_value(f)) for f in dataclasses.fields(config_class))]
 
-    return {name: {"description": _SOURCES[name].description, "metric": _SOURCES[name].metric,
-                   "models": "text models" if _SOURCES[name].needs_tokenizer
-                   else f"models trained on the {_SOURCES[name].task_name} task",
-                   "options": options(_SOURCES[name].config_class)}
-            for name in episode_sources()}
+    return SOURCES.listing(lambda source: {
+        "description": source.description, "metric": source.metric,
+        "models": "text models" if source.needs_tokenizer else f"models trained on the {source.task_name} task",
+        "options": options(source.config_class)})
 
 
 def metrics_catalog() -> dict[str, dict]:
     from ..tasks.metrics import METRICS
 
-    return {name: {"label": m.label, "higher_is_better": m.higher_is_better, "description": m.description}
-            for name, m in sorted(METRICS.items())}
+    return METRICS.listing(lambda m: {"label": m.label, "higher_is_better": m.higher_is_better,
+                                      "description": m.description})
 
 
 def build_catalog() -> dict[str, dict]:

@@ -179,17 +179,18 @@ class DynamicEval(AbsorbMethod):
     summary = "gradient steps on the prompt (params=GROUPS: our Transformer's groups)"
 
     def setup(self) -> None:
-        check_sgd_options(self.learning_rate, self.n_steps, self.reduction, self.optimizer)
-        check_separator(self.separator)
-        targets = tuple(t.strip() for t in self.lora_targets.split(",")) if isinstance(self.lora_targets, str) \
-            else tuple(self.lora_targets)
-        if self.lora_rank is not None:
-            check_lora_options(self.lora_rank, self.lora_alpha, targets)
-        if self.params is not None:
-            select_groups(self.params)  # a bad name fails here, before any work
-            if self.lora_rank is not None:
+        o = self.options
+        check_sgd_options(o.learning_rate, o.n_steps, o.reduction, o.optimizer)
+        check_separator(o.separator)
+        targets = tuple(t.strip() for t in o.lora_targets.split(",")) if isinstance(o.lora_targets, str) \
+            else tuple(o.lora_targets)
+        if o.lora_rank is not None:
+            check_lora_options(o.lora_rank, o.lora_alpha, targets)
+        if o.params is not None:
+            select_groups(o.params)  # a bad name fails here, before any work
+            if o.lora_rank is not None:
                 raise ValueError("params= and lora_rank cannot be combined (the LoRA chooses its own targets)")
-        self.lora = {"lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha, "seed": self.seed, "lora_targets": targets}
+        self.lora = {"lora_rank": o.lora_rank, "lora_alpha": o.lora_alpha, "seed": o.seed, "lora_targets": targets}
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
@@ -198,15 +199,15 @@ class DynamicEval(AbsorbMethod):
 
     @property
     def needs_internals(self) -> bool:
-        return self.params is not None  # parameter groups are our Transformer's
+        return self.options.params is not None  # parameter groups are our Transformer's
 
     def _absorb(self, model, given) -> AdaptedModel:
-        prompt, loss_mask = given.prompt, given.loss_mask
-        sequences, masks = training_sequences(prompt, loss_mask, self.separator, "dynamic evaluation")
+        prompt, loss_mask, o = given.prompt, given.loss_mask, self.options
+        sequences, masks = training_sequences(prompt, loss_mask, o.separator, "dynamic evaluation")
         targets = None if loss_mask is None else masks
-        updated, _ = prompt_sgd(model, sequences, targets, learning_rate=self.learning_rate, n_steps=self.n_steps,
-                                reduction=self.reduction, optimizer=self.optimizer, n_top_layers=self.n_top_layers,
-                                params=self.params, **self.lora)
-        return updated_adapted(updated, prompt, self.keep_prompt, self.separator)
+        updated, _ = prompt_sgd(model, sequences, targets, learning_rate=o.learning_rate, n_steps=o.n_steps,
+                                reduction=o.reduction, optimizer=o.optimizer, n_top_layers=o.n_top_layers,
+                                params=o.params, **self.lora)
+        return updated_adapted(updated, prompt, o.keep_prompt, o.separator)
 
 

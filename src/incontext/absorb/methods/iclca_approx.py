@@ -196,9 +196,9 @@ class ICLCAApprox(AbsorbMethod):
     Options = ICLCAApproxOptions
 
     def setup(self) -> None:
-        self.layers = parse_layers(self.layers)
-        self.features = str(self.features)
-        self.maps = None if self.features == "favor" else load_feature_maps(Path(self.features))
+        self.options.layers = parse_layers(self.options.layers)
+        self.options.features = str(self.options.features)
+        self.maps = None if self.options.features == "favor" else load_feature_maps(Path(self.options.features))
 
     needs = "softmax attention (our Transformer, or a Hugging Face family that converts to it)"
     summary = "approximate conversion into FAVOR+ or learned feature sums (features=FOLDER; layers=0-14: only those layers)"
@@ -212,8 +212,7 @@ class ICLCAApprox(AbsorbMethod):
         return None
 
     def _absorb(self, model, given) -> SoftmaxFeaturePrefix:
-        prompt = given.prompt
-        state = convert_approximately(model, prompt, n_features=self.n_features, orthogonal=self.orthogonal,
-                                      seed=self.seed, exact_sinks=self.exact_sinks, maps=self.maps,
-                                      layers=self.layers)
+        prompt, o = given.prompt, self.options
+        state = convert_approximately(model, prompt, n_features=o.n_features, orthogonal=o.orthogonal, seed=o.seed,
+                                      exact_sinks=o.exact_sinks, maps=self.maps, layers=o.layers)
         return SoftmaxFeaturePrefix(model, state)

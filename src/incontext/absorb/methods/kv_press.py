@@ -61,7 +61,7 @@ class KVPress(AbsorbMethod):
     summary = "the document's K/V compressed by a kvpress press (press=NAME, ratio=R kept), no training (NVIDIA kvpress)"
 
     def setup(self) -> None:
-        check_press(self.press)
+        check_press(self.options.press)
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
@@ -75,8 +75,8 @@ class KVPress(AbsorbMethod):
         return None
 
     def _absorb(self, model, given) -> AdaptedModel:
-        prompt, codec = given.prompt, given.codec
-        if self.document_start is not None and self.document_start >= prompt.shape[-1]:
-            raise ValueError(f"kv-press: document_start={self.document_start} is at or past the end of the "
+        prompt, codec, o = given.prompt, given.codec, self.options
+        if o.document_start is not None and o.document_start >= prompt.shape[-1]:
+            raise ValueError(f"kv-press: document_start={o.document_start} is at or past the end of the "
                              f"{prompt.shape[-1]}-token prompt (it counts the template's tokens before the document)")
-        return PressedCache(model, press_cache(model, prompt, self.press, self.ratio, codec, self.document_start)).eval()
+        return PressedCache(model, press_cache(model, prompt, o.press, o.ratio, codec, o.document_start)).eval()

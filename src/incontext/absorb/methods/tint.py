@@ -99,8 +99,8 @@ class TinTStep(AbsorbMethod):
     def setup(self) -> None:
         from ...tint import TintConfig
 
-        check_separator(self.separator)
-        self.config = TintConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TintConfig)})
+        check_separator(self.options.separator)
+        self.config = TintConfig(**{f.name: getattr(self.options, f.name) for f in dataclasses.fields(TintConfig)})
 
     needs_internals = True
 
@@ -116,6 +116,6 @@ class TinTStep(AbsorbMethod):
         return None
 
     def _absorb(self, model, given) -> AdaptedModel:
-        prompt, loss_mask = given.prompt, given.loss_mask
-        sequences, masks = training_sequences(prompt, loss_mask, self.separator, "TinT")
-        return updated_adapted(tint_update(model, sequences, masks, self.config), prompt, self.keep_prompt, self.separator)
+        prompt, loss_mask, o = given.prompt, given.loss_mask, self.options
+        sequences, masks = training_sequences(prompt, loss_mask, o.separator, "TinT")
+        return updated_adapted(tint_update(model, sequences, masks, self.config), prompt, o.keep_prompt, o.separator)

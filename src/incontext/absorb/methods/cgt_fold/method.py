@@ -116,24 +116,24 @@ class CGTFold(AbsorbMethod):
     summary = "its context vector folded into the weights"
 
     def setup(self) -> None:
-        self.adapter = str(self.adapter)
-        self.needs_internals = bool(self.adapter)  # the adapter guides our Transformer
+        self.options.adapter = str(self.options.adapter)
+        self.needs_internals = bool(self.options.adapter)  # the adapter guides our Transformer
         self._loaded: tuple[int, CGTAdapter] | None = None  # (id of the base, its adapter)
 
     def check_model(self, model) -> str | None:
         if isinstance(model, (CGT, CGTAdapter)):
             return None
-        if is_causal_lm(model) and self.adapter:
+        if is_causal_lm(model) and self.options.adapter:
             try:
                 self._adapter_for(model)
             except (OSError, ValueError) as error:
-                return f"the CGT adapter {self.adapter} does not apply: {error}"
+                return f"the CGT adapter {self.options.adapter} does not apply: {error}"
             return None
         return f"needs a CGT model or a CGT adapter trained on this model (option adapter=FOLDER), got {type(model).__name__}"
 
     def _adapter_for(self, base: Transformer) -> CGTAdapter:
         if self._loaded is None or self._loaded[0] != id(base):
-            self._loaded = (id(base), CGTAdapter.load_guide(base, Path(self.adapter)).eval())
+            self._loaded = (id(base), CGTAdapter.load_guide(base, Path(self.options.adapter)).eval())
         return self._loaded[1]
 
     def _absorb(self, model, given) -> AdaptedModel:

@@ -3,5 +3,6 @@ the adapted model (DistilledLoRA); export.py: the adapter as a PEFT LoRA folder 
 
 from .adapted import DistilledLoRA, compose_loras
 from .method import DistillLoRA, DistillLoRAOptions
+from . import export  # noqa: F401  (registers its PEFT LoRA form: export and load)
 
 __all__ = ['DistillLoRA', 'DistillLoRAOptions', 'DistilledLoRA', 'compose_loras']

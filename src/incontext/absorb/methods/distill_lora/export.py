@@ -13,7 +13,7 @@ import torch
 
 from ....fileio import sha256_file
 from ....interop.lora_export import Factors, attach_lora, save_adapter
-from ...protocol import PEFT_FOLDER, check_tensors, register_export
+from ...protocol import PEFT_FOLDER, check_tensors, register_peft_form
 from .adapted import DistilledLoRA
 
 
@@ -28,7 +28,7 @@ def hf_lora_factors(adapted: DistilledLoRA, family: str | None = None) -> tuple[
     if family not in exported_families():
         raise ValueError(f"family must be one our Transformer exports to ({', '.join(exported_families())}), got {family!r}")
     fused = {name: (b.detach(), a.detach(), None) for name, (a, b) in adapted.lora_factors().items()}
-    return to_family_factors(family, adapted.base.config, fused), FAMILIES[family].fan_in_fan_out
+    return to_family_factors(family, adapted.base.config, fused), FAMILIES.get(family).fan_in_fan_out
 
 
 def peft_adapter_model(adapted: DistilledLoRA, hf_base, family: str | None = None):
@@ -147,7 +147,7 @@ def _our_factors(folder: Path, tensors: dict[str, torch.Tensor], model, rank: in
     from ....models.families import FAMILIES, from_family_parts
 
     exported = exported_families()  # the layouts our exports write
-    family = next((name for name in exported if any(k.startswith(f"base_model.model.{FAMILIES[name].blocks}.")
+    family = next((name for name in exported if any(k.startswith(f"base_model.model.{FAMILIES.get(name).blocks}.")
                                                     for k in tensors)), exported[0])
     blocks, parts, parts_per_role = from_family_parts(family)
     prefix = f"base_model.model.{blocks}."
@@ -208,4 +208,13 @@ def peft_note(adapted: DistilledLoRA, model, folder: Path) -> dict[str, Any]:
                     f"queries at positions from query_position on"}
 
 
-register_export(DistilledLoRA, peft_note)  # absorb folders write distill-lora's PEFT form with it
+def load_peft_note(folder: Path, model, note: dict[str, Any]) -> DistilledLoRA:
+    """The PEFT adapter in `folder` (an absorb folder's peft_adapter/) merged into a copy of `model`, its queries at
+    the note's query_position (absorb.json's peft_adapter: what peft_note wrote)."""
+    offset = note.get("query_position")
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"{Path(folder).parent}: absorb.json records no query_position for the PEFT adapter")
+    return load_peft_adapter(folder, model, offset)
+
+
+register_peft_form(DistilledLoRA, export=peft_note, load=load_peft_note)  # how absorb folders write and read it

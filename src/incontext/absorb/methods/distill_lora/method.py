@@ -65,13 +65,13 @@ class DistillLoRA(Distiller):
         return None
 
     def learns_nothing(self) -> str | None:
-        if self.steps == 0:
+        if self.options.steps == 0:
             return ("steps=0 trains nothing: the adapter's B factors stay zero, so the adapted model is the base model "
                     "without the prompt (give steps >= 1)")
         return None
 
     def student(self, model, prompt, generator, sequences) -> Student:
-        spec = lora_spec(model, self.rank, self.alpha, self.target_modules)
+        spec = lora_spec(model, self.options.rank, self.options.alpha, self.options.target_modules)
         adapted = DistilledLoRA(copy.deepcopy(model), spec, offset=prompt.shape[0], merged=False).eval()
         init_lora_factors(adapted.lora_factors().values(), generator)
         return self.lora_student(adapted)
@@ -83,7 +83,7 @@ class DistillLoRA(Distiller):
         return student
 
     def adapted(self, model, student: Student) -> "DistilledLoRA":
-        return student.adapted.merged_model() if self.merge else student.adapted
+        return student.adapted.merged_model() if self.options.merge else student.adapted
 
     def join(self, adapted: list["DistilledLoRA"]) -> "DistilledLoRA":
         return compose_loras(*adapted)

@@ -5,5 +5,6 @@ export.py: the prefix as a PEFT CARTRIDGE and back."""
 from .adapted import TrainedPrefix, compose_prefixes
 from .method import KVPrefix, KVPrefixOptions, KVPrefixStudy
 from .start import rerotate, rerotated_press, spread_prefix
+from . import export  # noqa: F401  (registers its PEFT CARTRIDGE form: export and load)
 
 __all__ = ['KVPrefix', 'KVPrefixOptions', 'KVPrefixStudy', 'TrainedPrefix', 'compose_prefixes', 'rerotate', 'rerotated_press', 'spread_prefix']

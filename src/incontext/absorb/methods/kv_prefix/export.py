@@ -35,7 +35,7 @@ import torch
 
 from ....fileio import sha256_file
 from ....models.lm import cache_kv, with_kv
-from ...protocol import PEFT_FOLDER, register_export
+from ...protocol import PEFT_FOLDER, register_peft_form
 from .adapted import TrainedPrefix
 
 PEFT_TYPE = "CARTRIDGE"
@@ -245,4 +245,5 @@ def cartridge_note(adapted: TrainedPrefix, folder: Path) -> dict[str, Any]:
                        if n != adapted.position else "")}
 
 
-register_export(TrainedPrefix, lambda adapted, base, folder: cartridge_note(adapted, folder))  # kv-prefix's CARTRIDGE
+register_peft_form(TrainedPrefix, export=lambda adapted, base, folder: cartridge_note(adapted, folder),
+                   load=lambda folder, model, note: load_cartridge(folder, model))  # kv-prefix's CARTRIDGE

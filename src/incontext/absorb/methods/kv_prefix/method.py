@@ -79,26 +79,27 @@ class KVPrefix(Distiller):
         return None
 
     def setup(self) -> None:
-        if self.init.startswith("press"):
-            check_press(self.press, "kv-prefix")
-        elif self.press != KVPrefixOptions.press:
-            raise ValueError(f"kv-prefix: press={self.press} is read only with init=press or init=press-rerotated "
-                             f"(this is init={self.init}): give --set init=press too, or leave press out")
+        o = self.options
+        if o.init.startswith("press"):
+            check_press(o.press, "kv-prefix")
+        elif o.press != KVPrefixOptions.press:
+            raise ValueError(f"kv-prefix: press={o.press} is read only with init=press or init=press-rerotated "
+                             f"(this is init={o.init}): give --set init=press too, or leave press out")
 
     def prepare(self, model, prompt: torch.Tensor, codec) -> dict[str, Any]:
-        m, context = prompt.shape[0], model.config.max_seq_len
+        m, context, o = prompt.shape[0], model.config.max_seq_len, self.options
         # default p: a quarter of the document (or `ratio` of it); of the context for a document the context does not hold
-        share = 0.25 if self.ratio is None else self.ratio
-        p = self.prefix_tokens if self.prefix_tokens is not None else max(1, round(min(m, context or m) * share))
-        chunk_spans(m, self.study.chunk_tokens, context)  # a chunk the context cannot hold fails now
+        share = 0.25 if o.ratio is None else o.ratio
+        p = o.prefix_tokens if o.prefix_tokens is not None else max(1, round(min(m, context or m) * share))
+        chunk_spans(m, o.study.chunk_tokens, context)  # a chunk the context cannot hold fails now
         if p > m:
-            raise ValueError(f"kv-prefix: prefix_tokens={p} exceeds the document's {m} tokens (init={self.init})")
-        if self.init in ("document-spread", "press-rerotated") and (getattr(model, "backend", None) != "incontext"
-                                                                   or model.config.positions != "rope"):
-            raise ValueError(f"kv-prefix: init={self.init} re-rotates RoPE keys: it needs our Transformer with RoPE "
+            raise ValueError(f"kv-prefix: prefix_tokens={p} exceeds the document's {m} tokens (init={o.init})")
+        if o.init in ("document-spread", "press-rerotated") and (getattr(model, "backend", None) != "incontext"
+                                                                or model.config.positions != "rope"):
+            raise ValueError(f"kv-prefix: init={o.init} re-rotates RoPE keys: it needs our Transformer with RoPE "
                              "(use init=document or init=press)")
-        if self.init.startswith("press") and context is not None and m >= context:
-            raise ValueError(f"kv-prefix: init={self.init} presses the whole document, which the context ({context}) "
+        if o.init.startswith("press") and context is not None and m >= context:
+            raise ValueError(f"kv-prefix: init={o.init} presses the whole document, which the context ({context}) "
                              "does not hold; use init=document-spread")
         if context is not None and p >= context:
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({context})")
@@ -106,13 +107,14 @@ class KVPrefix(Distiller):
 
     @torch.no_grad()
     def start(self, model, prompt: torch.Tensor, p: int, codec=None) -> Cache:
-        if self.init == "document":
+        o = self.options
+        if o.init == "document":
             return model.prefill(prompt[None, :p])
-        if self.init.startswith("press"):  # the press keeps `ratio` itself where it is given (kv-press's own budget)
-            share = self.ratio if self.ratio is not None and self.prefix_tokens is None else p / prompt.shape[0]
-            pressed = press_cache(model, prompt[None], self.press, share, codec, where="kv-prefix")
-            return pressed if self.init == "press" else rerotated_press(model, prompt, pressed, self.press)
-        return spread_prefix(model, prompt, p, chunk_spans(prompt.shape[0], self.study.chunk_tokens, model.config.max_seq_len))
+        if o.init.startswith("press"):  # the press keeps `ratio` itself where it is given (kv-press's own budget)
+            share = o.ratio if o.ratio is not None and o.prefix_tokens is None else p / prompt.shape[0]
+            pressed = press_cache(model, prompt[None], o.press, share, codec, where="kv-prefix")
+            return pressed if o.init == "press" else rerotated_press(model, prompt, pressed, o.press)
+        return spread_prefix(model, prompt, p, chunk_spans(prompt.shape[0], o.study.chunk_tokens, model.config.max_seq_len))
 
     def student(self, model, prompt, generator, sequences, p: int, codec=None) -> Student:
         context, longest = model.config.max_seq_len, max((item[0].shape[0] for item in sequences), default=0)
