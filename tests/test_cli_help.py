@@ -21,7 +21,7 @@ def test_every_registered_name_is_in_the_help(capsys):
     from incontext.absorb import absorb_methods
     from incontext.absorb.protocol import METHODS
     from incontext.experiments import list_experiments
-    from incontext.tasks.episodes import SOURCES, episode_sources
+    from incontext.tasks.episodes import SOURCES
 
     compare = help_text(capsys, ["compare", "--help"])
     absorb = help_text(capsys, ["absorb", "--help"])
@@ -34,7 +34,7 @@ def test_every_registered_name_is_in_the_help(capsys):
             assert f"  {name}" in text and f"needs {method.needs}" in text, name
         assert f"{method.summary}" in " ".join(compare.split()) and method.summary in listed
     flat = " ".join(compare.split())
-    for name in episode_sources():
+    for name in SOURCES.names():
         assert f"  {name}" in compare and SOURCES.get(name).description in flat, name
         for field in dataclasses.fields(SOURCES.get(name).config_class):  # every task option, with its default
             default = field.default if field.default is not dataclasses.MISSING else field.default_factory()

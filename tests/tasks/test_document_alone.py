@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ByteCodec
 from incontext.tasks import get_task
-from incontext.tasks.episodes import SOURCES, episode_sources, get_episode_source
+from incontext.tasks.episodes import SOURCES, get_episode_source
 
 QA = Path(__file__).resolve().parents[1] / "data" / "qa_small.jsonl"
 OPTIONS = {"jsonl": {"path": str(QA)}, "continuation": {"prompt_tokens": 32, "query_tokens": 8}}
@@ -25,7 +25,7 @@ class WordCodec:
         return [self.ids.setdefault(w, len(self.ids)) for w in re.findall(r"\s*\S+|\s+", text)]
 
 
-@pytest.mark.parametrize("name", episode_sources())
+@pytest.mark.parametrize("name", SOURCES.names())
 def test_no_task_gives_a_training_query_by_default(name):
     source = get_episode_source(name, **OPTIONS.get(name, {}))
     cls = SOURCES.get(name)

@@ -13,7 +13,6 @@ from incontext.tasks.stories import (
     TRAIN_NAMES,
     heldout_stories,
     ioi_sentence,
-    names_in,
     pet_name,
     split_stories,
     tokenizer_folder,
@@ -29,6 +28,11 @@ _OBJ = "|".join(re.escape(o) for o in OBJECTS)
 WENT_TO = re.compile(rf"({'|'.join(OPENERS)}) (\w+) and (\w+) went to the (\w+), (\w+) ({'|'.join(GIVE_VERBS)}) ({_OBJ}) to (\w+)\.")
 PLAYING = re.compile(rf"When (\w+) and (\w+) were playing with ({_OBJ}), (\w+) ({'|'.join(GIVE_VERBS)}) it to (\w+)\.")
 PET = re.compile(rf"had an? (?:{'|'.join(PETS)}) named (\w+)\.")
+
+
+def names_in(text: str, names) -> set[str]:
+    """The names of `names` that occur in `text` as whole words."""
+    return set(re.findall(r"[A-Z][a-z]+", text)) & set(names)
 
 
 @pytest.fixture(scope="module")

@@ -234,7 +234,3 @@ def qwen05_folder() -> Path:
     qwen05_part_paths()
     return converted_folder("qwen2.5-coder-0.5b", QWEN05_SHA256, qwen05_gguf_path, convert_gguf)
 
-
-def load_qwen05(dtype: torch.dtype = torch.float32):
-    """(transformers Qwen2ForCausalLM, tokenizer) for Qwen2.5-Coder-0.5B-Instruct, from the converted folder."""
-    return quiet_folder_load(qwen05_folder(), dtype)

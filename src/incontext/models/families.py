@@ -65,13 +65,6 @@ def family(model_type: str | None) -> Family | None:
     return FAMILIES.find(model_type)
 
 
-def families_table() -> list[dict[str, str]]:
-    """One row per family, for docs and `--help`."""
-    return [{"model_type": f.model_type, "converts": "yes" if f.converts else f"no: {f.no_conversion}",
-             "lora": ", ".join(f"{role}={'+'.join(names)}" for role, names in f.lora.items()), "note": f.note}
-            for f in FAMILIES.values()]
-
-
 # ----------------------------------------------------------------------------- LoRA factors between the layouts
 
 

@@ -25,10 +25,6 @@ from torch import nn
 
 from .transformer import Cache
 
-# the roles of a block's linear layers a LoRA may target; each backend maps them onto its own module names
-LORA_ROLES = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
-
-
 @runtime_checkable
 class CausalLM(Protocol):
     backend: str
@@ -96,14 +92,6 @@ def internals_reason(model: Any) -> str | None:
     except ValueError as error:
         return str(error)
     return None
-
-
-def check_lora_roles(roles) -> tuple[str, ...]:
-    roles = (roles,) if isinstance(roles, str) else tuple(roles)
-    unknown = sorted(set(roles) - set(LORA_ROLES))
-    if not roles or unknown:
-        raise ValueError(f"LoRA targets must be a non-empty subset of {LORA_ROLES}, got {roles}")
-    return roles
 
 
 # ----------------------------------------------------------------------------- the transformers twin of a model

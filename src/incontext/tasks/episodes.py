@@ -146,10 +146,6 @@ class EpisodeSource(ABC):
         return get_metric(self.metric).higher_is_better
 
 
-def episode_sources() -> list[str]:
-    return SOURCES.names()
-
-
 def get_episode_source(name: str, **options: Any) -> EpisodeSource:
     cls = SOURCES.get(name)
     return cls(from_dict(cls.config_class, options, where=f"task '{name}': {cls.config_class.__name__}"))

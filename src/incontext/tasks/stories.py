@@ -29,7 +29,6 @@ import functools
 import hashlib
 import os
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -184,12 +183,6 @@ def heldout_stories(n: int, seed: int = 0, events: int | None = None) -> list[st
     """`n` stories whose characters are all HELDOUT names (never in training or validation text)."""
     rng = random.Random(f"stories/{seed}/heldout")
     return [write_story(rng, HELDOUT_NAMES, events) for _ in range(n)]
-
-
-def names_in(text: str, names: tuple[str, ...] | list[str]) -> set[str]:
-    """The names of `names` that occur in `text` as whole words."""
-    found = set(re.findall(r"[A-Z][a-z]+", text))
-    return found & set(names)
 
 
 # IOI prompts (indirect object identification, Wang et al. 2022): "... A and B went to the P, S gave O to"

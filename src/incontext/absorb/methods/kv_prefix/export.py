@@ -26,7 +26,6 @@ transformers model, so it would add a second training path for one backend witho
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -167,14 +166,6 @@ def save_cartridge(adapted: TrainedPrefix, folder: str | Path, num_frozen_tokens
         for p, flag in zip(hf.parameters(), flags):
             p.requires_grad_(flag)
     return {"num_virtual_tokens": int(n), "family": model.family.model_type, "class": type(hf).__name__}
-
-
-def is_cartridge(folder: str | Path) -> bool:
-    """Whether `folder` holds a PEFT adapter config of type CARTRIDGE."""
-    try:
-        return json.loads((Path(folder) / "adapter_config.json").read_text()).get("peft_type") == PEFT_TYPE
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 @torch.no_grad()
