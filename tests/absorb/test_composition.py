@@ -117,7 +117,8 @@ def test_the_harness_adds_a_composed_row_per_composing_method():
     # the composed prefix keeps a quarter of each document: the sum of the parts' quarters
     assert composed["kept_bytes"] <= rows[2]["kept_bytes"] + 2 * model.config.n_layer * 2 * 2 * 8 * 4
     text = table({"metric": "exact", "rows": rows, "model_description": "tiny", "task": "facts", "episodes": 2,
-                  "queries": 12, "mean_prompt_tokens": 1.0, "torch_threads": 1, "tuning": {}})
+                  "queries": 12, "mean_prompt_tokens": 1.0, "torch_threads": 1, "tuning": {}, "split": "dev",
+                  "episode_seed": 0, "training_questions": None})
     for name in ("kv-prefix", "distill-lora"):
         assert re.search(rf"{name} \(composed\): document 1 [0-9.]+% composed vs [0-9.]+% alone.*; document 2", text)
 

@@ -264,7 +264,8 @@ def test_a_method_that_answers_right_scores_full_marks(monkeypatch):
     assert [r["score"]["mean"] for r in rows] == [1.0, 1.0]
     assert rows[0]["f1"]["mean"] == pytest.approx(0.5)  # "it is orlu" against "orlu": precision 1/3, recall 1
     results = {"metric": "generated", "rows": rows, "model_description": "tiny", "task": "jsonl", "episodes": 3,
-               "queries": 4, "mean_prompt_tokens": 40.0, "torch_threads": 1, "tuning": {}}
+               "queries": 4, "mean_prompt_tokens": 40.0, "torch_threads": 1, "tuning": {}, "split": "dev",
+               "episode_seed": 0, "training_questions": None}
     head = table(results).splitlines()[2]
     assert "| contains % [95% CI] | token F1 % | top-1 agree % |" in head
     assert "| keep-prompt | 100.0 [100.0, 100.0] | 50.0 [50.0, 50.0] |" in table(results)

@@ -65,18 +65,13 @@ def table(results: dict[str, Any]) -> str:
 
 
 def split_label(results: dict) -> str:
-    """'test split (episode seeds from 1000000)'; runs from before splits were named: their seed-0 episodes are
-    the dev split."""
-    split = results.get("split", "dev")
-    first = results.get("episode_seed", results.get("seed", 0))
-    return f"{split} split (episode seeds from {first})"
+    """'test split (episode seeds from 1000000)'."""
+    return f"{results['split']} split (episode seeds from {results['episode_seed']})"
 
 
 def setting_label(results: dict) -> str:
     """What the methods saw besides the document: nothing, or the task's training questions (and who got them)."""
-    questions = results.get("training_questions")
-    if "training_questions" not in results and results.get("task") == "facts":  # runs before the option: paraphrases
-        questions = "training questions (the task's default before it was labelled)"
+    questions = results["training_questions"]
     if not questions:
         return "The document alone: no method saw a training question."
     return (f"With {questions} (written for the facts that are asked): rows marked [trained on the training "
