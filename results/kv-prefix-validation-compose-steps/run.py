@@ -6,7 +6,9 @@ of both documents' data stages (each sequence against its own document's teacher
 Per row: exact match of each document's questions by that document absorbed alone and by the composition, and
 KL(keep-prompt || composed) over the scored positions, pooled over the episodes; the compose time (wall).
 
-    PYTHONPATH=src python results/kv-prefix-validation-compose-steps/run.py 3 > results/kv-prefix-validation-compose-steps/output.md
+    PYTHONPATH=src python results/kv-prefix-validation-compose-steps/run.py 3 [STEPS [METHOD]]
+
+prints one table (sweep.md gathers the three runs' tables into one, each row with its command).
 
 A third argument names another composing method (distill-lora: the summed adapter trained).
 """
