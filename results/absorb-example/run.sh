@@ -9,7 +9,8 @@
 # METHOD (default distill-lora) picks the absorb method: distill-lora writes DIR/adapted/ and DIR/exchange.md, any
 # other method DIR/adapted-METHOD/ and DIR/exchange-METHOD.md (METHOD=kv-prefix: its adapted.safetensors holds the prefix
 # alone, 1.9 MB, over the repository's 1 MB limit for weight files, so not committed: re-run the script to make it). distill-lora's folder holds absorb.json and the PEFT adapter only: generate
-# puts it back on the base model, so that exchange can be re-run from the committed folder without absorbing again.
+# puts it back on the base model. exchanges.md gathers the committed runs (command, answers); their transcripts and
+# absorb folders are in git at the commits it names.
 set -u
 export PYTHONWARNINGS="ignore::FutureWarning"  # a transformers deprecation notice would name a local path
 D=${1:-results/absorb-example}
