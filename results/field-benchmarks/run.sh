@@ -83,7 +83,16 @@ elif [ "$phase" = methods ]; then
         --episodes "${HOTPOT_EPISODES:-4}" --methods "$demo_methods" --out "$scratch/$(short "$model")-$task-methods"
     fi
   done
+elif [ "$phase" = absorber ]; then
+  # issue 79: the trained absorber chosen on validation (results/absorber-choice) beside KVzip in the same run, on squad
+  for model in $models; do
+    for ratio in ${RATIOS:-0.25 0.1}; do
+      incontext compare --model "$model" --task squad --split "$split" --seed "$seed" --episodes "${EPISODES:-10}" \
+        --ratio "$ratio" --methods "drop-prompt,kv-press:kvzip,kv-prefix:${CHOSEN:-press}" --set kv-press:kvzip.press=kvzip \
+        ${CHOSEN_SETS:---set kv-prefix:press.init=press} --out "$scratch/$(short "$model")-squad-$ratio-trained"
+    done
+  done
 else
-  echo "phase: references, wording, presses, ruler-presses, hotpotqa-presses or methods" >&2
+  echo "phase: references, wording, presses, ruler-presses, hotpotqa-presses, methods or absorber" >&2
   exit 2
 fi

@@ -31,10 +31,14 @@ def collect(scratch: Path) -> list[dict]:
     for file in sorted(scratch.glob("*/results.json")):
         results = json.loads(file.read_text())
         model, task, budget = file.parent.name.split("-", 2)
+        trained = budget.endswith("-trained")  # the trained absorbers' run at a budget, KVzip beside them (issue 79)
+        budget = budget.removesuffix("-trained")
         rows = {row["method"]: row for row in results["rows"]}
         keep = rows["keep-prompt"]
         for label, row in rows.items():
-            if label in ("keep-prompt", "drop-prompt") and budget not in ("refs", "methods"):
+            if trained and (label in ("keep-prompt", "drop-prompt") or label.startswith("kv-press")):
+                label = f"{label} (trained run)"  # the press run's rows stand for these in the tables
+            elif label in ("keep-prompt", "drop-prompt") and budget not in ("refs", "methods"):
                 label = f"{label} (press run)"
             ok = row["status"] == "ok"
             paired = None
@@ -102,8 +106,8 @@ def table(points: list[dict]) -> str:
                       f"{_pct(first['keep_prompt'])} ({'F1' if first['metric'] == 'squad' else 'string match'} %)", "",
                       "| method | " + " | ".join(f"{100 * b:g}% kept" for b in budgets) + " | absorb s |",
                       "|---|" + "---|" * (len(budgets) + 1)]
-            methods = [m for m in dict.fromkeys(p["method"] for p in curve) if "(press run)" not in m or
-                       m.startswith("drop-prompt")]
+            methods = [m for m in dict.fromkeys(p["method"] for p in curve) if ("(press run)" not in m or
+                       m.startswith("drop-prompt")) and "(trained run)" not in m]
             for method in methods:
                 cells, absorb = [], []
                 for b in budgets:

@@ -34,7 +34,7 @@ def dry_run(script: str, args: list[str]) -> list[list[str]]:
     env = {k: v for k, v in os.environ.items() if k not in ("SPLIT", "SEED", "RATIOS", "STARTS", "TRAINED_EPISODES",
                                                              "LONG_EPISODES", "CHOSEN_START", "MODELS", "EPISODES",
                                                              "PRESSES", "LENGTH", "LENGTHS", "RULER_EPISODES",
-                                                             "HOTPOT_EPISODES", "KIND", "TASK", "METHODS")}
+                                                             "HOTPOT_EPISODES", "KIND", "TASK", "METHODS", "CHOSEN", "CHOSEN_SETS")}
     env["INCONTEXT_PY"] = sys.executable
     out = subprocess.run(["bash", "--noprofile", "--norc", "-c", SHIMS + f'source "$0" "$@"', script, *args],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Issue 79's choice among the trained absorbers, on SQuAD validation paragraphs (the document alone as the system
+# turn), at a tenth of the document's K/V against KVzip (the best press there): kv-prefix from KVzip's kept pairs at
+# their own positions (init=press), re-rotated with KVzip's per-head budgets (init=press-rerotated), with the
+# reconstruction data (study.reconstruction) and with self-study messages the model writes (study.n_conversations).
+#   bash scripts/env.sh bash results/absorber-choice/run.sh              # validation (MODELS, EPISODES, RATIO narrow it)
+set -euo pipefail
+split=${SPLIT:-validation}
+for model in ${MODELS:-smollm2}; do
+  short=$(case $model in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$model";; esac)
+  incontext compare --model "$model" --task squad --split "$split" --episodes "${EPISODES:-5}" --ratio "${RATIO:-0.1}" \
+    --methods keep-prompt,drop-prompt,kv-press:kvzip,kv-prefix:press,kv-prefix:rerotated,kv-prefix:reconstruction,kv-prefix:selfstudy \
+    --set kv-press:kvzip.press=kvzip \
+    --set kv-prefix:press.init=press \
+    --set kv-prefix:rerotated.init=press-rerotated \
+    --set kv-prefix:reconstruction.init=press --set kv-prefix:reconstruction.study.reconstruction=8 \
+    --set kv-prefix:selfstudy.init=press --set kv-prefix:selfstudy.study.n_conversations=8 \
+    --out "results/absorber-choice/$split-$short-${RATIO:-0.1}"
+done
