@@ -78,3 +78,27 @@ def tiny_bpe_tokenizer(sentences, vocab_size, chat_template):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", bos_token="<|im_start|>")
     tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def r_approx_steps(model, sequences, targets, config, layers: int | None = None, steps: int | None = None) -> dict:
+    """TinT's own gradient rules (R-approx) as plain SGD: `steps` steps (default config.n_steps) on the top `layers`
+    layers' parameter subset (default config.n_simulation_layers), each on the loss summed over the target tokens of
+    every sequence; the updated state dict (the reference for tint_update)."""
+    import torch.nn.functional as F
+
+    from incontext.tint.reference import functional_forward, merge_parameters, split_parameters, trainable_names
+
+    params = split_parameters(model)
+    params["lm_head.weight"] = params.get("lm_head.weight", params["tok_emb.weight"])
+    names = trainable_names(model, config.n_simulation_layers if layers is None else layers)
+    for _ in range(config.n_steps if steps is None else steps):
+        leaves = {n: params[n].clone().requires_grad_(True) for n in names}
+        loss = 0.0
+        for ids, keep in zip(sequences, targets):
+            logits = functional_forward(model, {**params, **leaves}, ids, "approx", config)
+            loss = loss + F.cross_entropy(logits[:-1][keep[1:]], ids[1:][keep[1:]], reduction="sum")
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+        with torch.no_grad():
+            for n, g in zip(names, grads):
+                params[n] = params[n] - config.learning_rate * g
+    return merge_parameters(params)

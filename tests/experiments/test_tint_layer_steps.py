@@ -6,8 +6,7 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import rel_error
+from conftest import r_approx_steps, rel_error
 
 from incontext.absorb.methods.tint import tint_update
 from incontext.cli.commands import main
@@ -15,7 +14,6 @@ from incontext.config import ConfigError, apply_overrides
 from incontext.experiments.tint_layer_steps import SETTINGS, LayerStepsConfig, default_budgets
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TintConfig
-from incontext.tint.reference import functional_forward, merge_parameters, split_parameters, trainable_names
 
 TOY = ["steps=2", "n_layer=2", "d_model=48", "n_head=2", "vocab_size=512", "seeds=2", "inner_lrs=[0.001, 0.1, 1.0]",
        "validation_per_topic=1", "test_per_topic=2", "heldout_per_topic=5", "seq_len=128", "excerpt_words=6",
@@ -27,25 +25,6 @@ def tiny_model(seed: int, n_layer: int = 3) -> Transformer:
     config = TransformerConfig(n_layer=n_layer, d_model=24, n_head=2, vocab_size=40, max_seq_len=32, positions="learned",
                                norm="layernorm", mlp="gelu_tanh", init_std=0.2)
     return Transformer(config).double().eval()
-
-
-def r_approx_steps(model: Transformer, sequences, targets, config: TintConfig) -> dict:
-    """n_steps of SGD with TinT's gradient rules on the top n_simulation_layers (TinT's parameter subset), each step on
-    the loss summed over the target tokens of every sequence; the updated state dict."""
-    params = split_parameters(model)
-    params["lm_head.weight"] = params.get("lm_head.weight", params["tok_emb.weight"])
-    names = trainable_names(model, config.n_simulation_layers)
-    for _ in range(config.n_steps):
-        leaves = {n: params[n].clone().requires_grad_(True) for n in names}
-        loss = 0.0
-        for ids, keep in zip(sequences, targets):
-            logits = functional_forward(model, {**params, **leaves}, ids, "approx", config)
-            loss = loss + F.cross_entropy(logits[:-1][keep[1:]], ids[1:][keep[1:]], reduction="sum")
-        grads = torch.autograd.grad(loss, list(leaves.values()))
-        with torch.no_grad():
-            for n, g in zip(names, grads):
-                params[n] = params[n] - config.learning_rate * g
-    return merge_parameters(params)
 
 
 @pytest.mark.parametrize("n_sequences, layers, steps", [(3, 1, 2), (2, 2, 3), (1, 1, 4), (1, 3, 2)])

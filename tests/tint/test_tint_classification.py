@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_error
+from conftest import r_approx_steps, rel_error
 
 from incontext.cli.commands import main
 from incontext.absorb.prompt_update import full_mask
@@ -12,12 +12,6 @@ from incontext.absorb.methods.tint import tint_simulate, tint_update
 from incontext.experiments.tint_classification import SETTINGS, Study, accuracy
 from incontext.models import Transformer, TransformerConfig
 from incontext.tint import TinT, TintConfig
-from incontext.tint.reference import (
-    functional_forward,
-    merge_parameters,
-    split_parameters,
-    trainable_names,
-)
 
 
 def tiny_model(seed: int, n_layer: int = 2) -> Transformer:
@@ -30,19 +24,7 @@ def tiny_model(seed: int, n_layer: int = 2) -> Transformer:
 def masked_r_approx(model, sequences, targets, config: TintConfig) -> dict:
     """R-approx (TinT's own gradient rules) for a loss summed over the target tokens of several sequences:
     one SGD step on TinT's parameter subset; returns the updated state dict."""
-    params = split_parameters(model)
-    params["lm_head.weight"] = params.get("lm_head.weight", params["tok_emb.weight"])
-    names = trainable_names(model, model.config.n_layer)
-    leaves = {n: params[n].clone().requires_grad_(True) for n in names}
-    loss = 0.0
-    for ids, keep in zip(sequences, targets):
-        logits = functional_forward(model, {**params, **leaves}, ids, "approx", config)
-        loss = loss + F.cross_entropy(logits[:-1][keep[1:]], ids[1:][keep[1:]], reduction="sum")
-    grads = torch.autograd.grad(loss, list(leaves.values()))
-    with torch.no_grad():
-        for n, g in zip(names, grads):
-            params[n] = params[n] - config.learning_rate * g
-    return merge_parameters(params)
+    return r_approx_steps(model, sequences, targets, config, layers=model.config.n_layer, steps=1)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
