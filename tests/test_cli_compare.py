@@ -57,7 +57,7 @@ def test_compare_on_a_linear_induction_run(induction_run, tmp_path, capsys):
     (["--model", "smollm2", "--task", "facts", "--set", "iclca-approx.layers=3-1"], "layers must be 'all' or a list"),
     (["--model", "smollm2", "--task", "facts", "--tune", "dynamic-eval=1,2"], "must look like METHOD.OPTION=v1,v2"),
     (["--model", "smollm2", "--task", "facts", "--episodes", "0"], "--episodes must be >= 1"),
-    (["--model", "smollm2", "--task", "jsonl"], "task 'jsonl': JsonlConfig: needs the file: --set path=FILE"),
+    (["--model", "smollm2", "--task", "jsonl"], "task 'jsonl': JsonlConfig: needs the file: option path=FILE"),
     (["--model", "smollm2", "--task", "jsonl", "--set", "path=no/such.jsonl"], "path=no/such.jsonl: cannot read the file"),
     (["--model", "smollm2", "--task", "jsonl", "--set", f"path={__file__}"], "test_cli_compare.py, line 1: not JSON"),
 ])

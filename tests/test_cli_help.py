@@ -58,6 +58,21 @@ def test_run_help_lists_every_experiment(capsys):
         assert f"  {name}" in text and description in text
 
 
+def test_run_help_gives_each_experiment_its_paper_status(capsys):
+    """The catalog of experiments shows what each reproduces and its status (experiments/status.py), the papers'
+    experiments without one as not run, and an experiment's own help its scale and the cause."""
+    from incontext.experiments.status import STATUS, UNREGISTERED
+
+    text = help_text(capsys, ["run", "--help"])
+    assert set(STATUS) == set(EXPERIMENTS)  # every registered experiment has a status, and only those
+    for name, entry in STATUS.items():
+        assert f"{entry.paper}: {entry.reproduces} [{entry.status}]" in text, name
+    for entry in UNREGISTERED:
+        assert f"{entry.paper}: {entry.reproduces}" in text.split("not run (")[1], entry.name
+    one = help_text(capsys, ["run", "cgt-table1", "--help"])
+    assert f"scale: {STATUS['cgt-table1'].scale}" in one and f"status: {STATUS['cgt-table1'].status}: " in one
+
+
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
 def test_experiment_help_lists_every_key_with_its_default(capsys, name):
     text = help_text(capsys, ["run", name, "--help"])

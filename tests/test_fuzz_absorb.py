@@ -576,7 +576,7 @@ def test_an_absorb_folder_without_its_record_is_not_trusted_by_config(capsys, wo
     resolve([folder], world, tmp_path)
     (tmp_path / folder / "absorb.json").unlink()
     refused(capsys, world, tmp_path, ["generate", "--model", "OTHER", "--adapted", folder, "--max-new-tokens", "2", "hi"],
-            f"--adapted {tmp_path / folder} is damaged or unfinished: absorb.json is missing")
+            f"absorb folder {tmp_path / folder} is damaged or unfinished: absorb.json is missing")
 
 
 @pytest.mark.parametrize("how, fragment", [

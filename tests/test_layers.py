@@ -1,7 +1,7 @@
 """The package's layering: a module imports only from its own layer or the layers below it.
 
     ops, tasks, runtime, config, fileio, outputs, stats, registry  <  models  <  tint, train  <  interop  <  absorb  <  harness
-        <  experiments  <  cli, docs
+        <  experiments  <  cli
 
 Imports are read from the source (relative and absolute `incontext.` imports, also inside functions). The backends
 the absorb methods run on (our Transformer, the Hugging Face backend and its families table) are in models/, below
@@ -9,6 +9,7 @@ them; interop/ keeps conversions only (weights both ways, the shared pieces of a
 absorb/, whose methods' exports live beside them."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 import incontext
 
 LAYER = {"ops": 0, "tasks": 0, "runtime": 0, "config": 0, "fileio": 0, "outputs": 0, "stats": 0, "registry": 0, "models": 1, "tint": 2, "train": 2, "interop": 3,
-         "absorb": 4, "harness": 5, "experiments": 6, "cli": 7, "docs": 7}
+         "absorb": 4, "harness": 5, "experiments": 6, "cli": 7}
 ROOT = Path(incontext.__file__).parent
 
 
@@ -130,3 +131,30 @@ def test_the_absorb_folder_names_no_method():
     and PEFT_FORMS): it imports no method package."""
     found = sorted(m for m in module_imports(ROOT / "absorb" / "folder.py") if m.startswith("incontext.absorb.methods"))
     assert not found, f"absorb/folder.py imports {found}"
+
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
+
+
+def flags_in_errors(source: str) -> list[tuple[int, str]]:
+    """(line, flag) for every command-line flag spelled in the message of a `raise` (pip's own flags aside): the
+    library names the problem; the command line names its flags."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            for part in ast.walk(node.exc):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    text = re.sub(r"pip install(?: --[a-z-]+)*", "", part.value)
+                    found += [(node.lineno, flag) for flag in FLAG.findall(text)]
+    return found
+
+
+def test_no_library_error_names_a_command_line_flag():
+    offenders = [f"{path.relative_to(ROOT)}:{line}: {flag}" for path in ROOT.rglob("*.py") if "cli" not in path.relative_to(ROOT).parts
+                 for line, flag in flags_in_errors(path.read_text())]
+    assert not offenders, "library errors naming CLI flags:\n" + "\n".join(offenders)
+
+
+def test_the_flag_checker_sees_a_flag():
+    assert flags_in_errors('raise ValueError(f"give --set x={y}")') == [(1, "--set")]
+    assert flags_in_errors('raise ValueError("run `pip install --no-deps pkg`")') == []

@@ -2,7 +2,8 @@
 and task, the references (keep-prompt, drop-prompt) and each method's score and its share of keep-prompt's at each
 kept share of the document's K/V (measured: the method's kept bytes over keep-prompt's, mean over episodes).
     python results/field-benchmarks/summary.py --split validation|test
-writes results/field-benchmarks/field-SPLIT.{md,json} and curve-SPLIT-MODEL-TASK.png."""
+writes results/field-benchmarks/field-SPLIT.{md,json} and curve-SPLIT-MODEL-TASK.png; the points of field-SPLIT.json that
+no run found now replaces are kept (runs/ is scratch)."""
 
 import argparse
 import json
@@ -182,11 +183,20 @@ def plot(points: list[dict], split: str) -> list[Path]:
     return paths
 
 
+def merged(new: list[dict], record: Path) -> list[dict]:
+    """The points of the runs found now, and those of the record (field-SPLIT.json) that no new run replaces (same
+    model, task, budget and method): runs/ is scratch, gone on another machine, and the record keeps earlier runs."""
+    key = lambda p: (p["model"], p["task"], p.get("group"), p["budget"], p["method"])  # noqa: E731
+    fresh = {key(p) for p in new}
+    kept = [p for p in json.loads(record.read_text()) if key(p) not in fresh] if record.is_file() else []
+    return kept + new
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", default="validation", choices=["validation", "test", "dev"])
     args = parser.parse_args()
-    points = collect(Path("runs") / f"field-{args.split}")
+    points = merged(collect(Path("runs") / f"field-{args.split}"), HERE / f"field-{args.split}.json")
     if not points:
         raise SystemExit(f"no runs under runs/field-{args.split}: run results/field-benchmarks/run.sh first")
     (HERE / f"field-{args.split}.json").write_text(json.dumps(points, indent=1))

@@ -161,7 +161,7 @@ def earlier_results(out_dir: Path, config: Any, free: tuple[str, ...] = ()) -> d
     theirs = {k: v for k, v in saved.get("config", {}).items() if k not in free}
     differing = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
     if differing:
-        raise ValueError(f"{path} was made with other settings ({', '.join(differing)}); use the same settings or another --out")
+        raise ValueError(f"{path} was made with other settings ({', '.join(differing)}); use the same settings or another output folder")
     return saved
 
 

@@ -46,7 +46,7 @@ def parse_device(name: str | torch.device) -> torch.device:
     if kind != "cuda" or (index and not index.isdigit()):
         raise ValueError(f"device {text!r} is not {DEVICE_CHOICES}")
     if not torch.cuda.is_available():
-        raise ValueError(f"device {text}: no CUDA device is available here (use --device cpu)")
+        raise ValueError(f"device {text}: no CUDA device is available here (use device cpu)")
     if index and int(index) >= torch.cuda.device_count():
         raise ValueError(f"device {text}: there are only {torch.cuda.device_count()} CUDA devices")
     return torch.device(text)

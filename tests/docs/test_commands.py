@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from incontext import docs
+import docsync as docs
 from incontext.absorb.study import StudyOptions
 from incontext.cli.commands import build_parser, compare_spec, demo_spec
 from incontext.harness.job import command_line

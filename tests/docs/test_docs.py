@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from incontext import docs
+import docsync as docs
 
 ROOT = docs.repo_root()
 README = ROOT / "README.md"
@@ -627,7 +627,7 @@ def test_the_prose_patterns_find_each_kind_of_number():
 
 
 def test_every_result_block_equals_its_file():
-    """Run `python -m incontext.docs` to rewrite the blocks from the files when this fails."""
+    """Run `python tools/docsync.py` to rewrite the blocks from the files when this fails."""
     assert docs.blocks(ROOT), "no result blocks found"
     assert docs.stale(ROOT) == []
 

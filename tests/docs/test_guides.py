@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from incontext.cli import commands as cli, catalog as cli_catalog
-from incontext import docs
+import docsync as docs
 from incontext.absorb import protocol as base
 from incontext.harness.compare import compare
 from incontext.models import Transformer, TransformerConfig

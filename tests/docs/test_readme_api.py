@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from incontext import docs
+import docsync as docs
 
 ROOT = docs.repo_root()
 

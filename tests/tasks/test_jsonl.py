@@ -90,7 +90,7 @@ def test_chat_episodes_put_the_document_in_the_first_turn():
 
 
 def test_more_episodes_than_records_is_one_line():
-    with pytest.raises(ValueError, match=r"qa_small.jsonl holds 3 records, fewer than the 4 episodes asked .*--episodes 3"):
+    with pytest.raises(ValueError, match=r"qa_small.jsonl holds 3 records, fewer than the 4 episodes asked .*ask for 3 episodes or fewer"):
         get_episode_source("jsonl", path=str(SMALL)).episodes(4, tokenizer=Codec())
 
 
@@ -132,7 +132,7 @@ def test_bad_files_are_one_line(tmp_path):
             get_episode_source("jsonl", **options)
         assert fragment in str(error.value) and "\n" not in str(error.value), str(error.value)
 
-    refused("needs the file: --set path=FILE")
+    refused("needs the file: option path=FILE")
     refused(f"path={tmp_path / 'none.jsonl'}: cannot read the file (No such file or directory)", path=str(tmp_path / "none.jsonl"))
     refused(f"path={tmp_path}: cannot read the file", path=str(tmp_path))
     (tmp_path / "empty.jsonl").write_text("\n\n")

@@ -43,7 +43,7 @@ def test_training_writes_metrics_checkpoints_plot_and_eval_reproduces(tmp_path):
 
 def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
     train(tiny_config(tmp_path / "run", "schedule.total_steps=4"), progress=False)
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(FileExistsError, match="resume it, or choose another run folder"):
         train(tiny_config(tmp_path / "run", "schedule.total_steps=4"), progress=False)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def check_absorb_out(out: Path) -> None:
                     if p.name not in PEFT_FILES or not p.is_file()] if peft.is_dir() else [PEFT_FOLDER]
     if foreign or not (out / ABSORB_RECORD).is_file():
         listed = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "") if foreign else f"no {ABSORB_RECORD}"
-        raise FileExistsError(f"--out {out} is not empty and not an earlier absorb folder ({listed}); "
+        raise FileExistsError(f"the output folder {out} is not empty and not an earlier absorb folder ({listed}); "
                               "choose an empty or new folder")
 
 
@@ -117,22 +118,22 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
     adapted model (adapted.safetensors + adapted.json) where it was saved, else the PEFT adapter on `model` (distill-lora's
     LoRA; kv-prefix's CARTRIDGE, written beside adapted.safetensors on a Hugging Face model)."""
     if not folder.is_dir():
-        raise FileNotFoundError(f"--adapted {folder}: no such folder")
+        raise FileNotFoundError(f"absorb folder {folder}: no such folder")
     record_file = folder / ABSORB_RECORD
     if not record_file.is_file():  # absorb writes it last; without it nothing ties the folder to the model it came from
         if not (folder / "adapted.json").is_file() and not (folder / PEFT_FOLDER).exists():
-            raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and there is "
+            raise FileNotFoundError(f"absorb folder {folder} holds no adapted model (adapted.json is missing, and there is "
                                     f"no {ABSORB_RECORD} of an absorb)")
-        raise ValueError(f"--adapted {folder} is damaged or unfinished: {ABSORB_RECORD} is missing (absorb writes it "
+        raise ValueError(f"absorb folder {folder} is damaged or unfinished: {ABSORB_RECORD} is missing (absorb writes it "
                          "last), so nothing says which model it was absorbed into; absorb again")
     try:
         record = json.loads(record_file.read_text())
         peft_note = record.get("peft_adapter") or {}
     except (ValueError, AttributeError, UnicodeDecodeError):
-        raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
+        raise ValueError(f"absorb folder {folder}: {ABSORB_RECORD} is corrupt") from None
     for key, kind in RECORD_FIELDS.items():
         if key in record and not isinstance(record[key], kind) or not isinstance(peft_note, dict):
-            raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt "
+            raise ValueError(f"absorb folder {folder}: {ABSORB_RECORD} is corrupt "
                              f"({'peft_adapter' if not isinstance(peft_note, dict) else key} has the wrong type)")
     absorbed_into = record.get("model", "another model")
     fingerprint = model_fingerprint(model)  # a record without a fingerprint: checked by the saved config alone
@@ -140,27 +141,27 @@ def load_adapted(folder: Path, model, spec: str) -> AdaptedModel:
         same_in_another_dtype = ("model_fingerprint_bf16" in record
                                  and record["model_fingerprint_bf16"] == model_fingerprint(model, rounded=True))
         if not same_in_another_dtype:
-            raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}" if absorbed_into != str(spec)
-                             else f"--adapted {folder} was absorbed into {spec!r} with other weights (their fingerprint "
+            raise ValueError(f"absorb folder {folder} was absorbed into {absorbed_into!r}, not into {spec!r}" if absorbed_into != str(spec)
+                             else f"absorb folder {folder} was absorbed into {spec!r} with other weights (their fingerprint "
                                   "differs: another version of the model, or weights not rounded from this dtype)")
     if not (folder / ADAPTED_FILES[0]).is_file() and peft_note.get("written"):  # the PEFT adapter alone
         return _load_peft(folder, record, peft_note, model)
     description_file = folder / "adapted.json"
     if not description_file.is_file():
-        raise FileNotFoundError(f"--adapted {folder} holds no adapted model (adapted.json is missing, and "
+        raise FileNotFoundError(f"absorb folder {folder} holds no adapted model (adapted.json is missing, and "
                                 f"{ABSORB_RECORD} records no PEFT adapter)")
     try:
         base_config = json.loads(description_file.read_text())["base_config"]
     except (ValueError, KeyError, TypeError):
-        raise ValueError(f"--adapted {folder}: adapted.json is corrupt") from None
+        raise ValueError(f"absorb folder {folder}: adapted.json is corrupt") from None
     if base_config != to_dict(model.config):
-        raise ValueError(f"--adapted {folder} was absorbed into {absorbed_into!r}, not into {spec!r}" if absorbed_into != str(spec)
-                         else f"--adapted {folder} was absorbed into a {spec!r} of another configuration "
+        raise ValueError(f"absorb folder {folder} was absorbed into {absorbed_into!r}, not into {spec!r}" if absorbed_into != str(spec)
+                         else f"absorb folder {folder} was absorbed into a {spec!r} of another configuration "
                               f"({', '.join(k for k in base_config if base_config.get(k) != to_dict(model.config).get(k))[:120]} differ)")
     try:
         return AdaptedModel.load(folder, base=model)
     except (RuntimeError, KeyError, TypeError, FileNotFoundError) as error:  # safetensors / load_state_dict complaints
-        raise ValueError(f"--adapted {folder} is corrupt ({str(error).splitlines()[0]})") from None
+        raise ValueError(f"absorb folder {folder} is corrupt ({str(error).splitlines()[0]})") from None
 
 
 def _load_peft(folder: Path, record: dict[str, Any], note: dict[str, Any], model) -> AdaptedModel:
@@ -169,18 +170,18 @@ def _load_peft(folder: Path, record: dict[str, Any], note: dict[str, Any], model
     after checking the adapter's weights against absorb.json."""
     weights = folder / PEFT_FOLDER / "adapter_model.safetensors"
     if not weights.is_file():
-        raise FileNotFoundError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is missing")
+        raise FileNotFoundError(f"absorb folder {folder}: {PEFT_FOLDER}/adapter_model.safetensors is missing")
     if "sha256" in note and sha256_file(weights) != note["sha256"]:
-        raise ValueError(f"--adapted {folder}: {PEFT_FOLDER}/adapter_model.safetensors is corrupt (its sha256 differs "
+        raise ValueError(f"absorb folder {folder}: {PEFT_FOLDER}/adapter_model.safetensors is corrupt (its sha256 differs "
                          f"from the one in {ABSORB_RECORD})")
     form = PEFT_FORMS.find(record.get("method"))
     if form is None:
-        raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} records a PEFT adapter of method {record.get('method')!r}, "
+        raise ValueError(f"absorb folder {folder}: {ABSORB_RECORD} records a PEFT adapter of method {record.get('method')!r}, "
                          f"which has no PEFT form ({PEFT_FORMS.known}: {', '.join(PEFT_FORMS.names())})")
     try:
         return form.load(folder / PEFT_FOLDER, model, note)
     except ValueError as error:
-        raise ValueError(f"--adapted {error}") from None
+        raise ValueError(f"absorb folder {error}") from None
 
 
 def adapted_placement(folders: list[Path]) -> str:
@@ -192,14 +193,14 @@ def adapted_placement(folders: list[Path]) -> str:
         try:
             record = json.loads((folder / ABSORB_RECORD).read_text()) if (folder / ABSORB_RECORD).is_file() else {}
         except (ValueError, UnicodeDecodeError):
-            raise ValueError(f"--adapted {folder}: {ABSORB_RECORD} is corrupt") from None
+            raise ValueError(f"absorb folder {folder}: {ABSORB_RECORD} is corrupt") from None
         found.add(record.get("placement", "raw") if isinstance(record, dict) else "raw")
     if len(found) > 1:
-        raise ValueError("--adapted: the folders placed their documents differently (absorb --placement "
+        raise ValueError("absorb folders: they placed their documents differently (placement "
                          f"{' and '.join(sorted(found))}); compose folders of one placement")
     placement = found.pop() if found else "raw"
     if placement not in ("raw", "system"):
-        raise ValueError(f"--adapted: {ABSORB_RECORD} records an unknown placement {placement!r}")
+        raise ValueError(f"absorb folder: {ABSORB_RECORD} records an unknown placement {placement!r}")
     return placement
 
 
@@ -212,11 +213,11 @@ def composed_folders(folders: list[Path], model, spec: str) -> AdaptedModel:
         return adapted[0]
     kinds = sorted({a.method for a in adapted})
     if len(kinds) > 1:
-        raise ValueError(f"--adapted: the folders were absorbed by different methods ({', '.join(kinds)}); "
+        raise ValueError(f"absorb folders: they were absorbed by different methods ({', '.join(kinds)}); "
                          "compose folders of one method")
     method = get_absorb_method(kinds[0])
     if not callable(getattr(method, "compose", None)):
-        raise ValueError(f"--adapted: {kinds[0]} does not compose; give one folder")
+        raise ValueError(f"absorb folders: {kinds[0]} does not compose; give one folder")
     return method.compose(adapted)
 
 
@@ -255,3 +256,39 @@ def write_folder(out: Path, adapted: AdaptedModel, model, record: dict[str, Any]
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return record
+
+
+def check_export_out(out: Path) -> None:
+    """Refuse, in one line, an output folder that export_transformers_folder could not write: not new or empty, or
+    not creatable (checked before a model loads)."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"the output folder {out} is not a new or empty folder; a model is exported only into one")
+    parent = out.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"the output folder {out} cannot be created ({error.strerror or type(error).__name__})") from None
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"the output folder {out} cannot be created: {parent} is not writable")
+
+
+def export_transformers_folder(model, tokenizer, out: Path, name: str = "the model") -> None:
+    """`model` as a plain transformers folder at `out` (its transformers twin, interop.hf.hf_twin, saved by
+    transformers itself, and `tokenizer`, a transformers tokenizer with its chat template, or None): written in a
+    staging folder and renamed into place, no marker of ours in it."""
+    from ..interop.hf import hf_twin
+
+    check_export_out(out)
+    try:
+        twin = hf_twin(model)
+    except ValueError as error:
+        raise ValueError(f"{name} has no transformers form ({error})") from None
+    stage = staging_folder(out)
+    try:
+        stage.mkdir(parents=True, exist_ok=True)
+        twin.save_pretrained(stage, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(stage)
+        swap_into(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

@@ -161,7 +161,7 @@ class AdaptedModel(nn.Module, ABC):
             raise ValueError(f"{folder} was absorbed into a Hugging Face model: load it with its base model")
         if description.get("base_saved", True) is False and base is None:
             raise ValueError(f"{folder} holds a {description['method']} without its base model: load it with the base "
-                             "it was absorbed into (AdaptedModel.load(folder, base=model); generate --model)")
+                             "it was absorbed into (AdaptedModel.load(folder, base=model))")
         weights = folder / "adapted.safetensors"
         if not weights.is_file():
             raise FileNotFoundError(f"{weights} is missing")

@@ -9,14 +9,11 @@ cli/commands.py imports this module only when one of its commands runs (it impor
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
-from ..absorb.folder import check_absorb_out, staging_folder, swap_into
+from ..absorb.folder import check_absorb_out, check_export_out, export_transformers_folder
 from ..absorb.job import AbsorbJob, absorb_to_folder, check_job, placed, prepare, read_train_queries_for
 from ..absorb.job import absorb_many as absorb_documents
-
 from ..absorb.protocol import PEFT_FOLDER
 from ..config import parse_overrides
 from ..interop.models import load_model
@@ -125,34 +122,11 @@ def absorb_many(args, runtime: Runtime) -> int:
 
 
 def export_model(args, runtime: Runtime) -> int:
-    """`incontext export-model`: the model as a transformers folder (its transformers twin, interop.hf.hf_twin, saved by
-    transformers itself, and its tokenizer with the chat template), the base of an absorb folder's peft_adapter/."""
-    from ..interop.hf import hf_twin
-
-    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        raise FileExistsError(f"--out {args.out} is not a new or empty folder; export-model writes only into one")
-    parent = args.out.resolve().parent
-    try:  # where the folder goes must be writable before the model loads and converts (minutes for a large one)
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"--out {args.out} cannot be created ({error.strerror or type(error).__name__})") from None
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"--out {args.out} cannot be created: {parent} is not writable")
+    """`incontext export-model`: the model as a transformers folder (absorb/folder.py's export_transformers_folder),
+    the base of an absorb folder's peft_adapter/."""
+    check_export_out(args.out)  # before the model loads and converts (minutes for a large one)
     loaded = load_model(args.model, runtime=runtime)
-    try:
-        twin = hf_twin(loaded.model)
-    except ValueError as error:
-        raise ValueError(f"export-model: {args.model} has no transformers form ({error})") from None
-    tokenizer = getattr(loaded.tokenizer, "tokenizer", None)
-    stage = staging_folder(args.out)
-    try:
-        stage.mkdir(parents=True, exist_ok=True)  # a plain transformers folder: no marker of ours in it
-        twin.save_pretrained(stage, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(stage)
-        swap_into(stage, args.out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    export_transformers_folder(loaded.model, getattr(loaded.tokenizer, "tokenizer", None), args.out, name=args.model)
     files = sorted(p.name for p in args.out.iterdir())
     print(f"wrote {args.out}: {', '.join(files)}")
     print(f"load: AutoModelForCausalLM.from_pretrained({str(args.out)!r}); an absorb folder's adapter: "

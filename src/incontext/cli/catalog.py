@@ -7,6 +7,7 @@ episode tasks (`compare --help`) and the metrics they score with.
     catalog()["option_groups"][group] == {"methods": [...], "options": [[name, default, help], ...]}
     catalog()["tasks"][name] == {"description": ..., "metric": ..., "models": ..., "options": ["key=default", ...]}
     catalog()["metrics"][name] == {"label": ..., "higher_is_better": ..., "description": ...}
+    catalog()["paper_status"] == {"registered": {name: {"paper", "reproduces", "scale", "status", "cause", "page"}}, "pending": [...]}
 
 The data lives in cli/catalog.json, generated from the registries by `python -m incontext.cli.catalog` (run it
 after adding or changing an experiment, a method, a task or a metric); help reads it so that it needs no torch
@@ -167,10 +168,21 @@ def metrics_catalog() -> dict[str, dict]:
                                       "description": m.description})
 
 
+def paper_status_catalog() -> dict[str, dict]:
+    """name -> what the experiment reproduces of its paper, at which scale, and its status (experiments/status.py),
+    for every registered experiment; `papers_pending`: the papers' experiments that have none, with the reason."""
+    from dataclasses import asdict
+
+    from ..experiments.status import STATUS, UNREGISTERED
+
+    return {"registered": {name: asdict(entry) for name, entry in sorted(STATUS.items())},
+            "pending": [asdict(entry) for entry in UNREGISTERED]}
+
+
 def build_catalog() -> dict[str, dict]:
     """Every registry's entries as JSON data (what cli/catalog.json holds)."""
-    return {"experiments": experiments_catalog(), "methods": methods_catalog(), "option_groups": option_groups_catalog(),
-            "tasks": tasks_catalog(), "metrics": metrics_catalog()}
+    return {"experiments": experiments_catalog(), "paper_status": paper_status_catalog(), "methods": methods_catalog(),
+            "option_groups": option_groups_catalog(), "tasks": tasks_catalog(), "metrics": metrics_catalog()}
 
 
 def write_catalog(path: Path | None = None) -> Path:

@@ -192,7 +192,7 @@ def chat(args, runtime: Runtime, stdin: TextIO | None = None, stdout: TextIO | N
                     conversation.placement = placement
                 except (ValueError, OSError, KeyError) as error:
                     message = error.args[0] if isinstance(error, KeyError) and error.args else error
-                    _say(f"{str(message).replace('--adapted', '/adapted', 1)}; still answering as before")
+                    _say(f"{str(message).replace('absorb folder', '/adapted', 1)}; still answering as before")
                     continue
                 conversation.turns.clear()
                 _say(f"(answering from {', '.join(map(str, folders))}; the conversation starts over)")

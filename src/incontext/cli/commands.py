@@ -317,19 +317,33 @@ class _RunHelp(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         from .catalog import catalog
 
-        experiments = catalog()["experiments"]
+        experiments, status = catalog()["experiments"], catalog()["paper_status"]
         name = getattr(namespace, "experiment", None)
         if name is None:
             parser.print_help()
-            print("\nexperiments:")
+            print("\nexperiments (under each: the paper's table or figure it reproduces, and its status at our scale):")
             for key, (description, _) in experiments.items():
                 print(f"  {key:22s} {description}")
-            print("\n`incontext run EXPERIMENT --help` lists an experiment's config keys.")
+                if key in status["registered"]:
+                    entry = status["registered"][key]
+                    print(f"  {'':22s}   {entry['paper']}: {entry['reproduces']} [{entry['status']}]")
+            pending = status["pending"]
+            if pending:
+                print(f"\nnot run ({len(pending)} experiments of the papers without a registered experiment; reasons in "
+                      "docs/results/papers.md):")
+                for entry in pending:
+                    print(f"  {entry['paper']}: {entry['reproduces']}")
+            print("\n`incontext run EXPERIMENT --help` lists an experiment's config keys, its scale against the paper's "
+                  "and its status with the cause.")
         elif name not in experiments:
             parser.error(f"unknown experiment {name!r}; registered: {', '.join(experiments)}")
         else:
             description, fields = experiments[name]
             print(f"usage: {parser.prog} {name} [--set KEY=VALUE ...] [--out OUT]\n\n{name}: {description}\n")
+            entry = status["registered"].get(name)
+            if entry:
+                print(f"reproduces ({entry['paper']}): {entry['reproduces']}\nscale: {entry['scale']}\n"
+                      f"status: {entry['status']}: {entry['cause']}\n")
             print(f"config keys (--set KEY=VALUE; output folder default {DEFAULT_OUT / name}):")
             width = max(len(key) for key, *_ in fields)
             for key, kind, default, comment in fields:

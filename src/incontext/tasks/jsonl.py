@@ -55,7 +55,7 @@ class JsonlConfig:
 
     def __post_init__(self):
         if not self.path:
-            raise ValueError("needs the file: --set path=FILE (one JSON record of a document and its "
+            raise ValueError("needs the file: option path=FILE (one JSON record of a document and its "
                              "questions a line)")
         _positive(self, "max_answer_tokens")
         check_choices(self)
@@ -154,7 +154,7 @@ class JsonlQA(EpisodeSource):
         records = read_qa_file(self.config.path)
         if len(records) < n:
             raise ValueError(f"{self.config.path} holds {len(records)} records, fewer than the {n} episodes asked "
-                             f"(one episode per record): give --episodes {len(records)} or fewer")
+                             f"(one episode per record): ask for {len(records)} episodes or fewer")
         return [self._episode(codec, record) for record in records[:n]]
 
     def _episode(self, codec, record: QARecord) -> Episode:

@@ -157,7 +157,7 @@ def load_finished_maps(folder: str | Path, n_layer: int, wanted: dict) -> list[L
         return None
     mismatched = differing_options(saved, wanted)
     if mismatched:
-        raise ValueError(f"{folder} holds finished maps fitted with other settings ({', '.join(mismatched)}); use a new --out")
+        raise ValueError(f"{folder} holds finished maps fitted with other settings ({', '.join(mismatched)}); use a new output folder")
     return load_feature_maps(folder)
 
 

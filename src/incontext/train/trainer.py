@@ -166,7 +166,7 @@ def _check_resumable(saved: dict[str, Any], config: TrainConfig, checkpoint: Pat
             differences.append(f"{section}: {'unset' if before is _MISSING else before} -> {now}")
     if differences and not force:
         raise ConfigError(f"cannot resume {checkpoint}: it was trained with a different configuration "
-                          f"({'; '.join(differences)}); pass --force to continue anyway (no longer bit-identical "
+                          f"({'; '.join(differences)}); resume with force to continue anyway (no longer bit-identical "
                           "to an uninterrupted run)")
 
 
@@ -177,14 +177,14 @@ _RUN_FILES = {"config.yaml", "metrics.jsonl", "tensorboard", "checkpoints"}
 
 def _check_fresh_run_dir(run_dir: Path) -> None:
     if complete_checkpoints(run_dir) or latest_checkpoint(run_dir) is not None or any((run_dir / "checkpoints").glob("step_*")):
-        raise FileExistsError(f"{run_dir} already holds checkpoints: pass --resume to continue, or choose another --out")
+        raise FileExistsError(f"{run_dir} already holds checkpoints: resume it, or choose another run folder")
     if run_dir.exists() and not run_dir.is_dir():
         raise FileExistsError(f"run folder {run_dir} is a file")
     foreign = sorted(p.name for p in run_dir.iterdir()
                      if p.name not in _RUN_FILES and not p.name.startswith(".incontext-")) if run_dir.is_dir() else []
     if foreign:
         raise FileExistsError(f"{run_dir} is not empty (it holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}) "
-                              "and incontext did not write it: choose another --out (run.out_dir)")
+                              "and incontext did not write it: choose another run folder (run.out_dir)")
 
 
 def _clear_unfinished_run(run_dir: Path) -> None:

@@ -84,7 +84,7 @@ class KVPrefix(Distiller):
             check_press(o.press, "kv-prefix")
         elif o.press != KVPrefixOptions.press:
             raise ValueError(f"kv-prefix: press={o.press} is read only with init=press or init=press-rerotated "
-                             f"(this is init={o.init}): give --set init=press too, or leave press out")
+                             f"(this is init={o.init}): give init=press too, or leave press out")
 
     def prepare(self, model, prompt: torch.Tensor, codec) -> dict[str, Any]:
         m, context, o = prompt.shape[0], model.config.max_seq_len, self.options

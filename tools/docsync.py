@@ -1,4 +1,5 @@
-"""Result tables in the documentation, kept equal to the result files they copy.
+"""Result tables in the documentation, kept equal to the result files they copy (a tool of the repository, not of
+the installed package: it reads README.md, docs/ and results/).
 
 A page embeds a result file between two markers:
 
@@ -11,8 +12,8 @@ starting with `|`). Paths are relative to the repository root.
 
 A page may also hold a table generated from several result files (GENERATED: the README's systems table and its
 table of budgets), between `<!-- generated: NAME -->` and `<!-- /generated -->`; the numbers in it are read from
-the files each time, so the front page carries no number typed by hand. `python -m incontext.docs` rewrites every block
-of README.md and docs/**/*.md from its file; `python -m incontext.docs --check` (and tests/docs/test_docs.py)
+the files each time, so the front page carries no number typed by hand. `python tools/docsync.py` rewrites every block
+of README.md and docs/**/*.md from its file; `python tools/docsync.py --check` (and tests/docs/test_docs.py)
 fails when a block differs from its file or names a file that is missing.
 """
 
@@ -27,8 +28,8 @@ GENERATED_BLOCK = re.compile(r"<!-- generated: (?P<name>\S+) -->\n(?P<body>.*?)<
 
 
 def repo_root() -> Path:
-    """The repository holding this source tree (src/incontext/docs.py), else the working directory."""
-    here = Path(__file__).resolve().parents[2]
+    """The repository holding this tool (tools/docsync.py), else the working directory."""
+    here = Path(__file__).resolve().parents[1]
     return here if (here / "README.md").is_file() and (here / "docs").is_dir() else Path.cwd()
 
 
@@ -89,7 +90,7 @@ def stale(root: Path) -> list[str]:
         where = f"{page.relative_to(root)}: block {path}" + (f" table={table}" if table else "")
         try:
             if body != embedded(root, path, table):
-                problems.append(f"{where} differs from the file (run python -m incontext.docs)")
+                problems.append(f"{where} differs from the file (run python tools/docsync.py)")
         except (OSError, ValueError) as error:
             problems.append(f"{where}: {error}")
     for page in doc_pages(root):
@@ -97,7 +98,7 @@ def stale(root: Path) -> list[str]:
             where = f"{page.relative_to(root)}: generated table {m['name']}"
             try:
                 if m["body"].strip() != generated(root, m["name"]):
-                    problems.append(f"{where} differs from its result files (run python -m incontext.docs)")
+                    problems.append(f"{where} differs from its result files (run python tools/docsync.py)")
             except (OSError, ValueError, KeyError, StopIteration) as error:
                 problems.append(f"{where}: {type(error).__name__}: {error}")
     return problems
@@ -226,7 +227,7 @@ def budget_table(root: Path) -> str:
 
 def _papers() -> dict:
     """One generated table per paper (docs/results/papers.md): experiments.status's per-experiment statuses."""
-    from .experiments.status import PAPERS, papers_table
+    from incontext.experiments.status import PAPERS, papers_table
 
     return {f"papers-{p}": (lambda root, p=p: papers_table(p)) for p in PAPERS}
 
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(problems) or f"{len(blocks(root))} result blocks agree with their files")
         return 1 if problems else 0
     if argv:
-        print("usage: python -m incontext.docs [--check]", file=sys.stderr)
+        print("usage: python tools/docsync.py [--check]", file=sys.stderr)
         return 2
     for page in doc_pages(root):
         text = page.read_text()
