@@ -21,3 +21,6 @@ SPLIT=test MODELS=smollm2 TASK=ruler KIND=niah_single_2 RULER_EPISODES=3 LENGTH=
 SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" KIND=vt RULER_EPISODES=3 LENGTH=2048 bash "$here/run.sh" ruler-presses
 SPLIT=test MODELS=qwen2.5-coder-0.5b PRESSES="kvzip snapkv" KIND=niah_multikey_1 RULER_EPISODES=3 LENGTH=2048 bash "$here/run.sh" ruler-presses
 SPLIT=test MODELS=qwen2.5-coder-0.5b TASK=hotpotqa METHODS=keep-prompt,drop-prompt,iclca-approx,kv-prefix,kv-press HOTPOT_EPISODES=2 bash "$here/run.sh" methods
+# issue 79 (a later session): the trained absorber chosen on validation (results/absorber-choice: kv-prefix from KVzip's
+# kept pairs with the reconstruction data) beside KVzip in the same run, SmolLM2 at a tenth and a twentieth (a quarter left: KVzip keeps all of keep-prompt there)
+SPLIT=test MODELS=smollm2 RATIOS="0.1 0.05" EPISODES=10 CHOSEN=reconstruction CHOSEN_SETS="--set kv-prefix:reconstruction.init=press --set kv-prefix:reconstruction.study.reconstruction=8" bash "$here/run.sh" absorber

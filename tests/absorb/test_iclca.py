@@ -47,6 +47,7 @@ model_options = st.fixed_dictionaries({
     "n_head": st.sampled_from([1, 2, 4]),
     "d_model": st.sampled_from([16, 32]),
     "residual_stream": st.sampled_from(["none", "v"]),
+    "linear_bias": st.booleans(),  # ICLCA's biased architecture (learned b_KV, b_D): a prompt converts on top, exactly
 })
 
 
@@ -177,3 +178,25 @@ def test_iclca_table2_default_recipe_conversion_is_exact_float64(seed):
     # a second prompt converted on top of the first (Theorem 4.5)
     adapted = ICLCA().absorb(model, batch.inputs[:, :20]).absorb_more(batch.inputs[:, 20:40])
     assert rel_error(adapted(batch.inputs[:, 40:]), prompted_logits(model, batch.inputs[:, :40], batch.inputs[:, 40:])) < 1e-10
+
+
+def test_the_biased_architecture_starts_as_the_plain_one_and_learns_its_biases():
+    """linear_bias (Sec. 4.4 / 6.3): zero biases at the start give the plain model's logits; the biases get gradients
+    and, once moved, change every sequence's output as a prompt would; a softmax model refuses them in one line."""
+    torch.manual_seed(3)
+    plain = Transformer(TransformerConfig(vocab_size=52, n_layer=2, d_model=32, n_head=4, attention="linear",
+                                          feature_map="taylor", positions="rope")).double()
+    torch.manual_seed(3)
+    biased = Transformer(TransformerConfig(vocab_size=52, n_layer=2, d_model=32, n_head=4, attention="linear",
+                                           feature_map="taylor", positions="rope", linear_bias=True)).double()
+    biased.load_state_dict(plain.state_dict(), strict=False)
+    x = tokens(0, 2, 12)
+    assert torch.equal(biased(x), plain(x))
+    biased(x).logsumexp(-1).sum().backward()
+    grads = [biased.blocks[i].attn.bias_kv.grad for i in range(2)] + [biased.blocks[i].attn.bias_d.grad for i in range(2)]
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+    with torch.no_grad():
+        biased.blocks[0].attn.bias_kv.add_(0.1)
+    assert rel_error(biased(x), plain(x)) > 1e-3
+    with pytest.raises(ValueError, match="linear_bias .* needs attention='linear'"):
+        TransformerConfig(vocab_size=52, linear_bias=True)

@@ -65,15 +65,18 @@ class Table2Config(WarmupOption, TrainedModelOptions):
             raise ValueError(f"head_dim and warmup_steps must be >= 0, got {self.head_dim}, {self.warmup_steps}")
 
 
-def train_settings(config: Table2Config) -> dict:
-    """The trainer's plain sections of the experiment's training run."""
+def train_settings(config: Table2Config, linear_bias: bool = False, **run) -> dict:
+    """The trainer's plain sections of the experiment's training run (`linear_bias`: ICLCA's biased architecture,
+    iclca-bias-scratch; `run`: RunConfig fields)."""
     return config.train_sections(
         {"name": "induction", "seq_len": config.seq_len, "trigger_prob": config.trigger_prob,
          **({} if config.train_loss == "all" else {"train_loss": config.train_loss})},
         model={"attention": "linear", "feature_map": config.feature_map, "positions": config.positions,
                **({"head_dim": config.head_dim} if config.head_dim else {}),
-               **({} if config.linear_norm == "kernel" else {"linear_norm": config.linear_norm})},
-        optimizer={"name": "adamw", "weight_decay": 0.01}, warmup_steps=config.warmup_steps, eval_every=config.eval_every)
+               **({} if config.linear_norm == "kernel" else {"linear_norm": config.linear_norm}),
+               **({"linear_bias": True} if linear_bias else {})},
+        optimizer={"name": "adamw", "weight_decay": 0.01}, warmup_steps=config.warmup_steps, eval_every=config.eval_every,
+        **run)
 
 
 def counting_accuracy(episodes: list[Episode], counting) -> float:

@@ -85,6 +85,11 @@ _REGISTERED = [
            "99.94 / 2.24 / 99.94% (paper 99.95 / 2.23 / 99.95) in 1 of 4 runs; seeds 1, 2 and a seed-0 re-run stay on "
            "the counting plateau (22.3 / 22.2 / 21.3%): the escape depends on seed and rounding",
            ICLCA),
+    _entry("iclca-bias-scratch", "iclca", "Sec. 6.3, Fig. 1: the biased architecture trained from scratch vs without",
+           "iclca-table2's model (2 layers, width 128, Taylor features, learned positions), 3,000 steps, seeds 0 and 1; "
+           "paper 12 layers, width 128, RoPE",
+           "not run", "registered (TransformerConfig.linear_bias, tested: conversion exact on top of learned biases); "
+           "its CPU run not made yet", ICLCA),
     _entry("iclca-approx", "iclca", "Sec. 6.4: approximate conversion of softmax attention (GPT-2: 16.56% -> 9.17%)",
            "SmolLM2-135M (pretrained GPT-2 not available offline), 50 pairs of 128 + 32 tokens of held-out plays",
            "below the paper",
@@ -180,8 +185,6 @@ UNREGISTERED: list[PaperStatus] = [
            "-", "not run", "no experiment", ""),
     _entry("cgt-three-excerpts", "cgt", "Fig. 13(b): y's transitions on mixtures of three excerpts (paper ~10-20 tokens)",
            "-", "not run", "no experiment: cgt-text joins two documents", ""),
-    _entry("iclca-bias-scratch", "iclca", "Sec. 6.3, Fig. 1: the biased architecture trained from scratch vs without",
-           "-", "not run", "no experiment", ""),
     _entry("residual-overhead", "residual-streams", "Sec. 4: wall-clock cost of residual V (paper 30.18 vs 29.12 h, +3.6%)",
            "residual-lm's LM (4 layers, width 128, T 64, batch 32), 1 CPU thread; paper 8 layers, width 256, T 256, "
            "batch 64, whole runs on a PC with 4 GPUs",

@@ -71,6 +71,10 @@ class TransformerConfig:
     linear_impl: Literal["chunked", "parallel", "recurrent"] = "chunked"
     chunk_size: int = 64
     residual_stream: Literal["none", "q", "k", "v", "value_residual"] = "none"
+    # ICLCA's biased architecture (Sec. 4.4, trained from scratch in Sec. 6.3): per layer and head a learned b_KV
+    # (features x head dim) and b_D (features), the linear attention's starting sums, as if a learned prompt preceded
+    # every sequence; zero at the start. A converted prompt adds to them (absorb/methods/iclca.py), exactly.
+    linear_bias: bool = False
     init_std: float = 0.02
 
     def __post_init__(self):
@@ -94,6 +98,8 @@ class TransformerConfig:
             raise ValueError(f"RoPE needs an even head_dim, got {self.dim_head}")
         if self.positions == "rope" and self.attention == "linear" and self.feature_map != "learned" and self.feature_dim % 2:
             raise ValueError(f"RoPE on linear attention rotates the features: feature dim {self.feature_dim} is odd")
+        if self.linear_bias and self.attention != "linear":
+            raise ValueError("linear_bias (ICLCA's learned bias terms) needs attention='linear'")
 
     # derived sizes
     @property
@@ -202,6 +208,10 @@ class Attention(nn.Module):
         if c.attention == "linear" and c.feature_map == "learned":
             scale = 1.0 / math.sqrt(c.dim_head) if c.scale_attn else 1.0
             self.learned = LearnedFeatures(c.n_head, c.dim_head, c.feature_dim, scale=scale, seed=c.feature_seed + layer_index)
+        self.bias_kv = self.bias_d = None
+        if c.linear_bias:  # ICLCA's biased architecture: the starting sums b_KV, b_D of every sequence, learned
+            self.bias_kv = nn.Parameter(torch.zeros(c.n_head, c.feature_dim, c.dim_head))
+            self.bias_d = nn.Parameter(torch.zeros(c.n_head, c.feature_dim))
         if c.residual_stream == "value_residual" and layer_index > 0:
             # Zhou et al. 2024: v_n <- lambda_self * v_n + lambda_first * v_1, both learned, start at 1/2
             self.value_mix = nn.Parameter(torch.full((2,), 0.5))
@@ -269,6 +279,9 @@ class Attention(nn.Module):
 
     def _linear(self, q, k, v, rope, layer_cache):
         c = self.config
+        if layer_cache is None and self.bias_kv is not None:  # a fresh sequence starts from the learned sums
+            b = q.shape[0]
+            layer_cache = (self.bias_kv.expand(b, *self.bias_kv.shape), self.bias_d.expand(b, *self.bias_d.shape))
         kwargs = {"chunk_size": c.chunk_size} if c.linear_impl == "chunked" else {}
         attend = LINEAR_ATTENTION_IMPLS[c.linear_impl]
         normalize = c.linear_norm == "kernel"
@@ -360,6 +373,8 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("value_mix"):
                 nn.init.constant_(p, 0.5)
+            elif name.endswith(("attn.bias_kv", "attn.bias_d")):
+                nn.init.zeros_(p)  # the biased architecture starts as the plain one
             elif ".learned." in name:
                 continue  # learned feature maps keep their own start (the FAVOR+ estimator)
             elif "norm" in name:  # gains one, biases zero
