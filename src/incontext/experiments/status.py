@@ -53,6 +53,10 @@ _REGISTERED = [
            "aux specialisation reproduces (74.2% vs base 76.2%; paper 77.0 / 77.5); the no-aux collapse (66.6%, the "
            "no-prompt level 68.6%; paper 15.3%) and the fit error (0.59-0.71; paper 0.04-0.19) do not: cause not isolated",
            CGT),
+    _entry("cgt-transplant", "cgt", "Table 1's task-vector transplantation baseline (paper 36.8% at the separator, 40.7% at '=')",
+           "cgt-table1's preset cpu (4 layers, d 64, 1-digit numbers, 2 tasks, 1,500 steps), seeds 0 and 1; paper 6 "
+           "layers, d 112, 3 digits, 4 tasks, 400,000 steps",
+           "not run", "registered (tested on a toy size); its CPU run not made yet", CGT),
     _entry("cgt-regression", "cgt", "Fig. 4: regression error by examples, dynamic vs y frozen after 5 / 10 / 20",
            "4 layers, d_x 64, d_y 32, d_in 4, 24 points, 3,000 steps; paper 8 layers, d_x 128, d_y 64, d_in 16",
            "below the paper",
@@ -174,8 +178,6 @@ UNREGISTERED: list[PaperStatus] = [
     _entry("cgt-vae", "cgt", "App. A.1, Figs 17-20: the VAE variant with the GP prior",
            "-", "not run", "no experiment: the model and loss exist (CGTConfig.vae, CGTLossConfig.beta), never trained", ""),
     _entry("cgt-rp", "cgt", "App. A.2: the distribution-matching regulariser R_P",
-           "-", "not run", "no code", ""),
-    _entry("cgt-transplant", "cgt", "Table 1's task-vector transplantation baseline (paper 36.8% / 40.7%)",
            "-", "not run", "no code", ""),
     _entry("cgt-ablations", "cgt", "Figs 7-9: ablations over the layer l, the rank and w_C / w_D",
            "-", "not run", "no experiment (each point a cgt-table1 training)", ""),
