@@ -57,6 +57,12 @@ _REGISTERED = [
            "cgt-table1's preset cpu (4 layers, d 64, 1-digit numbers, 2 tasks, 1,500 steps), seeds 0 and 1; paper 6 "
            "layers, d 112, 3 digits, 4 tasks, 400,000 steps",
            "not run", "registered (tested on a toy size); its CPU run not made yet", CGT),
+    _entry("cgt-moving-average", "cgt", "Fig. 14: y kept as a moving average (rate 1/300) instead of frozen",
+           "cgt-text's regularised CGT (4 layers, d_x 64, d_y 32, 1,500 steps, BBC News + Shakespeare), 192 tokens after a 64-token first part; paper c4, ~1000 tokens",
+           "not run", "registered (tested on a toy size); its CPU run not made yet", CGT),
+    _entry("cgt-three-excerpts", "cgt", "Fig. 13(b): y's transitions on mixtures of three excerpts (paper ~10-20 tokens)",
+           "cgt-text's regularised CGT, 64 sequences of three 85-token held-out excerpts of three topics; paper c4",
+           "not run", "registered (tested on a toy size); its CPU run not made yet", CGT),
     _entry("cgt-regression", "cgt", "Fig. 4: regression error by examples, dynamic vs y frozen after 5 / 10 / 20",
            "4 layers, d_x 64, d_y 32, d_in 4, 24 points, 3,000 steps; paper 8 layers, d_x 128, d_y 64, d_in 16",
            "below the paper",
@@ -183,10 +189,6 @@ UNREGISTERED: list[PaperStatus] = [
            "-", "not run", "no experiment (each point a cgt-table1 training)", ""),
     _entry("cgt-single-task", "cgt", "App. D.1: one task of 8 examples (paper's 8-layer baseline 82.7%)",
            "-", "not run", "no experiment", ""),
-    _entry("cgt-moving-average", "cgt", "Fig. 14: y kept as a moving average (rate 1/300) instead of frozen",
-           "-", "not run", "no experiment", ""),
-    _entry("cgt-three-excerpts", "cgt", "Fig. 13(b): y's transitions on mixtures of three excerpts (paper ~10-20 tokens)",
-           "-", "not run", "no experiment: cgt-text joins two documents", ""),
     _entry("residual-overhead", "residual-streams", "Sec. 4: wall-clock cost of residual V (paper 30.18 vs 29.12 h, +3.6%)",
            "residual-lm's LM (4 layers, width 128, T 64, batch 32), 1 CPU thread; paper 8 layers, width 256, T 256, "
            "batch 64, whole runs on a PC with 4 GPUs",

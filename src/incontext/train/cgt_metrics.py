@@ -121,13 +121,13 @@ def linear_fit(y: torch.Tensor, params: dict[str, torch.Tensor], spans: TaskSpan
     return result
 
 
-def _unit(y: torch.Tensor) -> torch.Tensor:
+def unit_rows(y: torch.Tensor) -> torch.Tensor:
     return y / y.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 def dot_product_map(y: torch.Tensor) -> torch.Tensor:
     """<n_s . n_t> averaged over sequences, n = y / ||y||: (T, T)."""
-    n = _unit(y)
+    n = unit_rows(y)
     return torch.einsum("bsd,btd->st", n, n) / y.shape[0]
 
 
@@ -164,7 +164,7 @@ def cgt_arithmetic_metrics(model: torch.nn.Module, batch: Batch, config: Arithme
 
 def join_transition(y: torch.Tensor, joins: torch.Tensor, window: int) -> dict[str, list[float]]:
     """Mean cosine of n_{j+d} with n_{j-1} (before the join) and with n_{T-1} (end), d = -window..window."""
-    n = _unit(y)
+    n = unit_rows(y)
     before, after = [], []
     for d in range(-window, window + 1):
         rows = [(b, int(j) + d) for b, j in enumerate(joins) if 0 <= int(j) + d < y.shape[1]]
@@ -200,8 +200,8 @@ def y_spread(model, docs: list[tuple[int, torch.Tensor]], seq_len: int, skip: in
     if length <= skip:
         raise ValueError(f"y_spread: the shortest document has {length} tokens, not more than skip={skip}")
     ys = torch.stack([model.context(tokens[None, :length])[0, skip:] for _, tokens in docs]).double()  # (D, S, d_y)
-    n = _unit(ys)
-    means = _unit(n.mean(1))
+    n = unit_rows(ys)
+    means = unit_rows(n.mean(1))
     within = float((n * means[:, None]).sum(-1).mean())
     gram = means @ means.T
     d = len(docs)
@@ -213,7 +213,7 @@ def y_spread(model, docs: list[tuple[int, torch.Tensor]], seq_len: int, skip: in
             "mean_norm": float(ys.norm(dim=-1).mean())}
 
 
-def _ce_by_position(logits: torch.Tensor, targets: torch.Tensor) -> list[float]:
+def ce_by_position(logits: torch.Tensor, targets: torch.Tensor) -> list[float]:
     """Cross-entropy at each position, averaged over the documents (rows)."""
     return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(0).tolist()
 
@@ -223,8 +223,8 @@ def baseline_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -> di
     """The plain transformer's CE at each position after the prefix, without and with the prefix in context."""
     tokens = torch.stack([d[: prefix + length + 1] for d in docs])
     targets = tokens[:, prefix + 1 :]
-    return {"no prefix": _ce_by_position(model(tokens[:, prefix:-1]), targets),
-            "with prefix": _ce_by_position(model(tokens[:, :-1])[:, prefix:], targets)}
+    return {"no prefix": ce_by_position(model(tokens[:, prefix:-1]), targets),
+            "with prefix": ce_by_position(model(tokens[:, :-1])[:, prefix:], targets)}
 
 
 @torch.no_grad()
@@ -234,6 +234,6 @@ def per_position_ce(model, docs: list[torch.Tensor], prefix: int, length: int) -
     tokens = torch.stack([d[: prefix + length + 1] for d in docs])
     part, targets = tokens[:, prefix:-1], tokens[:, prefix + 1 :]
     y = model.context(tokens[:, :prefix])[:, -1]
-    return {"specialised (frozen y, no prefix)": _ce_by_position(model(part, y=y), targets),
-            "dynamic, no prefix": _ce_by_position(model(part), targets),
-            "dynamic, with prefix": _ce_by_position(model(tokens[:, :-1])[:, prefix:], targets)}
+    return {"specialised (frozen y, no prefix)": ce_by_position(model(part, y=y), targets),
+            "dynamic, no prefix": ce_by_position(model(part), targets),
+            "dynamic, with prefix": ce_by_position(model(tokens[:, :-1])[:, prefix:], targets)}

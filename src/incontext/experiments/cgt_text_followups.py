@@ -1,0 +1,190 @@
+"""Two studies of cgt-text's trained CGT (the regulariser on; cgt-text's settings, trained again into <out>/regularised,
+or reused there when trained to its end with the same settings):
+
+- cgt-moving-average (paper App. C, Fig. 14): on the second part of held-out documents, the per-position
+  cross-entropy of the "informed" model, whose y starts at the y computed at the end of the first part and then
+  follows the y computed on the second part as a moving average, y_used_i = (1 - gamma) y_used_(i-1) + gamma y_i
+  (gamma = 1/300), against the "uninformed" dynamic model reading the second part alone, and beside y frozen
+  (cgt-text's specialised model) and the whole document read. The paper: the informed model is better across the
+  whole sequence (the difference below zero everywhere), where the frozen y falls behind after ~200 tokens.
+- cgt-three-excerpts (paper App. B.4, Fig. 13b): y along sequences of three excerpts of different topics (the model
+  trained on two), the <n_s . n_t> map, and at each boundary the first offset where n is closer to the new
+  excerpt's last direction than to the direction just before the boundary (the paper's plot: ~10-20 tokens).
+
+    incontext run cgt-moving-average [--set gamma=0.01]
+    incontext run cgt-three-excerpts
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..outputs import Result, markdown_table, pyplot
+from ..train.cgt_metrics import ce_by_position, dot_product_map, per_position_ce, unit_rows
+from ..train.fresh import train_fresh
+from .cgt_plots import dot_map_figure
+from .cgt_text import TextConfig, settings
+from .registry import register_experiment
+
+
+@dataclass
+class MovingAverageConfig(TextConfig):
+    gamma: float = 1 / 300  # the moving average's rate (the paper's)
+
+    def __post_init__(self):
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must lie in (0, 1], got {self.gamma}")
+
+
+def moving_average(y_init: torch.Tensor, y: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B, T, d): y_used_i = (1 - gamma) y_used_(i-1) + gamma y_i, y_used_(-1) = y_init (B, d)."""
+    used, out = y_init, []
+    for i in range(y.shape[1]):
+        used = (1 - gamma) * used + gamma * y[:, i]
+        out.append(used)
+    return torch.stack(out, 1)
+
+
+def trained_cgt(config: TextConfig, out_dir: Path):
+    model, train_config, _ = train_fresh(out_dir / "regularised", settings(config, True), reuse=True)
+    return model, train_config.build_task()
+
+
+def held_out_documents(task, config: TextConfig) -> list[torch.Tensor]:
+    length = config.seq_len - config.prefix
+    return [tokens for _, tokens in task.documents("validation") if len(tokens) > config.prefix + length][: config.eval_sequences]
+
+
+@register_experiment("cgt-moving-average", "CGT App. C, Fig. 14: y kept as a moving average of the second part's y "
+                     "(informed) vs dynamic y without the first part", MovingAverageConfig)
+def run_moving_average(config: MovingAverageConfig, out_dir: Path) -> Result:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model, task = trained_cgt(config, out_dir)
+    docs = held_out_documents(task, config)
+    length = config.seq_len - config.prefix
+    tokens = torch.stack([d[: config.prefix + length + 1] for d in docs])
+    part, targets = tokens[:, config.prefix:-1], tokens[:, config.prefix + 1:]
+    with torch.no_grad():
+        curves = per_position_ce(model, docs, config.prefix, length)
+        y_init = model.context(tokens[:, :config.prefix])[:, -1]
+        informed = moving_average(y_init, model.context(part), config.gamma)
+        curves[f"informed (moving average, gamma {config.gamma:.4g})"] = ce_by_position(model(part, y=informed), targets)
+    uninformed = np.array(curves["dynamic, no prefix"])
+    results = {"documents": len(docs), "prefix": config.prefix, "length": length, "curves": curves,
+               "difference_vs_uninformed": {name: (np.array(c) - uninformed).tolist() for name, c in curves.items()
+                                            if name != "dynamic, no prefix"},
+               "paper": "informed minus uninformed below zero across the whole sequence (Fig. 14, c4, ~1000 tokens)"}
+    return Result(results, tables={"table.md": lambda r: moving_average_table(r, config)},
+                  figures={"moving_average.png": plot_moving_average})
+
+
+def _thirds(values: list[float]) -> list[float]:
+    parts = np.array_split(np.array(values), 3)
+    return [float(p.mean()) for p in parts]
+
+
+def moving_average_table(results: dict, config: MovingAverageConfig) -> str:
+    rows = []
+    for name, diff in results["difference_vs_uninformed"].items():
+        below = float(np.mean(np.array(diff) < 0))
+        rows.append([name, f"{np.mean(results['curves'][name]):.3f}", f"{np.mean(diff):+.3f}",
+                     *(f"{v:+.3f}" for v in _thirds(diff)), f"{100 * below:.0f}%"])
+    head = (f"cgt-text's regularised CGT ({config.n_layer} layers, d_x {config.d_x}, d_y {config.d_y}, {config.steps} "
+            f"steps) on {results['documents']} held-out documents: the {results['length']} tokens after a "
+            f"{results['prefix']}-token first part; uninformed (dynamic y, the first part dropped) CE "
+            f"{np.mean(results['curves']['dynamic, no prefix']):.3f}. Paper (c4, Fig. 14): the informed model's difference "
+            "is below zero across the whole sequence.")
+    return "\n".join([head, "", *markdown_table(
+        ["model", "mean CE", "minus uninformed", "first third", "second third", "last third", "positions below zero"],
+        rows)])
+
+
+def plot_moving_average(results: dict):
+    fig, ax = pyplot().subplots(figsize=(7, 4))
+    for name, diff in results["difference_vs_uninformed"].items():
+        smooth = np.convolve(diff, np.ones(8) / 8, mode="valid")
+        ax.plot(np.arange(len(smooth)) + 4, smooth, label=name, lw=1.2)
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set(xlabel="position after the first part", ylabel="CE minus uninformed (nats, smoothed over 8)",
+           title="y frozen, or kept as a moving average, against dynamic y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------- three excerpts
+
+
+@dataclass
+class ThreeExcerptsConfig(TextConfig):
+    sequences: int = 64  # sequences of three excerpts (three different topics)
+
+
+def three_excerpts(task, n: int, seq_len: int, generator: torch.Generator) -> tuple[torch.Tensor, list[int]]:
+    """n sequences of seq_len tokens: three held-out excerpts of three different topics, seq_len // 3 tokens each
+    (the last takes the rest); and the two boundaries."""
+    cut = seq_len // 3
+    by_topic: dict[int, list[torch.Tensor]] = {}
+    for topic, tokens in task.documents("validation"):
+        if len(tokens) >= seq_len - 2 * cut:
+            by_topic.setdefault(topic, []).append(tokens)
+    topics = [t for t, docs in by_topic.items() if docs]
+    if len(topics) < 3:
+        raise ValueError(f"three excerpts need held-out documents of three topics, found {len(topics)}")
+    rows = []
+    for _ in range(n):
+        chosen = [topics[i] for i in torch.randperm(len(topics), generator=generator)[:3].tolist()]
+        docs = [by_topic[t][int(torch.randint(len(by_topic[t]), (1,), generator=generator))] for t in chosen]
+        rows.append(torch.cat([docs[0][:cut], docs[1][:cut], docs[2][: seq_len - 2 * cut]]))
+    return torch.stack(rows), [cut, 2 * cut]
+
+
+def switch_offset(y: torch.Tensor, start: int, end: int) -> list[int | None]:
+    """Per sequence: the first offset d >= 0 from `start` at which n_(start+d) is closer (cosine) to n_(end-1), the
+    excerpt's last direction, than to n_(start-1), the direction before the boundary; None when it never is."""
+    n = unit_rows(y)
+    found = []
+    for b in range(y.shape[0]):
+        before, last = n[b, start - 1], n[b, end - 1]
+        closer = [int(d) for d in range(end - start) if float(n[b, start + d] @ last) > float(n[b, start + d] @ before)]
+        found.append(closer[0] if closer else None)
+    return found
+
+
+@register_experiment("cgt-three-excerpts", "CGT App. B.4, Fig. 13b: y along three joined excerpts of different topics, "
+                     "the tokens y takes to switch at each boundary", ThreeExcerptsConfig)
+def run_three_excerpts(config: ThreeExcerptsConfig, out_dir: Path) -> Result:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model, task = trained_cgt(config, out_dir)
+    inputs, bounds = three_excerpts(task, config.sequences, config.seq_len, torch.Generator().manual_seed(config.seed + 77))
+    with torch.no_grad():
+        y = model.context(inputs)
+    ends = [*bounds[1:], config.seq_len]
+    offsets = {f"boundary at {s}": switch_offset(y, s, e) for s, e in zip(bounds, ends)}
+    summary = {}
+    for name, values in offsets.items():
+        seen = [v for v in values if v is not None]
+        summary[name] = {"median": float(np.median(seen)) if seen else None,
+                         "quartiles": [float(np.percentile(seen, 25)), float(np.percentile(seen, 75))] if seen else None,
+                         "never": len(values) - len(seen)}
+    results = {"sequences": config.sequences, "boundaries": bounds, "offsets": offsets, "summary": summary,
+               "paper": "y switches within ~10-20 tokens of a boundary (Fig. 13b, read off the plot)"}
+    matrix = dot_product_map(y)
+    return Result(results, tables={"table.md": lambda r: three_table(r, config)},
+                  figures={"dot_map_three.png": lambda r: dot_map_figure(
+                      matrix, f"<n_s . n_t>, mean over {config.sequences} sequences of three excerpts", bounds)})
+
+
+def three_table(results: dict, config: ThreeExcerptsConfig) -> str:
+    rows = [[name, "-" if s["median"] is None else f"{s['median']:.0f}",
+             "-" if s["quartiles"] is None else f"{s['quartiles'][0]:.0f}-{s['quartiles'][1]:.0f}", s["never"]]
+            for name, s in results["summary"].items()]
+    head = (f"cgt-text's regularised CGT ({config.n_layer} layers, d_y {config.d_y}, {config.steps} steps, trained on two "
+            f"excerpts) on {results['sequences']} sequences of three held-out excerpts of three topics "
+            f"({config.seq_len} tokens). Tokens after a boundary until n is closer to the new excerpt's last direction "
+            "than to the one before the boundary; paper (Fig. 13b): ~10-20.")
+    return "\n".join([head, "", *markdown_table(["boundary", "median tokens", "quartiles", "never switched"], rows)])
