@@ -40,7 +40,16 @@ def test_both_run_at_toy_size(tmp_path, monkeypatch):
     informed = next(k for k in results["curves"] if k.startswith("informed"))
     assert len(results["curves"][informed]) == 48 and informed in results["difference_vs_uninformed"]
     assert (tmp_path / "ma" / "moving_average.png").is_file()
-    assert main(["run", "cgt-three-excerpts", *TINY, "--set", "sequences=4", "--out", str(tmp_path / "three")]) == 0
+    assert main(["run", "cgt-three-excerpts", *TINY, "--set", "sequences=4", "--set", f"model_from={tmp_path / 'ma'}",
+                 "--out", str(tmp_path / "three")]) == 0
+    assert not (tmp_path / "three" / "regularised").exists()  # the moving-average study's CGT read, not trained again
     results = json.loads((tmp_path / "three" / "results.json").read_text())
     assert results["boundaries"] == [21, 42] and all(len(v) == 4 for v in results["offsets"].values())
     assert (tmp_path / "three" / "dot_map_three.png").is_file()
+
+
+def test_a_model_from_folder_without_that_training_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path / "cache"))
+    assert main(["run", "cgt-three-excerpts", *TINY, "--set", f"model_from={tmp_path / 'none'}", "--out",
+                 str(tmp_path / "three")]) == 2
+    assert "holds no finished training of these settings" in capsys.readouterr().err

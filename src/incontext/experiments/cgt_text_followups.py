@@ -12,7 +12,7 @@ or reused there when trained to its end with the same settings):
   excerpt's last direction than to the direction just before the boundary (the paper's plot: ~10-20 tokens).
 
     incontext run cgt-moving-average [--set gamma=0.01]
-    incontext run cgt-three-excerpts
+    incontext run cgt-three-excerpts [--set model_from=results/cgt-moving-average]   # its CGT, not trained again
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ import torch
 
 from ..outputs import Result, markdown_table, pyplot
 from ..train.cgt_metrics import ce_by_position, dot_product_map, per_position_ce, unit_rows
-from ..train.fresh import train_fresh
+from ..config import merge
+from ..train import latest_checkpoint, load_for_eval
+from ..train.config import config_from_dict
+from ..train.fresh import finished_training, train_fresh
 from .cgt_plots import dot_map_figure
 from .cgt_text import TextConfig, settings
 from .registry import register_experiment
@@ -49,7 +52,17 @@ def moving_average(y_init: torch.Tensor, y: torch.Tensor, gamma: float) -> torch
     return torch.stack(out, 1)
 
 
-def trained_cgt(config: TextConfig, out_dir: Path):
+def trained_cgt(config: TextConfig, out_dir: Path, model_from: str = ""):
+    """cgt-text's regularised CGT: trained into out_dir/regularised (reused there when trained to its end with the
+    same settings), or read from `model_from`/regularised, another study's, which must hold it finished."""
+    if model_from:
+        train_dir = Path(model_from) / "regularised" / "train"
+        wanted = config_from_dict(merge(settings(config, True), {"run": {"out_dir": str(train_dir)}}))
+        if finished_training(train_dir, wanted) is None:
+            raise ValueError(f"{train_dir} holds no finished training of these settings: train it there first "
+                             "(incontext run cgt-moving-average with the same settings), or leave model_from empty")
+        model, train_config = load_for_eval(latest_checkpoint(train_dir))
+        return model, train_config.build_task()
     model, train_config, _ = train_fresh(out_dir / "regularised", settings(config, True), reuse=True)
     return model, train_config.build_task()
 
@@ -122,6 +135,7 @@ def plot_moving_average(results: dict):
 @dataclass
 class ThreeExcerptsConfig(TextConfig):
     sequences: int = 64  # sequences of three excerpts (three different topics)
+    model_from: str = ""  # a cgt-moving-average output folder whose CGT (same settings) to read instead of training
 
 
 def three_excerpts(task, n: int, seq_len: int, generator: torch.Generator) -> tuple[torch.Tensor, list[int]]:
@@ -159,7 +173,7 @@ def switch_offset(y: torch.Tensor, start: int, end: int) -> list[int | None]:
                      "the tokens y takes to switch at each boundary", ThreeExcerptsConfig)
 def run_three_excerpts(config: ThreeExcerptsConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
-    model, task = trained_cgt(config, out_dir)
+    model, task = trained_cgt(config, out_dir, config.model_from)
     inputs, bounds = three_excerpts(task, config.sequences, config.seq_len, torch.Generator().manual_seed(config.seed + 77))
     with torch.no_grad():
         y = model.context(inputs)
