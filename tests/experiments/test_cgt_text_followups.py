@@ -53,3 +53,18 @@ def test_a_model_from_folder_without_that_training_is_refused(tmp_path, monkeypa
     assert main(["run", "cgt-three-excerpts", *TINY, "--set", f"model_from={tmp_path / 'none'}", "--out",
                  str(tmp_path / "three")]) == 2
     assert "holds no finished training of these settings" in capsys.readouterr().err
+
+
+def test_the_vae_runs_at_toy_size_and_its_spectrum_measure_tells_smooth_from_rough(tmp_path, monkeypatch):
+    from incontext.experiments.cgt_text_followups import spectrum_low_share
+
+    positions = torch.arange(64, dtype=torch.float64)
+    smooth = torch.sin(2 * torch.pi * positions / 64)[None, :, None]
+    rough = torch.sin(2 * torch.pi * 25 * positions / 64)[None, :, None]
+    assert spectrum_low_share(smooth) > 0.99 and spectrum_low_share(rough) < 0.01
+    monkeypatch.setenv("INCONTEXT_CACHE", str(tmp_path / "cache"))
+    assert main(["run", "cgt-vae", *TINY, "--set", "sequences=4", "--set", "betas=[0.5]", "--set", "docs_per_topic=6",
+                 "--out", str(tmp_path / "vae")]) == 0
+    results = json.loads((tmp_path / "vae" / "results.json").read_text())
+    assert [r["beta"] for r in results["runs"]] == [0.5] and 0 <= results["runs"][0]["low_frequency_share"] <= 1
+    assert (tmp_path / "vae" / "dot_map_beta0.5.png").is_file() and (tmp_path / "vae" / "table.md").is_file()

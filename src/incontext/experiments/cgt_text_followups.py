@@ -1,4 +1,4 @@
-"""Two studies of cgt-text's trained CGT (the regulariser on; cgt-text's settings, trained again into <out>/regularised,
+"""Three studies on cgt-text's data: two of its trained CGT (the regulariser on; cgt-text's settings, trained again into <out>/regularised,
 or reused there when trained to its end with the same settings):
 
 - cgt-moving-average (paper App. C, Fig. 14): on the second part of held-out documents, the per-position
@@ -11,20 +11,26 @@ or reused there when trained to its end with the same settings):
   trained on two), the <n_s . n_t> map, and at each boundary the first offset where n is closer to the new
   excerpt's last direction than to the direction just before the boundary (the paper's plot: ~10-20 tokens).
 
+- cgt-vae (App. A.1 / D.4, Figs 17-20): the VAE variant (y ~ N(mu, sigma^2), the GP prior's KL weighted by beta)
+  trained at several beta: y's smoothness along the sequence, its switch at the boundaries of three excerpts and
+  its topic accuracy (the paper: larger beta, smoother y).
+
     incontext run cgt-moving-average [--set gamma=0.01]
+    incontext run cgt-vae [--set "betas=[1, 10]"]
     incontext run cgt-three-excerpts [--set model_from=results/cgt-moving-average]   # its CGT, not trained again
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..outputs import Result, markdown_table, pyplot
-from ..train.cgt_metrics import ce_by_position, dot_product_map, per_position_ce, unit_rows
+from ..train.cgt_metrics import (ce_by_position, document_embeddings, dot_product_map, knn_topic_accuracy,
+                                 per_position_ce, unit_rows)
 from ..config import merge
 from ..train import latest_checkpoint, load_for_eval
 from ..train.config import config_from_dict
@@ -202,3 +208,79 @@ def three_table(results: dict, config: ThreeExcerptsConfig) -> str:
             f"({config.seq_len} tokens). Tokens after a boundary until n is closer to the new excerpt's last direction "
             "than to the one before the boundary; paper (Fig. 13b): ~10-20.")
     return "\n".join([head, "", *markdown_table(["boundary", "median tokens", "quartiles", "never switched"], rows)])
+
+
+# ----------------------------------------------------------------------------- the VAE variant
+
+
+@dataclass
+class VAEConfig(ThreeExcerptsConfig):
+    betas: list[float] = field(default_factory=lambda: [1.0, 3.0, 10.0])  # Figs 18-20's
+    prior_nugget: float = 0.1  # nu of the GP prior (the paper's for text)
+    prior_length: float = 0.1  # lambda, a fraction of the sequence (the paper's)
+    docs_per_topic: int = 40
+
+    def __post_init__(self):
+        if not self.betas or any(b <= 0 for b in self.betas):
+            raise ValueError(f"betas must be positive, got {self.betas}")
+
+
+def vae_settings(config: VAEConfig, beta: float) -> dict:
+    """cgt-text's regularised CGT as a VAE (y ~ N(mu, sigma^2), App. A.1) with the GP prior's KL weighted by beta; the
+    element-wise regulariser off (the VAE's prior takes its place)."""
+    base = settings(config, False)
+    base["model"]["vae"] = True
+    base["loss"].update({"beta": beta, "prior": "rbf", "prior_nugget": config.prior_nugget,
+                         "prior_length": config.prior_length})
+    return base
+
+
+def spectrum_low_share(y: torch.Tensor, share: float = 0.1) -> float:
+    """Fig. 17's measure as one number: of the power of y's components along the sequence (each centred, DFT over
+    positions, averaged over sequences and components), the share in the lowest `share` of the frequencies."""
+    centred = y - y.mean(1, keepdim=True)
+    power = torch.fft.rfft(centred.double(), dim=1).abs().square().mean((0, 2))[1:]
+    keep = max(1, int(round(share * len(power))))
+    return float(power[:keep].sum() / power.sum())
+
+
+@register_experiment("cgt-vae", "CGT App. A.1 / D.4, Figs 17-20: the VAE variant with the GP prior at several beta: "
+                     "y's smoothness, its switch at boundaries, topic accuracy", VAEConfig)
+def run_vae(config: VAEConfig, out_dir: Path) -> Result:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows, figures = [], {}
+    for beta in config.betas:
+        model, train_config, trained = train_fresh(out_dir / f"beta{beta:g}", vae_settings(config, beta), reuse=True)
+        task = train_config.build_task()
+        inputs, bounds = three_excerpts(task, config.sequences, config.seq_len, torch.Generator().manual_seed(config.seed + 77))
+        docs = task.documents("validation")
+        chosen = []
+        for t in range(len(task.topics)):
+            chosen += [d for d in docs if d[0] == t][: config.docs_per_topic]
+        with torch.no_grad():
+            y = model.context(inputs)  # the posterior means (the VAE's y at evaluation)
+            offsets = [v for s, e in zip(bounds, [*bounds[1:], config.seq_len]) for v in switch_offset(y, s, e)]
+        seen = [v for v in offsets if v is not None]
+        vectors = document_embeddings(model, chosen, config.seq_len)
+        rows.append({"beta": beta, "validation_ce": trained["eval"].get("loss") if "eval" in trained else None,
+                     "low_frequency_share": spectrum_low_share(y),
+                     "switch_median": float(np.median(seen)) if seen else None, "never_switched": len(offsets) - len(seen),
+                     "knn_topic_accuracy": knn_topic_accuracy(vectors, [t for t, _ in chosen])})
+        figures[f"dot_map_beta{beta:g}.png"] = lambda r, m=dot_product_map(y), b=beta: dot_map_figure(
+            m, f"<n_s . n_t>, three excerpts, VAE beta {b:g}", bounds)
+    results = {"runs": rows, "paper": "larger beta: smoother y (more power at low frequencies, Fig. 17), slower "
+               "switches at boundaries (Figs 18, 20), topics still separated (Fig. 19); c4, plots only"}
+    return Result(results, tables={"table.md": lambda r: vae_table(r, config)}, figures=figures)
+
+
+def vae_table(results: dict, config: VAEConfig) -> str:
+    rows = [[f"{r['beta']:g}", "-" if r["validation_ce"] is None else f"{r['validation_ce']:.3f}",
+             f"{r['low_frequency_share']:.3f}", "-" if r["switch_median"] is None else f"{r['switch_median']:.0f}",
+             r["never_switched"], "-" if r["knn_topic_accuracy"] is None else f"{r['knn_topic_accuracy']:.3f}"]
+            for r in results["runs"]]
+    head = (f"The VAE variant of cgt-text's CGT ({config.n_layer} layers, d_y {config.d_y}, {config.steps} steps, GP prior "
+            f"nu {config.prior_nugget:g}, lambda {config.prior_length:g} of the sequence), one per beta. Low-frequency "
+            "share: of y's power along the sequence, the share in the lowest tenth of the frequencies; switch: median "
+            f"tokens after a boundary of {config.sequences} three-excerpt sequences (cgt-three-excerpts' measure).")
+    return "\n".join([head, "", *markdown_table(["beta", "validation loss", "low-frequency share of y's power",
+                                                 "switch (median tokens)", "never switched", "5-NN topic accuracy of y"], rows)])
