@@ -37,3 +37,13 @@ def test_a_toy_single_task_run(tmp_path):
     assert (results["resolved"]["n_tasks"], results["resolved"]["n_ex"]) == (1, 8)
     assert set(results["summary"]) == {"baseline", "cgt_aux_reg"}
     assert "One task of 8 examples (scored: examples 5-8)" in (out / "table.md").read_text()
+
+
+def test_a_toy_rp_study(tmp_path):
+    out = tmp_path / "rp"
+    assert main(["run", "cgt-rp", *TINY, "--set", "w_ps=[0.5]", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [r["model"] for r in results["rows"]] == ["cgt_aux", "cgt_aux_reg", "cgt_aux_rp, w_P 0.5"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["references", "rp-0.5"]
+    records = list((out / "rp-0.5").glob("*/record.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text())["settings"]["loss"]["w_p"] == 0.5

@@ -73,6 +73,11 @@ _REGISTERED = [
            "cgt-text's CGT as a VAE (4 layers, d_y 32, 1,500 steps, BBC News + Shakespeare), beta 1 / 3 / 10, nu 0.1, "
            "lambda 0.1; paper c4",
            "not run", "registered (tested on a toy size); its CPU run not made yet", CGT),
+    _entry("cgt-rp", "cgt", "App. A.2: the distribution-matching regulariser R_P",
+           "cgt-table1's preset cpu, CGT + aux + R_P at w_P 0.01 / 0.1 / 1 beside CGT + aux and + reg, seeds 0 and 1; "
+           "the paper has no run of it",
+           "not run", "registered (R_P in models/cgt_losses.py, tested against a loop in float64; the experiment on a "
+           "toy size); its CPU run not made yet", CGT),
     _entry("cgt-regression", "cgt", "Fig. 4: regression error by examples, dynamic vs y frozen after 5 / 10 / 20",
            "4 layers, d_x 64, d_y 32, d_in 4, 24 points, 3,000 steps; paper 8 layers, d_x 128, d_y 64, d_in 16",
            "below the paper",
@@ -191,8 +196,6 @@ _REGISTERED = [
 STATUS: dict[str, PaperStatus] = {entry.name: entry for entry in _REGISTERED}
 
 UNREGISTERED: list[PaperStatus] = [
-    _entry("cgt-rp", "cgt", "App. A.2: the distribution-matching regulariser R_P",
-           "-", "not run", "no code", ""),
     _entry("residual-overhead", "residual-streams", "Sec. 4: wall-clock cost of residual V (paper 30.18 vs 29.12 h, +3.6%)",
            "residual-lm's LM (4 layers, width 128, T 64, batch 32), 1 CPU thread; paper 8 layers, width 256, T 256, "
            "batch 64, whole runs on a PC with 4 GPUs",

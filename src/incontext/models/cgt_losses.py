@@ -1,6 +1,7 @@
 """The CGT training objective (paper eq. 3, App. A.1):
 
     L' = eta L_task + (1 - eta) L_aux + w_C R_C + w_D R_D  [+ beta KL(q(y) || GP prior) for the VAE variant]
+         [+ w_P R_P, the distribution-matching regulariser of App. A.2]
 
 - L_task: the task's loss (cross-entropy, or L2 for regression) of the dynamic pass.
 - L_aux: cut each sequence at `aux_cuts` random points s; the x-only model with the context frozen at
@@ -14,6 +15,10 @@
 - KL: exact Gaussian KL per y dimension between q = N(mu_s, sigma_s^2) (independent positions) and the GP
   prior N(0, K) over positions, K = nu I + (1 - nu) RBF(lambda) or the ICL kernel K_st = 1 + eps^2 min(s,t)/(st)
   (eq. 1), summed over dimensions and divided by the number of positions (a per-token loss like the CE).
+- R_P (App. A.2, eq. 8's Gaussian-process example): y's batch statistics matched to a stationary zero-mean GP,
+  R_P = (1/N) sum_s ||mu_s||^2 + (1/N^2) sum_{s,t,i,j} (<dy_si dy_tj> - K_|s-t| delta_ij)^2, mu_s = <y_s> and
+  dy = y - mu over the batch, K the prior's kernel (rbf); on `rp_positions` positions drawn at random each step
+  (the paper's suggested saving), all of them when the sequence is no longer.
 """
 
 from __future__ import annotations
@@ -54,13 +59,17 @@ class CGTLossConfig:
     prior_nugget: float = 0.03  # nu
     prior_length: float = 0.1  # lambda as a fraction of the sequence length
     prior_eps: float = 1.0  # eps of the ICL kernel
+    w_p: float = 0.0  # the distribution-matching regulariser R_P (App. A.2), with the prior's kernel
+    rp_positions: int = 64  # R_P's positions drawn per step (all when the sequence is no longer)
 
     def __post_init__(self):
         if not 0.0 <= self.eta <= 1.0:
             raise ValueError(f"CGTLossConfig.eta must lie in [0, 1], got {self.eta}")
-        for name in ("w_c", "w_d", "beta"):
+        for name in ("w_c", "w_d", "beta", "w_p"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"CGTLossConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.rp_positions < 2:
+            raise ValueError(f"CGTLossConfig.rp_positions must be >= 2, got {self.rp_positions}")
         if self.aux_cuts < 1 or self.aux_min_start < 1:
             raise ValueError(f"CGTLossConfig.aux_cuts and aux_min_start must be >= 1, got {self.aux_cuts}, {self.aux_min_start}")
         if self.aux_horizon is not None and self.aux_horizon < 0:
@@ -142,6 +151,18 @@ def decorrelation_penalty(y: torch.Tensor, profile: str = "constant") -> torch.T
     return ((gram - eye).square().mean(dim=(1, 2)) * zeta).mean()
 
 
+def distribution_matching_penalty(y: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """R_P (App. A.2): (1/N) sum_s ||<y_s>||^2 + (1/N^2) sum_{s,t,i,j} (<dy_si dy_tj> - K_st delta_ij)^2, the
+    averages <.> over the batch; y (B, N, d), kernel (N, N) the positions' prior covariance."""
+    mean = y.mean(0)  # (N, d)
+    centred = y - mean
+    covariance = torch.einsum("bsi,btj->stij", centred, centred) / y.shape[0]
+    eye = torch.eye(y.shape[-1], device=y.device, dtype=y.dtype)
+    target = kernel.to(y.dtype)[:, :, None, None] * eye
+    n = y.shape[1]
+    return mean.square().sum() / n + (covariance - target).square().sum() / n**2
+
+
 # ----------------------------------------------------------------------------- VAE prior
 
 
@@ -198,6 +219,18 @@ def cgt_loss(model: GuidedModel, inputs: torch.Tensor, task_loss: Callable[[torc
     if config.w_d > 0:
         r_d = decorrelation_penalty(y, config.profile)
         total, parts["r_d"] = total + config.w_d * r_d, float(r_d.detach())
+    if config.w_p > 0:
+        t = inputs.shape[1]
+        kernel = prior_kernel(t, config.prior, nugget=config.prior_nugget, length_scale=config.prior_length,
+                              eps=config.prior_eps).to(inputs.device)
+        if t > config.rp_positions:  # a random subset of positions, the kernel's rows and columns with them
+            keep = torch.randperm(t, generator=generator, device=generator.device)[: config.rp_positions].sort().values
+            keep = keep.to(inputs.device)
+            sampled, kernel = y[:, keep], kernel[keep][:, keep]
+        else:
+            sampled = y
+        r_p = distribution_matching_penalty(sampled, kernel)
+        total, parts["r_p"] = total + config.w_p * r_p, float(r_p.detach())
     if config.beta > 0:
         kernel = prior_kernel(inputs.shape[1], config.prior, nugget=config.prior_nugget,
                               length_scale=config.prior_length, eps=config.prior_eps).to(inputs.device)
