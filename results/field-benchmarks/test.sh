@@ -24,3 +24,4 @@ SPLIT=test MODELS=qwen2.5-coder-0.5b TASK=hotpotqa METHODS=keep-prompt,drop-prom
 # issue 79 (a later session): the trained absorber chosen on validation (results/absorber-choice: kv-prefix from KVzip's
 # kept pairs with the reconstruction data) beside KVzip in the same run, SmolLM2 at a tenth and a twentieth (a quarter left: KVzip keeps all of keep-prompt there)
 SPLIT=test MODELS=smollm2 RATIOS="0.1 0.05" EPISODES=10 CHOSEN=reconstruction CHOSEN_SETS="--set kv-prefix:reconstruction.init=press --set kv-prefix:reconstruction.study.reconstruction=8" bash "$here/run.sh" absorber
+SPLIT=test MODELS=qwen2.5-coder-0.5b RATIOS="0.1" EPISODES=6 CHOSEN=reconstruction CHOSEN_SETS="--set kv-prefix:reconstruction.init=press --set kv-prefix:reconstruction.study.reconstruction=8" bash "$here/run.sh" absorber  # Qwen at a tenth (SmolLM2's validation choice; not validated on Qwen)
