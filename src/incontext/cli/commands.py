@@ -246,7 +246,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = replace_run(config, out_dir=str(args.out))
     if args.force and not args.resume:
         raise ValueError("--force only applies with --resume")
-    results = train(config, resume=args.resume, progress=not args.no_progress, force=args.force)
+    try:
+        results = train(config, resume=args.resume, progress=not args.no_progress, force=args.force)
+    except (ValueError, FileExistsError) as error:  # the library names the problem; the command line, its flags
+        message = str(error)
+        for said, flag in (("resume with force", "pass --force"), ("resume it, or choose another run folder",
+                                                                     "pass --resume, or choose another --out")):
+            message = message.replace(said, flag)
+        if message == str(error):
+            raise
+        raise type(error)(message) from None
     if int(os.environ.get("RANK", "0")) == 0:
         run_dir = Path(config.run.out_dir)
         if results.get("already_finished"):
