@@ -11,13 +11,12 @@ Runs go to <out>/l<l>-r<rank>-wc<w_C>-wd<w_D>/cgt_aux_reg-seed<k>/ (cgt-table1's
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..outputs import Result, markdown_table, pyplot
-from .cgt_table1 import Table1Config
+from .cgt_table1 import Table1Config, as_table1
 from .cgt_table1 import run as run_table1
 from .registry import register_experiment
 
@@ -52,12 +51,11 @@ def run(config: AblationConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, done = [], {}
     for axis, value, changes in points(config):
-        point = dataclasses.replace(config, **changes, reuse=True)
+        point = as_table1(config, **changes, reuse=True)
         s = point.resolved()
         key = f"l{s['split_layer']}-r{s['rank']}-wc{point.w_c:g}-wd{point.w_d:g}"
         if key not in done:
-            table1 = Table1Config(**{f.name: getattr(point, f.name) for f in dataclasses.fields(Table1Config)})
-            done[key] = run_table1(table1, out_dir / key).results["summary"]["cgt_aux_reg"]
+            done[key] = run_table1(point, out_dir / key).results["summary"]["cgt_aux_reg"]
         summary = done[key]
         rows.append({"axis": axis, "value": value, "folder": key, "seeds": summary["seeds"],
                      **{name: summary[name] for _, name in METRICS if name in summary}})

@@ -11,12 +11,11 @@ Runs go to <out>/references/ (cgt_aux, cgt_aux_reg) and <out>/rp-<w_P>/ in cgt-t
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..outputs import Result, markdown_table
-from .cgt_table1 import Table1Config
+from .cgt_table1 import Table1Config, as_table1
 from .cgt_table1 import run as run_table1
 from .registry import register_experiment
 
@@ -36,19 +35,15 @@ class RPConfig(Table1Config):
             raise ValueError(f"w_ps must be positive, got {self.w_ps}")
 
 
-def _table1(config: RPConfig, **changes) -> Table1Config:
-    return Table1Config(**{**{f.name: getattr(config, f.name) for f in dataclasses.fields(Table1Config)}, **changes})
-
-
 @register_experiment("cgt-rp", "CGT App. A.2: the distribution-matching regulariser R_P vs R_C / R_D, Table 1's "
                      "measures", RPConfig)
 def run(config: RPConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    references = run_table1(_table1(config, reuse=True), out_dir / "references").results["summary"]
+    references = run_table1(as_table1(config, reuse=True), out_dir / "references").results["summary"]
     rows += [{"model": variant, **summary} for variant, summary in references.items()]
     for w in config.w_ps:
-        summary = run_table1(_table1(config, variants=["cgt_aux_rp"], w_p=w, reuse=True), out_dir / f"rp-{w:g}")
+        summary = run_table1(as_table1(config, variants=["cgt_aux_rp"], w_p=w, reuse=True), out_dir / f"rp-{w:g}")
         rows.append({"model": f"cgt_aux_rp, w_P {w:g}", **summary.results["summary"]["cgt_aux_rp"]})
     return Result({"resolved": config.resolved(), "rows": rows,
                    "paper": "App. A.2 proposes R_P without a run; Table 1's cgt_aux_reg: specialised 77.5, variation "

@@ -107,6 +107,11 @@ class Table1Config:
         return values
 
 
+def as_table1(config: Table1Config, **changes) -> Table1Config:
+    """`config` (a study's config that extends Table1Config) as a plain Table1Config, `changes` on top."""
+    return Table1Config(**{**{f.name: getattr(config, f.name) for f in dataclasses.fields(Table1Config)}, **changes})
+
+
 def variant_settings(config: Table1Config, variant: str, seed: int) -> dict[str, Any]:
     """The trainer config of one run."""
     s = config.resolved()

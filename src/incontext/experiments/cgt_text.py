@@ -59,6 +59,11 @@ def settings(config: TextConfig, regularised: bool | None) -> dict:
     return config.trainer_sections(task, model, loss, eval_sequences=64, eval_batch_size=32)
 
 
+def documents_per_topic(task, docs: list, n: int) -> list:
+    """The first `n` (topic, tokens) documents of each topic, topic by topic."""
+    return [d for t in range(len(task.topics)) for d in [d for d in docs if d[0] == t][:n]]
+
+
 @register_experiment("cgt-text", "CGT text mixtures (BBC News topics + Shakespeare): y at the join, t-SNE, specialised CE", TextConfig)
 def run(config: TextConfig, out_dir: Path) -> Result:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -70,9 +75,7 @@ def run(config: TextConfig, out_dir: Path) -> Result:
     g = torch.Generator().manual_seed(config.seed + 99)
     mixtures = task.mixtures("validation", config.eval_sequences, g)
     docs = task.documents("validation")
-    chosen = []
-    for t in range(len(task.topics)):
-        chosen += [d for d in docs if d[0] == t][: config.docs_per_topic]
+    chosen = documents_per_topic(task, docs, config.docs_per_topic)
     length = config.seq_len - config.prefix
     long_docs = [tokens for _, tokens in docs if len(tokens) > config.prefix + length][: config.eval_sequences]
 

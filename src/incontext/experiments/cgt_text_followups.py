@@ -36,7 +36,7 @@ from ..train import latest_checkpoint, load_for_eval
 from ..train.config import config_from_dict
 from ..train.fresh import finished_training, train_fresh
 from .cgt_plots import dot_map_figure
-from .cgt_text import TextConfig, settings
+from .cgt_text import TextConfig, documents_per_topic, settings
 from .registry import register_experiment
 
 
@@ -253,10 +253,7 @@ def run_vae(config: VAEConfig, out_dir: Path) -> Result:
         model, train_config, trained = train_fresh(out_dir / f"beta{beta:g}", vae_settings(config, beta), reuse=True)
         task = train_config.build_task()
         inputs, bounds = three_excerpts(task, config.sequences, config.seq_len, torch.Generator().manual_seed(config.seed + 77))
-        docs = task.documents("validation")
-        chosen = []
-        for t in range(len(task.topics)):
-            chosen += [d for d in docs if d[0] == t][: config.docs_per_topic]
+        chosen = documents_per_topic(task, task.documents("validation"), config.docs_per_topic)
         with torch.no_grad():
             y = model.context(inputs)  # the posterior means (the VAE's y at evaluation)
             offsets = [v for s, e in zip(bounds, [*bounds[1:], config.seq_len]) for v in switch_offset(y, s, e)]

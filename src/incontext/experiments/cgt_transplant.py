@@ -31,7 +31,7 @@ from ..stats import mean_3se
 from ..tasks.arithmetic import CHAR_TO_ID
 from ..tasks.base import Batch
 from ..train import latest_checkpoint, load_for_eval
-from ..train.cgt_metrics import TaskSpans, _answer_scores, base_accuracy, specialized_accuracy
+from ..train.cgt_metrics import TaskSpans, answer_scores, base_accuracy, specialized_accuracy
 from ..train.fresh import finished_record, train_many
 from .cgt_table1 import RECORD_EVAL_SEED, Table1Config, variant_settings
 from .registry import register_experiment
@@ -101,7 +101,7 @@ def transplant_accuracy(model, batch: Batch, spans: TaskSpans, digits: int) -> d
                     targets, mask = torch.cat([bar, targets], 1), torch.cat([torch.zeros_like(mask[:, :1]), mask], 1)
                     positions = [0]
                 logits = with_written(model, inputs, layer, positions, vector)
-                c, _ = _answer_scores(logits, Batch(inputs, targets, mask, {}), torch.ones_like(mask), answer_chars)
+                c, _ = answer_scores(logits, Batch(inputs, targets, mask, {}), torch.ones_like(mask), answer_chars)
                 chars.append(c)
             per_layer.append(torch.cat(chars).mean().item())
         result[token] = per_layer

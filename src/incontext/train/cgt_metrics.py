@@ -43,7 +43,7 @@ class TaskSpans:
         return start, start + self.n_prompt * self.example_len, start + self.n_ex * self.example_len
 
 
-def _answer_scores(logits: torch.Tensor, batch: Batch, select: torch.Tensor, answer_chars: int) -> tuple[torch.Tensor, torch.Tensor]:
+def answer_scores(logits: torch.Tensor, batch: Batch, select: torch.Tensor, answer_chars: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-character correctness and per-answer exact match on the answer positions inside `select`."""
     correct = logits.argmax(-1) == batch.targets
     chosen = batch.mask & select
@@ -55,7 +55,7 @@ def _answer_scores(logits: torch.Tensor, batch: Batch, select: torch.Tensor, ans
 def base_accuracy(model: torch.nn.Module, batch: Batch, spans: TaskSpans, answer_chars: int) -> dict[str, float]:
     """Teacher-forced accuracy on the answers of the E2 examples, the whole sequence in context (dynamic y)."""
     select = batch.info["example_index"] >= spans.n_prompt
-    chars, exact = _answer_scores(model(batch.inputs), batch, select, answer_chars)
+    chars, exact = answer_scores(model(batch.inputs), batch, select, answer_chars)
     return {"char_accuracy": chars.mean().item(), "exact_match": exact.mean().item()}
 
 
@@ -71,7 +71,7 @@ def specialized_accuracy(model: torch.nn.Module, batch: Batch, spans: TaskSpans,
         _, cut, end = spans.task(k)
         piece = Batch(batch.inputs[:, cut:end], batch.targets[:, cut:end], batch.mask[:, cut:end], {})
         logits = model(piece.inputs, y=contexts[:, cut - 1]) if frozen else model(piece.inputs)
-        c, e = _answer_scores(logits, piece, torch.ones_like(piece.mask), answer_chars)
+        c, e = answer_scores(logits, piece, torch.ones_like(piece.mask), answer_chars)
         chars.append(c)
         exact.append(e)
     return {"char_accuracy": torch.cat(chars).mean().item(), "exact_match": torch.cat(exact).mean().item()}
