@@ -1,7 +1,9 @@
 """Absorb cost of the prompt-free methods that train on the data stage (kv-prefix, distill-lora) on SmolLM2-135M:
 CPU time per thread of one absorb (process CPU time / torch threads, which a shared machine's load distorts far
 less than wall-clock; CUDA events on a GPU), split into the data stage (the teacher's sequences and targets) and
-training, for `facts` prompts of about 160, 512 and 2,000 tokens (2, 7 and 27 invented people).
+training, for `facts` prompts of about 160, 512 and 2,000 tokens (2, 7 and 27 invented people), or SQuAD validation
+paragraphs (--squad N); beside them a KV press (kv-press, `--set kv-press.press=kvzip`: the peer a trained absorber's
+cost is measured against, its ratio in the table's last column).
 
 Methods run interleaved (repeat r starts with method r mod k) on the same prompts; each absorb builds its own data
 stage (no cache), as a first absorb of a document does.
@@ -10,6 +12,8 @@ stage (no cache), as a first absorb of a document does.
     python benchmarks/absorb_cost.py --people 2 --repeats 3 --set kv-prefix.steps=96
     python benchmarks/absorb_cost.py --people 2 --document benchmarks/documents/driftwood.txt  # a document of your own
     python benchmarks/absorb_cost.py --task-set questions=paraphrases:3     # training questions: three wordings each
+    python benchmarks/absorb_cost.py --people --squad 3 --methods kv-press,kv-prefix --set kv-press.ratio=0.1 \
+        --set kv-prefix.ratio=0.1                                 # issue 79: kv-prefix's default against KVzip
     python benchmarks/absorb_cost.py --device cuda                # on a GPU: CUDA events
     python benchmarks/absorb_cost.py --device cuda --random-weights --tokenizer DIR --warmup  # no SmolLM2 file there
 
@@ -39,9 +43,10 @@ from incontext.harness.compare import CostTimer
 from incontext.config import scalar
 from incontext.interop.models import HFCodec, load_model
 from incontext.tasks.episodes import get_episode_source
+from incontext.tasks.splits import episode_seed
 
 RESULTS = Path(__file__).resolve().parent / "results"
-METHODS = ("kv-prefix", "distill-lora")
+METHODS = ("kv-prefix", "distill-lora", "kv-press")
 # data-stage peers: METHOD:VARIANT with one of these variants answers the training queries another way, measured in the
 # same run (study_answer._answer picks the static decode for our Transformer, else full passes on a GPU and batched
 # incremental decoding elsewhere)
@@ -116,7 +121,10 @@ def task_option(text: str) -> tuple[str, object]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--people", type=int, nargs="+", default=[2, 7, 27], help="invented people per prompt (sets its length)")
+    p.add_argument("--people", type=int, nargs="*", default=[2, 7, 27],
+                   help="invented people per `facts` prompt (sets its length); none: no `facts` prompt")
+    p.add_argument("--squad", type=int, default=0, metavar="N",
+                   help="also N SQuAD validation paragraphs (the episodes compare draws, the document as the system turn)")
     p.add_argument("--document", type=Path, action="append", default=[], metavar="FILE",
                    help="also a document of your own (text, placed as the chat template's system turn, as absorb does), "
                         "e.g. benchmarks/documents/driftwood.txt")
@@ -125,7 +133,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the model's weights (kv-prefix trains a float32 copy of its prefix whatever the dtype)")
-    p.add_argument("--methods", default=",".join(METHODS),
+    p.add_argument("--methods", default="kv-prefix,distill-lora",
                    help=f"labels METHOD[:VARIANT], METHOD of {', '.join(METHODS)}; a variant runs METHOD with the options "
                         f"--set gives its label (after METHOD's own); METHOD:{'/'.join(ANSWERS)} also answers the data "
                         "stage's queries that way; METHOD:plain-decode decodes on a growing cache (no CUDA graph); "
@@ -140,6 +148,8 @@ def main() -> None:
     p.add_argument("--warmup", action="store_true", help="one untimed absorb per method first (CUDA start-up, caches)")
     p.add_argument("--out", type=Path, default=RESULTS / "absorb_cost")
     args = p.parse_args()
+    if not args.people and not args.squad and not args.document:
+        p.error("no prompt: give --people N.., --squad N or --document FILE")
     try:  # a bad task value (questions=paraphrases:7) is named before the model loads
         get_episode_source("facts", **dict(args.task_set))
     except (ValueError, TypeError) as error:
@@ -175,6 +185,9 @@ def main() -> None:
     for people in args.people:
         episode = get_episode_source("facts", **dict(args.task_set), people=people).episodes(1, seed=0, tokenizer=codec)[0]
         prompts.append((people, None, episode.prompt.to(args.device), [t.to(args.device) for t in episode.train_queries]))
+    for episode in get_episode_source("squad").episodes(args.squad, seed=episode_seed("validation", 0), tokenizer=codec) \
+            if args.squad else []:
+        prompts.append((None, "squad", episode.prompt.to(args.device), []))
     for file in args.document:
         text = file.read_text().strip()
         ids = codec.encode(placed_document(codec, text, resolve_placement("auto", codec)))
@@ -196,14 +209,14 @@ def main() -> None:
                     adapted, ms = timer(lambda: method.absorb(model, prompt, train_queries=train, codec=codec))
                 wall = time.perf_counter() - wall
                 times[m].append(ms / 1000)
-                h = adapted.history
+                h = getattr(adapted, "history", None) or {}  # a press trains nothing: no history
                 splits[m].append({"wall_s": wall, "teacher_wall_s": h.get("teacher_seconds"),
                                   "train_wall_s": h.get("train_seconds"), "steps": h.get("steps"), "cuda_graph": h.get("cuda_graph"),
                                   "kept_bytes": adapted.kept_bytes(model)})
                 print(f"{prompt.shape[0]:5d} tokens  {m:12s} {ms / 1000:7.1f} s per thread ({wall:.1f} s wall)", flush=True)
                 adapted = None
         for m in methods:
-            rows.append({"prompt_tokens": int(prompt.shape[0]), "people": people, "document": document, "method": m,
+            rows.append({"prompt": index, "prompt_tokens": int(prompt.shape[0]), "people": people, "document": document, "method": m,
                          "options": options[m],
                          "speed": dataclasses.asdict(speeds[m]), "dtype": dtypes[m],
                          "absorb_s": statistics.median(times[m]), "absorb_s_all": times[m], "runs": splits[m]})
@@ -234,17 +247,39 @@ def write(rows: list[dict], description: str, args) -> None:
                "torch": torch.__version__, "clock": "CUDA events" if args.device.startswith("cuda") else "CPU time per thread",
                "rows": rows}
     lines = [f"Absorb cost on {description}, {results['clock']} ({args.threads} threads, {args.device}, {args.dtype}), "
-             f"median of {args.repeats}; `facts` prompts{_task_text(args.task_set)}, each absorb building its own data stage.", "",
-             "| prompt tokens | method | absorb s | data stage s (wall) | training s (wall) | steps | kept KiB |",
-             "|---|---|---|---|---|---|---|"]
-    for row in rows:
+             f"median of {args.repeats}; {_prompts_text(rows)}{_task_text(args.task_set)}, each absorb building its own data "
+             "stage; x press: the absorb time over the kv-press row's on the same prompt.", "",
+             "| prompt tokens | method | absorb s | data stage s (wall) | training s (wall) | steps | kept KiB | x press |",
+             "|---|---|---|---|---|---|---|---|"]
+    for index, row in enumerate(rows):
         run = row["runs"][0]
-        lines.append(f"| {row['prompt_tokens']} | {row['method']} | {row['absorb_s']:.1f} | {run['teacher_wall_s']:.1f} | "
-                     f"{run['train_wall_s']:.1f} | {run['steps']} | {run['kept_bytes'] / 1024:.0f} |")
+        press = [r for r in rows if r["prompt"] == row["prompt"] and base(r["method"]) == "kv-press"]
+        ratio = f"{row['absorb_s'] / press[0]['absorb_s']:.1f}" if press and press[0]["absorb_s"] > 0 else "-"
+        lines.append(f"| {row['prompt_tokens']} | {row['method']} | {row['absorb_s']:.1f} | {_s(run['teacher_wall_s'])} | "
+                     f"{_s(run['train_wall_s'])} | {run['steps'] if run['steps'] is not None else '-'} | "
+                     f"{run['kept_bytes'] / 1024:.0f} | {ratio} |")
+    rows_press = [r for r in rows if base(r["method"]) == "kv-press"]
+    if rows_press and len({r["prompt"] for r in rows}) > 1:  # several prompts: each label's median ratio over them
+        lines += ["", "| method | median x press over the prompts |", "|---|---|"]
+        for label in dict.fromkeys(r["method"] for r in rows):
+            ratios = [r["absorb_s"] / p["absorb_s"] for r in rows if r["method"] == label
+                      for p in rows_press if p["prompt"] == r["prompt"] and p["absorb_s"] > 0]
+            if ratios:
+                lines.append(f"| {label} | {statistics.median(ratios):.1f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+
+
+def _s(seconds) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}"
+
+
+def _prompts_text(rows: list[dict]) -> str:
+    kinds = dict.fromkeys("`facts` prompts" if r["people"] is not None else "SQuAD validation paragraphs"
+                          if r["document"] == "squad" else "documents of one's own" for r in rows)
+    return ", ".join(kinds) or "no prompt"
 
 
 def _task_text(task_set) -> str:

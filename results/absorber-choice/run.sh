@@ -4,7 +4,21 @@
 # their own positions (init=press), re-rotated with KVzip's per-head budgets (init=press-rerotated), with the
 # reconstruction data (study.reconstruction) and with self-study messages the model writes (study.n_conversations).
 #   bash scripts/env.sh bash results/absorber-choice/run.sh              # validation (MODELS, EPISODES, RATIO narrow it)
+#   STAGE=steps bash scripts/env.sh bash results/absorber-choice/run.sh  # issue 79 item 5: the chosen start with fewer
+#       training steps (kv-prefix's default since: init=auto, study.reconstruction=8), at RATIO (0.1, then 0.25)
 set -euo pipefail
+if [ "${STAGE:-}" = steps ]; then
+  for model in ${MODELS:-smollm2}; do
+    short=$(case $model in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$model";; esac)
+    incontext compare --model "$model" --task squad --split "${SPLIT:-validation}" --episodes "${EPISODES:-5}" \
+      --ratio "${RATIO:-0.1}" --methods keep-prompt,kv-press:kvzip,kv-prefix,kv-prefix:steps32,kv-prefix:steps16 \
+      --set kv-press:kvzip.press=kvzip \
+      --set kv-prefix:steps32.steps=32 --set kv-prefix:steps32.passes=2 \
+      --set kv-prefix:steps16.steps=16 --set kv-prefix:steps16.passes=1 \
+      --out "results/absorber-choice/${SPLIT:-validation}-$short-${RATIO:-0.1}-steps"
+  done
+  exit 0
+fi
 split=${SPLIT:-validation}
 for model in ${MODELS:-smollm2}; do
   short=$(case $model in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$model";; esac)

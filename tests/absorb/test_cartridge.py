@@ -259,7 +259,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 PROMPTS = ["Ada Lovelace was born in London.\nAlan Turing has a pet cat named Mat.\n",
            "Alan Turing works as a mathematician.\n"]
 QUESTION = "Q: Where was Ada born?\nA:"
-OPTIONS = ["steps=2", "learning_rate=0.05", "study.n_continuations=1", "study.continuation_tokens=4", "progress=false"]
+OPTIONS = ["steps=2", "learning_rate=0.05", "study.n_continuations=1", "study.continuation_tokens=4", "progress=false",
+           "init=document"]  # the cartridge's tests: the start a CARTRIDGE holds (the default, auto, presses where it can)
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3_text"])
@@ -367,7 +368,8 @@ def test_every_init_writes_a_cartridge_peft_serves_as_generate_or_none(model_fol
     if "llama" not in model_folder:
         pytest.skip("one family is enough")
     out = tmp_path / init
-    options = [o for o in OPTIONS if not (o.startswith("steps=") and any(e.startswith("steps=") for e in extra))]
+    options = [o for o in OPTIONS if not (o.startswith("steps=") and any(e.startswith("steps=") for e in extra))
+               and not o.startswith("init=")]
     printed = run(capsys, "absorb", "--model", model_folder, "--method", "kv-prefix", "--prompt", PROMPTS[0], "--placement",
                   "raw", "--out", str(out), *[x for o in options + [f"init={init}", *extra] for x in ("--set", o)])
     note = json.loads((out / "absorb.json").read_text())["peft_adapter"]
@@ -385,3 +387,20 @@ def test_every_init_writes_a_cartridge_peft_serves_as_generate_or_none(model_fol
     theirs = theirs[: theirs.index(eos)] if eos in theirs else theirs
     printed = run(capsys, "generate", "--model", model_folder, "--adapted", str(out), "--max-new-tokens", "6", QUESTION)
     assert printed == codec.decode(theirs) + "\n"
+
+
+def test_the_default_start_presses_where_kvzip_runs_and_falls_back_to_the_document_where_it_cannot(model_folder, tmp_path, capsys):
+    """init=auto (the default): on Llama, with the tokenizer KVzip writes its prompt with, the prefix starts from
+    KVzip's kept pairs at the document's positions (no CARTRIDGE layout: absorb.json says why); kvpress refuses KVzip
+    on Gemma 3, so there the start is the document's first p tokens and the folder holds the cartridge. Either way the
+    start taken is in the record's history, and generate reads the folder."""
+    out = tmp_path / "auto"
+    options = [o for o in OPTIONS if not o.startswith("init=")] + ["ratio=0.3"]
+    printed = run(capsys, "absorb", "--model", model_folder, "--method", "kv-prefix", "--prompt", PROMPTS[0], "--placement",
+                  "raw", "--out", str(out), *[x for o in options for x in ("--set", o)])
+    record = json.loads((out / "absorb.json").read_text())
+    init = record["history"]["init"]
+    assert init == ("press" if "llama" in model_folder else "document"), init
+    assert record["peft_adapter"]["written"] is (init == "document")
+    assert ("no PEFT adapter" in printed) is (init == "press")
+    assert run(capsys, "generate", "--model", model_folder, "--adapted", str(out), "--max-new-tokens", "3", QUESTION)

@@ -289,6 +289,38 @@ def test_composed_prefixes_at_full_length_are_both_documents_in_context(model):
         compose_prefixes(a)
 
 
+def test_a_per_head_press_prefix_composes_with_its_mask(model):
+    """A prefix from a per-head press (MaskedKV layers, as KVzip's start) composed with a plain one: its evicted pairs
+    stay unattended. Where every head keeps the same positions the mask equals leaving those pairs out of the cache
+    (keys carry their rotation), so the composition equals the composition of the compacted prefix (float64)."""
+    from incontext.absorb.methods.kv_prefix import TrainedPrefix, compose_prefixes
+    from incontext.models import Cache
+    from incontext.models.lm import cache_kv, with_kv
+    from incontext.ops.masked_kv import MaskedKV
+
+    first, query = prompt_and_query(9, seed=1)
+    second, _ = prompt_and_query(7, seed=2)
+    a, b = (get_absorb_method("kv-prefix", prefix_tokens=p.shape[0], steps=0, init="document", **FAST).absorb(model, p)
+            for p in (first, second))
+    kept = torch.tensor([0, 2, 3, 6, 8])
+    masked_layers, compact = [], []
+    for k, v in cache_kv(a.state()):
+        keep = torch.zeros(k.shape[:3], dtype=torch.bool)
+        keep[:, :, kept] = True
+        masked_layers.append(MaskedKV(k, v, keep))
+        compact.append((k[:, :, kept], v[:, :, kept]))
+    masked = TrainedPrefix(model, Cache(layers=masked_layers, position=a.position))
+    compacted = TrainedPrefix(model, with_kv(a.state(), compact))
+    assert compacted.position == masked.position == 9
+    both, reference = compose_prefixes(masked, b), compose_prefixes(compacted, b)
+    assert all(isinstance(layer, MaskedKV) and int(layer.keep.sum()) == layer.keep.shape[1] * (5 + 7)
+               for layer in both.state().layers)
+    with torch.no_grad():
+        out, expected = both(query), reference(query)
+    assert (out - expected).abs().max() < 1e-10
+    assert not torch.allclose(out, compose_prefixes(a, b)(query))
+
+
 def test_compose_steps_train_the_concatenation_on_both_stages(model, tmp_path):
     """compose_steps: the concatenated prefixes trained on the union of both documents' data stages, each
     document's first position (its sink) left as it was; it fits both stages better than the plain concatenation;

@@ -408,6 +408,7 @@ class Distiller(AbsorbMethod):
     absorbs (`join`) and, with compose_steps, trains the join on the union of their data stages."""
 
     takes_codec = True  # with the tokenizer the data stage also writes questions and chat turns
+    recorded: tuple[str, ...] = ()  # keys of `prepare`'s dict the absorb's history keeps (kv-prefix: the start taken)
 
     def __init__(self, *, speed: "Speed | None" = None, writer=None, **options):
         """The method's options (AbsorbMethod's one constructor), and what only a distiller takes: `speed`, its
@@ -468,6 +469,7 @@ class Distiller(AbsorbMethod):
         adapted.sequences = sequences  # the data stage, for compose_steps (in memory only: never saved)
         counts = dict(counts)
         derived = counts.pop("derived_queries", None)  # texts, not a count (an older cached stage has none)
+        history.update({key: prepared[key] for key in self.recorded if key in prepared})  # e.g. kv-prefix's init
         adapted.history = {**history, "pool": counts, "derived_queries": derived, "teacher_seconds": teacher_seconds,
                            "train_seconds": time.perf_counter() - start - teacher_seconds}
         return adapted.eval()

@@ -77,7 +77,7 @@ def document_start(codec, ids: list[int]) -> int:
     return len(head) if head and ids[: len(head)] == head else 0
 
 
-def _reconstructs(cls: type) -> bool:
+def reconstructs(cls: type) -> bool:
     """KVzip and its kind (KVgrad, FastKVzip, ... inherit it): `prepare` writes a reconstruction prompt with the
     tokenizer, after a template prefix it measures on a user turn."""
     return any("prepare" in vars(c) for c in cls.__mro__)
@@ -85,7 +85,7 @@ def _reconstructs(cls: type) -> bool:
 
 def _placed(cls: type, start: int) -> type:
     """`cls` (a press that reconstructs) told that the document starts at `start` instead; other presses as they are."""
-    if not _reconstructs(cls):
+    if not reconstructs(cls):
         return cls
 
     class Placed(cls):
@@ -166,7 +166,7 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
     bos = getattr(model, "bos_id", None)
     if bos is not None:  # the Hugging Face backend reads its BOS first (HFCausalLM.read_bos_first): the press sees it
         ids = torch.cat([torch.full_like(prompt[:, :1], bos), prompt], 1)
-    if codec is None and _reconstructs(classes[press]):
+    if codec is None and reconstructs(classes[press]):
         raise ValueError(f"{where}: {press} writes its reconstruction prompt with the model's tokenizer: give codec= "
                          "(incontext absorb and compare do)")
     start = document_start(codec, prompt[0].tolist()) if start is None else start
@@ -181,7 +181,7 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
         cache = DynamicCache(config=hf.config)
         attention = [layer.self_attn for layer in hf.model.layers]
         try:
-            tokenizer = _tokenizer_folder(hf, codec) if _reconstructs(classes[press]) else contextlib.nullcontext()
+            tokenizer = _tokenizer_folder(hf, codec) if reconstructs(classes[press]) else contextlib.nullcontext()
             with tokenizer, instance(hf):  # only a press that reconstructs reads the tokenizer from a folder
                 hf.model(input_ids=ids.to(next(hf.parameters()).device), past_key_values=cache)
             masks = [getattr(module, "masked_key_indices", None) for module in attention]

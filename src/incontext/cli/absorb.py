@@ -81,6 +81,10 @@ def absorb(args, runtime: Runtime) -> int:
                                                                            ids, placement)
     record = absorb_to_folder(job, method, loaded, prompt_text, ids, args.out, train, placement)
     print(f"absorbed {len(ids)} prompt tokens into {loaded.description} with {args.method} in {record['absorb_seconds']:.1f} s")
+    init = (record.get("history") or {}).get("init")
+    if init is not None and getattr(method.options, "init", None) == "auto":  # kv-prefix's default start, resolved
+        print(f"start: init=auto took {init}" + (f" ({method.options.press}'s kept pairs)" if init == "press" else
+                                                  " (the press start cannot be made for this model or prompt)"))
     if (record.get("history") or {}).get("steps") == 0:  # e.g. kv-prefix with steps=0: its initial prefix
         print(f"nothing was trained (0 steps): the adapted model is {args.method}'s starting point")
     held = (record.get("history") or {}).get("heldout_kl")

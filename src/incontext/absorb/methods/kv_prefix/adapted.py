@@ -10,6 +10,7 @@ from torch import nn
 
 from ....models import Cache
 from ....models.lm import cache_kv
+from ....ops.masked_kv import MaskedKV
 from ...presses import CacheBuffers, empty_cache
 
 
@@ -37,7 +38,8 @@ def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
     """Several documents absorbed separately, answered together: their prefixes concatenated (Cartridges composes
     cartridges the same way, without retraining). Each prefix keeps the positions it was trained at; queries start
     after every position the prefixes hold: the sum of their lengths, and on a model that reads its BOS first the
-    BOS each prefix holds after the first (as PEFT's compose_cartridge_adapters: absorb/methods/kv_prefix/export.py)."""
+    BOS each prefix holds after the first (as PEFT's compose_cartridge_adapters: absorb/methods/kv_prefix/export.py).
+    A prefix started from a per-head press (MaskedKV layers) keeps its mask: its evicted pairs stay unattended."""
     if len(prefixes) < 2:
         raise ValueError("compose at least two prefixes")
     base = prefixes[0].base
@@ -48,7 +50,13 @@ def compose_prefixes(*prefixes: TrainedPrefix) -> TrainedPrefix:
     layers = []
     for i, layer in enumerate(states[0].layers):
         k, v = (torch.cat([kv[i][j] for kv in kvs], 2) for j in (0, 1))
-        if hasattr(layer, "seen"):  # a layer that counts the tokens it has seen (transformers' sliding windows)
+        parts = [state.layers[i] for state in states]
+        if any(isinstance(part, MaskedKV) for part in parts):  # a per-head press start (KVzip): its evicted pairs stay out
+            keep = torch.cat([part.keep[:1] if isinstance(part, MaskedKV) else
+                              torch.ones(kv[i][0].shape[:3], dtype=torch.bool, device=k.device)[:1]
+                              for part, kv in zip(parts, kvs)], 2)
+            layers.append(MaskedKV(k, v, keep))
+        elif hasattr(layer, "seen"):  # a layer that counts the tokens it has seen (transformers' sliding windows)
             layers.append(type(layer)(k, v, sum(state.layers[i].seen for state in states)))
         else:
             layers.append((k, v))

@@ -5,9 +5,12 @@ with the whole document in its context. The base model stays frozen.
     adapted = get_absorb_method("kv-prefix", prefix_tokens=32).absorb(model, prompt, codec=tokenizer)
     logits = adapted(query)               # the query attends to the prefix (positions p, p+1, ...)
 
-- the start (`init`): the K/V of the document's first p tokens ("document", Cartridges' best), or p of the
-  document's K/V pairs spread evenly over it, keys re-rotated to the prefix's positions ("document-spread"; ours,
-  the better start for a long document);
+- the start (`init`): by default ("auto") a kvpress press's kept K/V at their own positions ("press", KVzip: chosen
+  on SQuAD validation paragraphs, results/absorber-choice) wherever that start can be made (kvpress installed, a
+  tokenizer given for KVzip's reconstruction prompt, a transformers form of the model, the document within the
+  context), else the K/V of the document's first p tokens ("document", Cartridges' best); or p of the document's
+  K/V pairs spread evenly over it, keys re-rotated to the prefix's positions ("document-spread"; ours, the better
+  start for a long document); the start taken is in the absorb's history (`init`);
 - the first prefix position stays frozen: the attention sink (Cartridges' and peft's `num_frozen_tokens=1`);
 - the data stage, the objective and the training loop are the pipeline's (absorb/distill.py); this module
   supplies the prefix as the trained tensors and the student that reads it as a cache;
@@ -16,10 +19,14 @@ with the whole document in its context. The base model stays frozen.
   adapted model holds the prefix alone (`saves_base = False`).
 
 With p = M and init "document" and no training steps the prefix is the document's own K/V: keep-prompt exactly.
+A press start keeps its pairs at the document's positions (queries after the whole document): a PEFT CARTRIDGE has
+no layout for it, so a default folder of a pressed start holds no peft_adapter/ (init=document or press-rerotated
+write one).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Literal
@@ -31,7 +38,8 @@ from ....config import limit, option, redefault
 from ....models import Cache
 from ....models.lm import cache_kv, is_causal_lm, with_kv
 from ...distill import Distiller, Student, TrainOptions
-from ...presses import check_press, press_cache
+from ....interop.hf import hf_twin
+from ...presses import check_press, press_cache, press_classes, reconstructs
 from ...study import StudyOptions, chunk_spans
 from .adapted import TrainedPrefix, compose_prefixes
 from .start import rerotated_press, spread_prefix
@@ -40,21 +48,26 @@ from .start import rerotated_press, spread_prefix
 @dataclass
 class KVPrefixStudy(StudyOptions):
     """kv-prefix's data stage: the recall windows and continuations, plus 16 queries derived from the document by
-    rules (chosen on validation episodes of `facts` and `documents`, the document alone: docs/absorb-methods.md)."""
+    rules (chosen on validation episodes of `facts` and `documents`, the document alone: docs/absorb-methods.md) and
+    8 reconstruction pieces (the document repeated after an instruction to repeat it; chosen with the press start on
+    SQuAD validation paragraphs: results/absorber-choice)."""
 
     derived: int = redefault(StudyOptions, "derived", 16)
+    reconstruction: int = redefault(StudyOptions, "reconstruction", 8)
 
 
 @dataclass
 class KVPrefixOptions(TrainOptions):
     prefix_tokens: int | None = limit(None, min=1, help="p, the prefix's length (default: a quarter of the document)")
-    init: Literal["document", "document-spread", "press", "press-rerotated"] = option("document",
-        "the start: the first p tokens' K/V; p spread over all; a kvpress press's kept K/V at their own positions "
+    init: Literal["auto", "document", "document-spread", "press", "press-rerotated"] = option("auto",
+        "the start: press where it can be made (kvpress, a tokenizer for kvzip, a transformers form, the document "
+        "within the context), else document; the first p tokens' K/V; p spread over all; a kvpress press's kept K/V "
+        "at their own positions "
         "(queries after the whole document); or those re-rotated to 0..p-1 (each head its own budget; a PEFT CARTRIDGE "
         "where every head keeps as many)")
     ratio: float | None = limit(None, gt=0, max=1, help=
         "p as a share of the document's tokens (when prefix_tokens is unset)")
-    press: str = option("kvzip", "init=press / press-rerotated: the kvpress press whose kept K/V start the prefix")
+    press: str = option("kvzip", "init=auto / press / press-rerotated: the kvpress press whose kept K/V start the prefix")
     study: KVPrefixStudy = redefault(TrainOptions, "study", KVPrefixStudy)
 
 
@@ -78,16 +91,47 @@ class KVPrefix(Distiller):
             return "needs softmax attention (a linear-attention state is no K/V prefix; iclca converts it exactly)"
         return None
 
+    recorded = ("init",)  # the start taken (init=auto resolved) goes into the absorb's history
+
     def setup(self) -> None:
         o = self.options
         if o.init.startswith("press"):
             check_press(o.press, "kv-prefix")
-        elif o.press != KVPrefixOptions.press:
+        elif o.init == "auto" and o.press != KVPrefixOptions.press:
+            try:  # a misspelt press fails now; a press kvpress lacks here falls back like a missing kvpress
+                check_press(o.press, "kv-prefix")
+            except ValueError as error:
+                if "unknown press" in str(error) or "trained weights" in str(error):
+                    raise
+        elif o.init != "auto" and o.press != KVPrefixOptions.press:
             raise ValueError(f"kv-prefix: press={o.press} is read only with init=press or init=press-rerotated "
                              f"(this is init={o.init}): give init=press too, or leave press out")
 
+    def resolve_init(self, model, m: int, codec) -> str:
+        """init=auto's start: "press" where it can be made here, else "document" (the module docstring); prepare
+        falls back to "document" too where kvpress's press refuses the model (KVzip on Gemma 3)."""
+        o = self.options
+        if o.init != "auto":
+            return o.init
+        context = model.config.max_seq_len
+        if context is not None and m >= context:
+            return "document"
+        try:
+            classes = press_classes()
+        except ValueError:  # kvpress not installed
+            return "document"
+        if o.press not in classes or (codec is None and reconstructs(classes[o.press])):
+            return "document"
+        try:
+            hf_twin(model)
+        except (ValueError, NotImplementedError):  # no transformers form of this model
+            return "document"
+        return "press"
+
     def prepare(self, model, prompt: torch.Tensor, codec) -> dict[str, Any]:
-        m, context, o = prompt.shape[0], model.config.max_seq_len, self.options
+        m, context = prompt.shape[0], model.config.max_seq_len
+        init = self.resolve_init(model, m, codec)
+        o = dataclasses.replace(self.options, init=init)
         # default p: a quarter of the document (or `ratio` of it); of the context for a document the context does not hold
         share = 0.25 if o.ratio is None else o.ratio
         p = o.prefix_tokens if o.prefix_tokens is not None else max(1, round(min(m, context or m) * share))
@@ -103,22 +147,42 @@ class KVPrefix(Distiller):
                              "does not hold; use init=document-spread")
         if context is not None and p >= context:
             raise ValueError(f"kv-prefix: prefix_tokens={p} leaves no room for queries within the context ({context})")
-        return {"p": p, "codec": codec}  # the codec: the press start's (KVzip writes its reconstruction prompt with it)
+        pressed = None
+        if self.options.init == "auto" and init == "press":  # a press kvpress refuses on this model: the document start
+            try:
+                pressed = self._press(model, prompt, p, codec)
+            except ValueError:
+                init = "document"
+        return {"p": p, "codec": codec, "init": init, "pressed": pressed}  # codec: KVzip writes its prompt with it
 
     @torch.no_grad()
-    def start(self, model, prompt: torch.Tensor, p: int, codec=None) -> Cache:
-        o = self.options
+    def _press(self, model, prompt: torch.Tensor, p: int, codec) -> Cache:
+        """The press's cache of the whole document keeping p of its m pairs (or `ratio` where given: kv-press's own
+        budget), queries after the document; in eval mode."""
+        o, was_training = self.options, model.training
+        share = o.ratio if o.ratio is not None and o.prefix_tokens is None else p / prompt.shape[0]
+        model.eval()
+        try:
+            return press_cache(model, prompt[None], o.press, share, codec, where="kv-prefix")
+        finally:
+            model.train(was_training)
+
+    @torch.no_grad()
+    def start(self, model, prompt: torch.Tensor, p: int, codec=None, init: str | None = None,
+              pressed: Cache | None = None) -> Cache:
+        """The prefix's first state for `init` (None: the options'); `pressed`: the press's cache, made already."""
+        o = self.options if init is None else dataclasses.replace(self.options, init=init)
         if o.init == "document":
             return model.prefill(prompt[None, :p])
-        if o.init.startswith("press"):  # the press keeps `ratio` itself where it is given (kv-press's own budget)
-            share = o.ratio if o.ratio is not None and o.prefix_tokens is None else p / prompt.shape[0]
-            pressed = press_cache(model, prompt[None], o.press, share, codec, where="kv-prefix")
+        if o.init.startswith("press"):
+            pressed = pressed if pressed is not None else self._press(model, prompt, p, codec)
             return pressed if o.init == "press" else rerotated_press(model, prompt, pressed, o.press)
         return spread_prefix(model, prompt, p, chunk_spans(prompt.shape[0], o.study.chunk_tokens, model.config.max_seq_len))
 
-    def student(self, model, prompt, generator, sequences, p: int, codec=None) -> Student:
+    def student(self, model, prompt, generator, sequences, p: int, codec=None, init: str | None = None,
+                pressed: Cache | None = None) -> Student:
         context, longest = model.config.max_seq_len, max((item[0].shape[0] for item in sequences), default=0)
-        start = self.start(model, prompt, p, codec)
+        start = self.start(model, prompt, p, codec, init, pressed)
         if context is not None and start.position + longest > context:
             at = "" if start.position == p else f" (queries after the press start's {start.position} positions)"
             raise ValueError(f"kv-prefix: prefix_tokens={p} and the data stage's sequences of up to {longest} tokens "
