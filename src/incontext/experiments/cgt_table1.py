@@ -190,8 +190,8 @@ def recompute(out_dir: Path) -> dict[str, Any]:
     return save_result(Result(results, tables={"table.md": table}, figures={"table1.png": plot_summary}), out_dir)
 
 
-ROWS = [("base accuracy (dynamic y)", "base_char_accuracy", 100), ("specialised accuracy (frozen y, examples 1-2 dropped)", "specialized_char_accuracy", 100),
-        ("no-prompt accuracy (examples 1-2 dropped)", "no_prompt_char_accuracy", 100), ("base exact match", "base_exact_match", 100),
+ROWS = [("base accuracy (dynamic y)", "base_char_accuracy", 100), ("specialised accuracy (frozen y, examples 1-{h} dropped)", "specialized_char_accuracy", 100),
+        ("no-prompt accuracy (examples 1-{h} dropped)", "no_prompt_char_accuracy", 100), ("base exact match", "base_exact_match", 100),
         ("specialised exact match", "specialized_exact_match", 100), ("representation variation, eq. (4)", "variation", 1),
         ("linear-fit error (z units)", "linear_fit_mean_abs_error", 1), ("linear-fit R^2 of a", "linear_fit_r2_a", 1),
         ("linear-fit R^2 of b", "linear_fit_r2_b", 1), ("seconds per training step", "seconds_per_step", 1)]
@@ -204,7 +204,8 @@ def table(results: dict) -> str:
     lines = [(f"CGT Table 1, preset {results['config']['preset']}: {s['n_layer']} layers (l = {s['split_layer']}), d_x {s['d_x']}, "
              f"d_y {s['d_y']}, r {s['rank']}, M {s['n_templates']}, {s['digits']}-digit numbers, {s['n_tasks']} tasks x "
              f"{s['n_ex']} examples, {s['steps']} steps of batch {s['batch_size']}; mean +- 3 standard errors over {n} seeds "
-             "(paper: 6 runs, 3 sigma). Accuracies on the answer characters of examples 3-4 of every task."), ""]
+             f"(paper: 6 runs, 3 sigma). Accuracies on the answer characters of examples {s['n_ex'] // 2 + 1}-{s['n_ex']} of "
+             "every task."), ""]
 
     def cell(variant: str, key: str, scale: int) -> str:
         if key not in results["summary"][variant]:
@@ -216,7 +217,8 @@ def table(results: dict) -> str:
             f" (paper {paper[0]}{f' ± {paper[1]}' if paper[1] else ''})" if paper else "")
 
     lines += markdown_table(["metric", *(f"{v} ({len(seeds[v])} seeds)" for v in variants)],
-                            [[label, *(cell(v, key, scale) for v in variants)] for label, key, scale in ROWS])
+                            [[label.format(h=s["n_ex"] // 2), *(cell(v, key, scale) for v in variants)]
+                             for label, key, scale in ROWS])
     return "\n".join(lines) + "\n"
 
 
