@@ -46,18 +46,25 @@ def press_classes() -> dict[str, type]:
 
 # presses whose scorer or restore weights kvpress downloads from the Hugging Face hub, released only for large models
 # (KVzap's MLPs, FastKVzip's gates, RestoreKV's tokens and LoRA): nothing here can fetch them, so they are refused
-# before any model runs (kvpress would otherwise retry the network for half a minute)
+# before any model runs (kvpress would otherwise retry the network for half a minute); KVzap runs with a scorer
+# trained here (absorb/kvzap.py: `weights=FOLDER`)
 HUB_WEIGHTS = {"kvzap": "nvidia/KVzap-*", "fastkvzip": "Jang-Hyun/Fast-KVzip", "restorekv": "higokri/RestoreKV-*"}
+TRAINED_HERE = {"kvzap"}
 
 
-def check_press(press: str, where: str = "kv-press") -> None:
-    """One-line ValueError for a press that is not kvpress's or that needs weights from the hub."""
+def check_press(press: str, where: str = "kv-press", weights: str | None = None) -> None:
+    """One-line ValueError for a press that is not kvpress's or that needs weights from the hub (KVzap: unless
+    `weights` names a scorer trained here)."""
     classes = press_classes()
     if press not in classes:
         raise ValueError(f"{where}: unknown press {press!r}; kvpress's: {', '.join(classes)}")
-    if press in HUB_WEIGHTS:
+    if weights is not None and press not in TRAINED_HERE:
+        raise ValueError(f"{where}: weights are read only by press=kvzap (this is press={press})")
+    if press in HUB_WEIGHTS and not (press in TRAINED_HERE and weights is not None):
+        here = (" give weights=FOLDER, a scorer trained here for the model (incontext run kvzap-train)"
+                if press in TRAINED_HERE else " none ship for the models here")
         raise ValueError(f"{where}: press={press} needs trained weights that kvpress downloads from the Hugging Face hub "
-                         f"({HUB_WEIGHTS[press]}, released for large models only); none ship for the models here")
+                         f"({HUB_WEIGHTS[press]}, released for large models only);{here}")
 
 
 def document_start(codec, ids: list[int]) -> int:
@@ -154,11 +161,12 @@ def _tokenizer_folder(hf, codec):
 
 @torch.no_grad()
 def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float, codec=None,
-                start: int | None = None, where: str = "kv-press") -> Cache:
+                start: int | None = None, where: str = "kv-press", weights: str | None = None) -> Cache:
     """The prompt's ((1, M) ids) cache after `press` kept the share `ratio` of its K/V, as a cache of `model`'s own
     backend at position M (queries continue after the whole document). `start`: where the document starts (KVzip's
-    reconstruction; None: found from the codec's chat template). `where`: the method its errors name."""
-    check_press(press, where)
+    reconstruction; None: found from the codec's chat template). `where`: the method its errors name. `weights`:
+    press=kvzap's scorer folder (absorb/kvzap.py)."""
+    check_press(press, where, weights)
     classes = press_classes()
     hf = hf_twin(model)
     m = prompt.shape[1]
@@ -173,9 +181,13 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
     with _quiet_kvpress():
         cls = _placed(classes[press], start + (bos is not None))
         try:
-            instance = with_cache_position(cls(compression_ratio=1.0 - ratio))
+            instance = with_cache_position(cls(compression_ratio=1.0 - ratio, **(
+                {"model_type": "linear"} if press == "kvzap" else {})))
         except (AssertionError, ValueError, TypeError) as error:
             raise ValueError(f"{where}: kvpress's {press} refuses ratio={ratio}: {error}") from None
+        if press == "kvzap":  # kvpress's own KVzapPress with our scorer: the name it would load is marked loaded
+            instance.kvzap_model = load_scorer(weights, hf)
+            instance.kvzap_model_name = f"nvidia/KVzap-linear-{hf.config.name_or_path.split('/')[-1]}"
         from transformers import DynamicCache
 
         cache = DynamicCache(config=hf.config)
@@ -204,6 +216,24 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
         else:
             layers.append(HFLayerState(k, v, getattr(layer, "cumulative_length", ids.shape[1])))
     return Cache(layers=layers, position=m)
+
+
+def load_scorer(folder: str | Path, hf):
+    """kvpress's KVzapModel from a folder `solve`'s save_pretrained wrote, checked against the transformers model `hf`
+    it will score (one-line errors for a missing folder or a scorer of another model's shape)."""
+    from kvpress.presses.kvzap_press import KVzapModel
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"press=kvzap: weights={folder} holds no KVzap scorer (config.json); write one with "
+                         "`incontext run kvzap-train`")
+    scorer = KVzapModel.from_pretrained(folder).eval()
+    c, h = scorer.config, hf.config
+    if (c.n_modules, c.input_dim, c.output_dim) != (h.num_hidden_layers, h.hidden_size, h.num_key_value_heads):
+        raise ValueError(f"press=kvzap: the scorer in {folder} has {c.n_modules} layers of width {c.input_dim} and "
+                         f"{c.output_dim} K/V heads; this model has {h.num_hidden_layers}, {h.hidden_size} and "
+                         f"{h.num_key_value_heads}: train one for it")
+    return scorer
 
 
 def kept_pair_bytes(cache: Cache) -> int:

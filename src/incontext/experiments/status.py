@@ -193,6 +193,10 @@ _REGISTERED = [
            "reproduced",
            "max logit difference 5.36e-07 (GPT-2), 0 (Llama, SmolLM2); greedy continuations identical",
            OTHER),
+    _entry("kvzap-train", "none", "no paper of the four: KVzap's scorer (arXiv 2601.07891, linear variant) trained for "
+           "a shipped model, issue 79's amortized absorber",
+           "SmolLM2-135M, dev documents (SQuAD dev articles, HotpotQA dev, the documents task); KVzap: large models",
+           "not run", "registered and tested (tests/absorb/test_kvzap.py); its run not made yet", "docs/absorb-methods.md"),
     _entry("regression-demo", "none", "no paper: in-context linear regression vs least squares and ridge",
            "4 layers, width 64, 202,561 parameters, d_in 4, 4,500 steps x 64",
            "below the paper",

@@ -49,6 +49,8 @@ class KVPressOptions:
         "the share of the document's K/V kept (kvpress's compression_ratio = 1 - ratio)")
     document_start: int | None = limit(None, min=0, help=
         "the template's tokens before the document (default: from the chat template)")
+    weights: str | None = option(None, "press=kvzap: a folder of KVzap scorer weights trained for this model "
+                                 "(incontext run kvzap-train writes one)")
 
 
 class KVPress(AbsorbMethod):
@@ -61,7 +63,7 @@ class KVPress(AbsorbMethod):
     summary = "the document's K/V compressed by a kvpress press (press=NAME, ratio=R kept), no training (NVIDIA kvpress)"
 
     def setup(self) -> None:
-        check_press(self.options.press)
+        check_press(self.options.press, weights=self.options.weights)
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
@@ -79,4 +81,5 @@ class KVPress(AbsorbMethod):
         if o.document_start is not None and o.document_start >= prompt.shape[-1]:
             raise ValueError(f"kv-press: document_start={o.document_start} is at or past the end of the "
                              f"{prompt.shape[-1]}-token prompt (it counts the template's tokens before the document)")
-        return PressedCache(model, press_cache(model, prompt, o.press, o.ratio, codec, o.document_start)).eval()
+        return PressedCache(model, press_cache(model, prompt, o.press, o.ratio, codec, o.document_start,
+                                               weights=o.weights)).eval()
