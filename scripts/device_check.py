@@ -510,6 +510,35 @@ def self_study_from_the_document(device: str, work: Path) -> dict:
 
 
 @check
+def kvzap_and_the_press_start_on_device(device: str, work: Path) -> dict:
+    """Issue 79's paths on the device: KVzap's targets and fit (absorb/kvzap.py), kv-press with the scorer (kvpress's
+    KVzapPress) keeping the same pairs as on the CPU, and kv-prefix's default start (init=auto: KVzip's kept pairs)."""
+    from incontext.absorb import get_absorb_method
+    from incontext.absorb.kvzap import KVzapFit, kvzip_targets
+    from incontext.interop.models import load_model
+
+    folder = tiny_hf_folder(work / "llama-kvzap")
+    out = {}
+    for where in (device, "cpu"):
+        loaded = load_model(str(folder), where, "float32")
+        codec = loaded.tokenizer
+        prompts = [torch.tensor(codec.encode(codec.chat([{"role": "system", "content": text}])), device=where)
+                   for text in SENTENCES[:3]]
+        fit = KVzapFit.for_model(loaded.model)
+        for prompt in prompts:
+            fit.add(kvzip_targets(loaded.model, prompt, codec))
+        fit.solve(1e-3).save_pretrained(work / f"kvzap-{where}")
+        pressed = get_absorb_method("kv-press", press="kvzap", weights=str(work / f"kvzap-{where}"), ratio=0.5).absorb(
+            loaded.model, prompts[0], codec=codec)
+        prefix = get_absorb_method("kv-prefix", steps=2, passes=0, progress=False, **{"study.n_continuations": 1}).absorb(
+            loaded.model, prompts[0], codec=codec)
+        assert prefix.history["init"] == "press", prefix.history["init"]
+        out[where] = {"kept_bytes": pressed.kept_bytes(loaded.model), "prefix_init": prefix.history["init"]}
+    assert out[device]["kept_bytes"] == out["cpu"]["kept_bytes"], out
+    return out
+
+
+@check
 def absorb_and_generate_commands(device: str, work: Path) -> dict:
     from incontext.cli import commands as cli
 
