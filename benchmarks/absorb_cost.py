@@ -248,17 +248,17 @@ def write(rows: list[dict], description: str, args) -> None:
                "rows": rows}
     lines = [f"Absorb cost on {description}, {results['clock']} ({args.threads} threads, {args.device}, {args.dtype}), "
              f"median of {args.repeats}; {_prompts_text(rows)}{_task_text(args.task_set)}, each absorb building its own data "
-             "stage; x press: the absorb time over the kv-press row's on the same prompt.", "",
+             "stage; x press: the absorb time over the `kv-press` row's (its variants aside) on the same prompt.", "",
              "| prompt tokens | method | absorb s | data stage s (wall) | training s (wall) | steps | kept KiB | x press |",
              "|---|---|---|---|---|---|---|---|"]
     for index, row in enumerate(rows):
         run = row["runs"][0]
-        press = [r for r in rows if r["prompt"] == row["prompt"] and base(r["method"]) == "kv-press"]
+        press = [r for r in rows if r["prompt"] == row["prompt"] and r["method"] == "kv-press"]
         ratio = f"{row['absorb_s'] / press[0]['absorb_s']:.1f}" if press and press[0]["absorb_s"] > 0 else "-"
         lines.append(f"| {row['prompt_tokens']} | {row['method']} | {row['absorb_s']:.1f} | {_s(run['teacher_wall_s'])} | "
                      f"{_s(run['train_wall_s'])} | {run['steps'] if run['steps'] is not None else '-'} | "
                      f"{run['kept_bytes'] / 1024:.0f} | {ratio} |")
-    rows_press = [r for r in rows if base(r["method"]) == "kv-press"]
+    rows_press = [r for r in rows if r["method"] == "kv-press"]
     if rows_press and len({r["prompt"] for r in rows}) > 1:  # several prompts: each label's median ratio over them
         lines += ["", "| method | median x press over the prompts |", "|---|---|"]
         for label in dict.fromkeys(r["method"] for r in rows):
