@@ -7,16 +7,20 @@
 #   STAGE=steps bash scripts/env.sh bash results/absorber-choice/run.sh  # issue 79 item 5: the chosen start with fewer
 #       training steps (kv-prefix's default since: init=auto, study.reconstruction=8), at RATIO (0.1, then 0.25)
 #   STAGE=kvzap bash scripts/env.sh bash results/absorber-choice/run.sh  # item 4: KVzap's scorer trained here
-#       (incontext run kvzap-train --out results/kvzap-smollm2) against KVzip and SnapKV, at a tenth and a quarter
+#       (incontext run kvzap-train --out results/kvzap-smollm2) with KVzip's eviction rule (select=global, the
+#       default) and with kvpress's KVzapPress (select=kvpress), against KVzip and SnapKV, at a tenth and a quarter
 set -euo pipefail
 if [ "${STAGE:-}" = kvzap ]; then
   for model in ${MODELS:-smollm2}; do
     short=$(case $model in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$model";; esac)
     for ratio in ${RATIOS:-0.1 0.25}; do
       incontext compare --model "$model" --task squad --split "${SPLIT:-validation}" --episodes "${EPISODES:-5}" \
-        --ratio "$ratio" --methods keep-prompt,drop-prompt,kv-press:kvzip,kv-press:kvzap,kv-press:snapkv \
+        --ratio "$ratio" \
+        --methods keep-prompt,drop-prompt,kv-press:kvzip,kv-press:kvzap,kv-press:kvzap-kvpress,kv-press:snapkv \
         --set kv-press:kvzip.press=kvzip --set kv-press:snapkv.press=snapkv \
         --set kv-press:kvzap.press=kvzap --set "kv-press:kvzap.weights=results/kvzap-$short/kvzap" \
+        --set kv-press:kvzap-kvpress.press=kvzap --set "kv-press:kvzap-kvpress.weights=results/kvzap-$short/kvzap" \
+        --set kv-press:kvzap-kvpress.select=kvpress \
         --out "results/absorber-choice/${SPLIT:-validation}-$short-$ratio-kvzap"
     done
   done

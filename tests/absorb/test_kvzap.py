@@ -103,33 +103,47 @@ def test_the_fit_is_least_squares_and_sums_over_documents(seed):
 
 
 @pytest.mark.parametrize("backend", [0, 1])
-def test_the_one_pass_press_scores_what_the_training_forward_scores(backends, codec, scorer_folder, backend, monkeypatch):
-    """kvpress's KVzapPress, run by kv-press with our scorer in one prefill, computes per layer the scores the scorer
-    gives the captured hidden states (the forward it was fitted with), and keeps each head's top share of them."""
+@pytest.mark.parametrize("select", ["global", "kvpress"])
+def test_the_one_pass_press_scores_what_the_training_forward_scores(backends, codec, scorer_folder, backend, select,
+                                                                    monkeypatch):
+    """The one-pass press (select=global: kvzap_cache's scores before KVzip's rule; select=kvpress: kvpress's own
+    KVzapPress), run by kv-press with our scorer in one prefill, computes per layer the scores the scorer gives the
+    captured hidden states (the forward it was fitted with)."""
     from kvpress.presses.kvzap_press import KVzapModel, KVzapPress
+
+    import incontext.absorb.kvzap as kvzap
 
     model = backends[backend]
     prompt = placed(codec, DOCUMENTS[1])
     seen = {}
-    score = KVzapPress.score
+    if select == "kvpress":
+        score = KVzapPress.score
 
-    def recording(self, module, hidden_states, keys, values, attentions, kwargs):
-        out = score(self, module, hidden_states, keys, values, attentions, kwargs)
-        seen[module.layer_idx] = out.detach().clone()
-        return out
+        def recording(self, module, hidden_states, keys, values, attentions, kwargs):
+            out = score(self, module, hidden_states, keys, values, attentions, kwargs)
+            seen[module.layer_idx] = out.detach().clone()
+            return out
 
-    monkeypatch.setattr(KVzapPress, "score", recording)
-    adapted = get_absorb_method("kv-press", press="kvzap", weights=str(scorer_folder), ratio=0.5).absorb(
+        monkeypatch.setattr(KVzapPress, "score", recording)
+    else:
+        selection = kvzap.kvzip_selection
+
+        def recording(scores, ratio, n_sink=4):
+            seen.update({i: s[None].clone() for i, s in enumerate(scores)})
+            return selection(scores, ratio, n_sink)
+
+        monkeypatch.setattr(kvzap, "kvzip_selection", recording)
+    adapted = get_absorb_method("kv-press", press="kvzap", weights=str(scorer_folder), ratio=0.5, select=select).absorb(
         model, prompt, codec=codec)
     targets = kvzip_targets(model, prompt, codec)
     expected = scores_of(KVzapModel.from_pretrained(scorer_folder), targets)
+    assert len(seen) == len(expected) == 2
     first = seen[0].shape[-1] - targets.positions
     for layer, predicted in enumerate(expected):
         assert (seen[layer][0, :, first:].T - predicted).abs().max() < 1e-5
-    total = seen[0].shape[-1]
-    assert adapted.kept_bytes(model) < get_absorb_method("kv-press", press="knorm", ratio=1.0).absorb(
-        model, prompt, codec=codec).kept_bytes(model) * 0.6  # about half of every head's pairs kept
-    assert total == prompt.shape[0] + (getattr(model, "bos_id", None) is not None)
+    assert seen[0].shape[-1] == prompt.shape[0] + (getattr(model, "bos_id", None) is not None)
+    full = get_absorb_method("kv-press", press="knorm", ratio=1.0).absorb(model, prompt, codec=codec).kept_bytes(model)
+    assert 0.4 * full <= adapted.kept_bytes(model) <= 0.6 * full  # about half of the pairs kept
 
 
 def test_kvzap_without_weights_or_with_the_wrong_ones_is_a_one_line_error(backends, codec, scorer_folder, tmp_path):
@@ -171,3 +185,52 @@ def test_the_experiment_writes_a_scorer_kv_press_reads(codec, tmp_path):
     assert main(["absorb", "--model", str(folder), "--method", "kv-press", "--prompt", DOCUMENTS[0], "--set",
                  "press=kvzap", "--set", f"weights={out / 'kvzap'}", "--set", "ratio=0.5", "--out", str(absorbed)]) == 0
     assert (absorbed / "absorb.json").is_file()
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.6])
+def test_global_selection_on_kvzips_own_scores_keeps_what_kvzip_keeps(backends, codec, ratio):
+    """select=global is KVzip's eviction rule: given KVzip's own scores (as a scorer that returns them), kvzap_cache
+    keeps exactly the pairs kv-press with KVzip keeps (a raw document: KVzip scores every position)."""
+    from types import SimpleNamespace
+
+    from incontext.absorb.kvzap import kvzap_cache
+
+    model = backends[0]
+    assert getattr(model, "bos_id", None) is None
+    prompt = torch.tensor(codec.encode(DOCUMENTS[0] + " " + DOCUMENTS[2]))
+    targets = kvzip_targets(model, prompt, codec, start=0)
+    assert targets.positions == prompt.shape[0]
+    ours = kvzap_cache(model, prompt, SimpleNamespace(layers=[_Fixed(s) for s in targets.scores]), ratio)
+    theirs = press_cache(model, prompt[None], "kvzip", ratio, codec, start=0)
+    for a, b in zip(ours.layers, theirs.layers):
+        assert torch.equal(a.keep, b.keep)
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+class _Fixed(torch.nn.Module):
+    """A 'scorer layer' that returns fixed log scores whatever it is given."""
+
+    def __init__(self, scores: torch.Tensor):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.scores = scores
+
+    def forward(self, x):
+        return self.scores.clamp_min(1e-30).log()
+
+
+def test_global_selection_is_the_default_and_beats_nothing_kept(backends, codec, scorer_folder):
+    """press=kvzap keeps `ratio` of the pairs with select=global (one prefill) on both backends, the same pairs on
+    both; select=kvpress runs kvpress's KVzapPress; select on another press is a one-line error."""
+    prompt = placed(codec, DOCUMENTS[2])
+    kept = []
+    for model in backends:
+        adapted = get_absorb_method("kv-press", press="kvzap", weights=str(scorer_folder), ratio=0.3).absorb(
+            model, prompt, codec=codec)
+        kept.append(adapted.kept_bytes(model))
+    assert kept[0] == kept[1] > 0
+    full = get_absorb_method("kv-press", press="knorm", ratio=1.0).absorb(backends[0], prompt, codec=codec).kept_bytes(
+        backends[0])
+    assert 0.25 * full <= kept[0] <= 0.35 * full
+    with pytest.raises(ValueError, match="select is read only by press=kvzap"):
+        get_absorb_method("kv-press", press="knorm", select="kvpress")

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from ..interop.hf import hf_twin
-from .presses import _placed, _quiet_kvpress, _tokenizer_folder, document_start, press_classes, with_cache_position
+from ..models import Cache
+from .presses import (_placed, _quiet_kvpress, _tokenizer_folder, backend_cache, document_start, press_classes,
+                      with_cache_position)
 
 FLOOR = 1e-8  # KVzip's scores are attention probabilities; their log is taken above this floor
 
@@ -154,3 +156,52 @@ def r2(scorer, documents: list[KVzipTargets]) -> list[float]:
         truth = torch.cat([_log_scores(d.scores[layer]) for d in documents])
         out.append(float(1 - (predicted - truth).square().sum() / (truth - truth.mean(0)).square().sum()))
     return out
+
+
+def kvzip_selection(scores: torch.Tensor, ratio: float, n_sink: int = 4) -> torch.Tensor:
+    """KVzip's eviction rule (kvpress's KVzipPress.compress_post, not layerwise) on scores (L, H, S): the first n_sink
+    positions kept (the attention sinks), the lowest-scored pairs over all layers and heads evicted until `ratio`
+    of them is kept, each layer then evicting its count of lowest pairs across its heads. Returns keep (L, H, S)."""
+    score = scores.clone()
+    score[..., :n_sink] = score.amax() + 1.0
+    layers, heads, length = score.shape
+    compression = 1.0 - ratio
+    pruned = torch.topk(-score.reshape(-1), int(score.numel() * compression)).indices
+    per_layer = torch.bincount(pruned // (heads * length), minlength=layers)
+    keep = torch.ones_like(score, dtype=torch.bool)
+    for layer in range(layers):
+        index = torch.topk(-score[layer].reshape(-1), int(per_layer[layer])).indices
+        keep[layer].view(-1)[index] = False
+    return keep
+
+
+@torch.no_grad()
+def kvzap_cache(model, prompt: torch.Tensor, scorer, ratio: float, n_sink: int = 4) -> Cache:
+    """press=kvzap select=global: the document ((M,) or (1, M) ids) prefilled once on the model's transformers twin,
+    each layer's pairs scored by the scorer from the hidden states its attention read, and KVzip's eviction rule on
+    those scores (kvzip_selection): one pass, no reconstruction. A masked cache of the model's backend at M."""
+    from transformers import DynamicCache
+
+    ids = prompt.reshape(1, -1)
+    m = ids.shape[1]
+    hf = hf_twin(model)
+    bos = getattr(model, "bos_id", None)
+    if bos is not None:
+        ids = torch.cat([torch.full_like(ids[:, :1], bos), ids], 1)
+    attention = [layer.self_attn for layer in hf.model.layers]
+    hidden: dict[int, torch.Tensor] = {}
+
+    def keep_hidden(module, args, kwargs):
+        hidden[module.layer_idx] = kwargs["hidden_states"][0]
+
+    hooks = [module.register_forward_pre_hook(keep_hidden, with_kwargs=True) for module in attention]
+    cache = DynamicCache(config=hf.config)
+    try:
+        hf.model(input_ids=ids.to(next(hf.parameters()).device), past_key_values=cache)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    scores = torch.stack([scorer.layers[i](hidden[i].to(scorer.layers[i].weight.dtype)).T.float()
+                          for i in range(len(attention))])  # (L, H, S)
+    keep = kvzip_selection(scores, ratio, n_sink).to(cache.layers[0].keys.device)
+    return backend_cache(model, cache, [k[None] for k in keep], m, ids.shape[1])

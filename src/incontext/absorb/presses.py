@@ -203,19 +203,30 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
         finally:
             for module in attention:  # kvpress's attention patch reads them in every later decode: never leave them
                 module.masked_key_indices = None
+    keeps = []
+    for i, layer in enumerate(cache.layers):
+        keep = None
+        if masks[i] is not None:
+            keep = torch.ones(layer.keys.shape[:3], dtype=torch.bool, device=layer.keys.device)
+            keep[masks[i]] = False
+        keeps.append(keep)
+    return backend_cache(model, cache, keeps, m, ids.shape[1])
+
+
+def backend_cache(model: nn.Module, cache, keeps: list, position: int, seen: int) -> Cache:
+    """A transformers DynamicCache of the prompt (`seen` tokens: with the BOS the backend reads first) as a cache of
+    `model`'s own backend at `position`: layer i masked by keeps[i] ((1, H_kv, S) bool, None: all kept) where given."""
     ours = getattr(model, "backend", "incontext") != "hf"
     layers: list[Any] = []
-    for i, layer in enumerate(cache.layers):
+    for layer, keep in zip(cache.layers, keeps):
         k, v = layer.keys, layer.values
-        if masks[i] is not None:  # both backends continue a masked cache (the Hugging Face one by a per-head mask)
-            keep = torch.ones(k.shape[:3], dtype=torch.bool, device=k.device)
-            keep[masks[i]] = False
+        if keep is not None:  # both backends continue a masked cache (the Hugging Face one by a per-head mask)
             layers.append(MaskedKV(k, v, keep))
         elif ours:
             layers.append((k, v))
         else:
-            layers.append(HFLayerState(k, v, getattr(layer, "cumulative_length", ids.shape[1])))
-    return Cache(layers=layers, position=m)
+            layers.append(HFLayerState(k, v, getattr(layer, "cumulative_length", seen)))
+    return Cache(layers=layers, position=position)
 
 
 def load_scorer(folder: str | Path, hf):

@@ -25,11 +25,13 @@ pipeline (KVPressTextGenerationPipeline) does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ...config import limit, option
 from ...interop.hf import hf_twin
 from ...models.lm import is_causal_lm
-from ..presses import CacheBuffers, check_press, press_cache
+from ..kvzap import kvzap_cache
+from ..presses import CacheBuffers, check_press, load_scorer, press_cache
 from ..protocol import AbsorbMethod, AdaptedModel
 
 
@@ -51,6 +53,9 @@ class KVPressOptions:
         "the template's tokens before the document (default: from the chat template)")
     weights: str | None = option(None, "press=kvzap: a folder of KVzap scorer weights trained for this model "
                                  "(incontext run kvzap-train writes one)")
+    select: Literal["global", "kvpress"] = option("global", "press=kvzap: KVzip's eviction rule on the scorer's "
+        "scores (sinks kept, the lowest pairs over all layers and heads evicted; one prefill), or kvpress's KVzapPress "
+        "(each head keeps the same share)")
 
 
 class KVPress(AbsorbMethod):
@@ -64,6 +69,8 @@ class KVPress(AbsorbMethod):
 
     def setup(self) -> None:
         check_press(self.options.press, weights=self.options.weights)
+        if self.options.select != "global" and self.options.press != "kvzap":
+            raise ValueError(f"kv-press: select is read only by press=kvzap (this is press={self.options.press})")
 
     def check_model(self, model) -> str | None:
         if not is_causal_lm(model) or not model.config.tokens:
@@ -81,5 +88,8 @@ class KVPress(AbsorbMethod):
         if o.document_start is not None and o.document_start >= prompt.shape[-1]:
             raise ValueError(f"kv-press: document_start={o.document_start} is at or past the end of the "
                              f"{prompt.shape[-1]}-token prompt (it counts the template's tokens before the document)")
+        if o.press == "kvzap" and o.select == "global":  # one prefill, KVzip's rule on the trained scorer's scores
+            scorer = load_scorer(o.weights, hf_twin(model))
+            return PressedCache(model, kvzap_cache(model, prompt, scorer, o.ratio)).eval()
         return PressedCache(model, press_cache(model, prompt, o.press, o.ratio, codec, o.document_start,
                                                weights=o.weights)).eval()
