@@ -213,9 +213,9 @@ def budget_table(root: Path) -> str:
                 if p["episodes"] > widest.get(p["method"], {"episodes": 0})["episodes"]:
                     widest[p["method"]] = p
             best = max(widest.values(), key=lambda p: p["share_of_keep_prompt"])
-            name = best["method"].replace("kv-press:", "").replace("kvzip", "KVzip").replace(
-                "kv-prefix:reconstruction", "kv-prefix (press start + reconstruction)").replace("kv-prefix:press",
-                                                                                   "kv-prefix (press start)")
+            name = best["method"].replace("kv-press:kvzap", "KVzap (trained scorer)").replace("kv-press:", "").replace(
+                "kvzip", "KVzip").replace("kv-prefix:reconstruction", "kv-prefix (press start + reconstruction)").replace(
+                "kv-prefix:press", "kv-prefix (press start)").replace("kv-prefix:default", "kv-prefix (its defaults)")
             cells.append(f"{name} {100 * best['share_of_keep_prompt']:.0f}% ({best['episodes']} ep.)")
         lines.append(f"| {100 * budget:g}% | " + " | ".join(cells) + " |")
     floors = []

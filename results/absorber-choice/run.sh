@@ -4,13 +4,14 @@
 # their own positions (init=press), re-rotated with KVzip's per-head budgets (init=press-rerotated), with the
 # reconstruction data (study.reconstruction) and with self-study messages the model writes (study.n_conversations).
 #   bash scripts/env.sh bash results/absorber-choice/run.sh              # validation (MODELS, EPISODES, RATIO narrow it)
-#   STAGE=steps bash scripts/env.sh bash results/absorber-choice/run.sh  # issue 79 item 5: the chosen start with fewer
+#   bash scripts/env.sh bash results/absorber-choice/run.sh steps        # issue 79 item 5: the chosen start with fewer
 #       training steps (kv-prefix's default since: init=auto, study.reconstruction=8), at RATIO (0.1, then 0.25)
-#   STAGE=kvzap bash scripts/env.sh bash results/absorber-choice/run.sh  # item 4: KVzap's scorer trained here
+#   bash scripts/env.sh bash results/absorber-choice/run.sh kvzap        # item 4: KVzap's scorer trained here
 #       (incontext run kvzap-train --out results/kvzap-smollm2) with KVzip's eviction rule (select=global, the
 #       default) and with kvpress's KVzapPress (select=kvpress), against KVzip and SnapKV, at a tenth and a quarter
 set -euo pipefail
-if [ "${STAGE:-}" = kvzap ]; then
+stage=${1:-}
+if [ "$stage" = kvzap ]; then
   for model in ${MODELS:-smollm2}; do
     short=$(case $model in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$model";; esac)
     for ratio in ${RATIOS:-0.1 0.25}; do
@@ -26,7 +27,7 @@ if [ "${STAGE:-}" = kvzap ]; then
   done
   exit 0
 fi
-if [ "${STAGE:-}" = steps ]; then
+if [ "$stage" = steps ]; then
   for model in ${MODELS:-smollm2}; do
     short=$(case $model in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$model";; esac)
     incontext compare --model "$model" --task squad --split "${SPLIT:-validation}" --episodes "${EPISODES:-5}" \

@@ -88,8 +88,9 @@ elif [ "$phase" = absorber ]; then
   for model in $models; do
     for ratio in ${RATIOS:-0.25 0.1}; do
       incontext compare --model "$model" --task squad --split "$split" --seed "$seed" --episodes "${EPISODES:-10}" \
-        --ratio "$ratio" --methods "drop-prompt,kv-press:kvzip,kv-prefix:${CHOSEN:-press}" --set kv-press:kvzip.press=kvzip \
-        ${CHOSEN_SETS:---set kv-prefix:press.init=press} --out "$scratch/$(short "$model")-squad-$ratio-trained"
+        --ratio "$ratio" --methods "drop-prompt,kv-press:kvzip,kv-prefix:${CHOSEN:-press}${EXTRA_METHODS:+,$EXTRA_METHODS}" \
+        --set kv-press:kvzip.press=kvzip ${CHOSEN_SETS---set kv-prefix:press.init=press} ${EXTRA_SETS:-} \
+        --out "$scratch/$(short "$model")-squad-$ratio-trained"
     done
   done
 else

@@ -37,7 +37,8 @@ def collect(scratch: Path) -> list[dict]:
         rows = {row["method"]: row for row in results["rows"]}
         keep = rows["keep-prompt"]
         for label, row in rows.items():
-            if trained and (label in ("keep-prompt", "drop-prompt") or label.startswith("kv-press")):
+            if trained and (label in ("keep-prompt", "drop-prompt") or label.startswith("kv-press")) \
+                    and not label.startswith("kv-press:kvzap"):  # KVzap's trained scorer is in no press run
                 label = f"{label} (trained run)"  # the press run's rows stand for these in the tables
             elif label in ("keep-prompt", "drop-prompt") and budget not in ("refs", "methods"):
                 label = f"{label} (press run)"

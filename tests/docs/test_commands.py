@@ -25,7 +25,7 @@ SCRIPTS = {"results/self-study-test/run.sh": [[]], "results/press-curve/run.sh":
            "results/press-curve/test.sh": [[]], "results/self-study-validation/run.sh": [[]],
            "results/second-test-run/run.sh": [[]], "results/demo-after-move/run.sh": [[]],
            "results/field-benchmarks/run.sh": [["references"], ["wording"]], "results/field-benchmarks/test.sh": [[]],
-           "results/absorber-choice/run.sh": [[]]}
+           "results/absorber-choice/run.sh": [[], ["steps"], ["kvzap"]]}
 SHIMS = ('incontext() { "$INCONTEXT_PY" -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@"; }; '
          'python() { :; }; export -f incontext python; ')
 
@@ -35,7 +35,8 @@ def dry_run(script: str, args: list[str]) -> list[list[str]]:
     env = {k: v for k, v in os.environ.items() if k not in ("SPLIT", "SEED", "RATIOS", "STARTS", "TRAINED_EPISODES",
                                                              "LONG_EPISODES", "CHOSEN_START", "MODELS", "EPISODES",
                                                              "PRESSES", "LENGTH", "LENGTHS", "RULER_EPISODES",
-                                                             "HOTPOT_EPISODES", "KIND", "TASK", "METHODS", "CHOSEN", "CHOSEN_SETS")}
+                                                             "HOTPOT_EPISODES", "KIND", "TASK", "METHODS", "CHOSEN", "CHOSEN_SETS",
+                                                             "RATIO", "EXTRA_METHODS", "EXTRA_SETS")}
     env["INCONTEXT_PY"] = sys.executable
     out = subprocess.run(["bash", "--noprofile", "--norc", "-c", SHIMS + f'source "$0" "$@"', script, *args],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
