@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RUNS = [("reference: cgt-table1 (1,500 steps, d_x 64, d_y 32, 512 sequences)", ROOT / "cgt-table1" / "cgt_aux_reg-seed0"),
         ("training: 3,000 steps", HERE / "steps3000" / "cgt_aux_reg-seed0"),
-        ("scale: the paper's widths (d_x 112, d_y 64)", HERE / "paper-widths" / "cgt_aux_reg-seed0"),
+        ("scale: the paper's width of y (d_y 64)", HERE / "y-width64" / "cgt_aux_reg-seed0"),
         ("probe: the 3,000-step model, 4,096 sequences", HERE / "steps3000-probe4096" / "cgt_aux_reg-seed0")]
 PAPER = "paper (6 layers, d_x 112, d_y 64, 400,000 steps): CGT + aux + reg 0.04"
 
