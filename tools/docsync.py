@@ -154,7 +154,8 @@ def systems_table(root: Path) -> str:
         ("`distill-lora`", "context distillation into a LoRA adapter (a PEFT folder)",
          f"F1 {pct('distill-lora'):.1f} at {_bytes(root, demo, 'distill-lora'):.0f}% of the paragraph's K/V bytes (demo)",
          methods),
-        ("`kv-prefix`", "self-study into a trained K/V prefix (Cartridges; a PEFT CARTRIDGE folder)",
+        ("`kv-prefix`", "self-study into a trained K/V prefix (Cartridges), started from KVzip's kept pairs (a PEFT "
+         "CARTRIDGE folder from the document's start, init=document)",
          f"F1 {pct('kv-prefix'):.1f} at {_bytes(root, demo, 'kv-prefix'):.0f}% of the bytes, "
          f"{_secs(root, demo, 'kv-prefix'):.1f} s to absorb on 2 CPU cores (demo)", methods),
         ("`kv-press`", "a KV-cache press of NVIDIA kvpress keeps a share of its K/V, no training (the practical peer)",
