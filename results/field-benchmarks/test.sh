@@ -25,3 +25,8 @@ SPLIT=test MODELS=qwen2.5-coder-0.5b TASK=hotpotqa METHODS=keep-prompt,drop-prom
 # kept pairs with the reconstruction data) beside KVzip in the same run, SmolLM2 at a tenth and a twentieth (a quarter left: KVzip keeps all of keep-prompt there)
 SPLIT=test MODELS=smollm2 RATIOS="0.1 0.05" EPISODES=10 CHOSEN=reconstruction CHOSEN_SETS="--set kv-prefix:reconstruction.init=press --set kv-prefix:reconstruction.study.reconstruction=8" bash "$here/run.sh" absorber
 SPLIT=test MODELS=qwen2.5-coder-0.5b RATIOS="0.1" EPISODES=6 CHOSEN=reconstruction CHOSEN_SETS="--set kv-prefix:reconstruction.init=press --set kv-prefix:reconstruction.study.reconstruction=8" bash "$here/run.sh" absorber  # Qwen at a tenth (SmolLM2's validation choice; not validated on Qwen)
+# issue 79's second test run (the session after): kv-prefix at its new defaults (init=auto: KVzip's kept pairs; 8
+# reconstruction pieces; 32 steps, 2 passes; chosen on validation, results/absorber-choice) and the amortized KVzap
+# scorer trained here (results/kvzap-*), beside KVzip in the same run; the first run's rows stay beside them
+SPLIT=test MODELS=smollm2 RATIOS="0.1 0.05 0.25" EPISODES=10 CHOSEN=default CHOSEN_SETS="" EXTRA_METHODS=kv-press:kvzap EXTRA_SETS="--set kv-press:kvzap.press=kvzap --set kv-press:kvzap.weights=results/kvzap-smollm2/kvzap" bash "$here/run.sh" absorber
+SPLIT=test MODELS=qwen2.5-coder-0.5b RATIOS="0.1" EPISODES=6 CHOSEN=default CHOSEN_SETS="" EXTRA_METHODS=kv-press:kvzap EXTRA_SETS="--set kv-press:kvzap.press=kvzap --set kv-press:kvzap.weights=results/kvzap-qwen05/kvzap" bash "$here/run.sh" absorber
