@@ -1,7 +1,7 @@
-"""The runs of results/iclca-table2-rope/run.sh (ICLCA Table 2 with RoPE and 4 layers, 5 seeds) in one table with
+"""The runs of scripts/iclca_table2_rope.sh (ICLCA Table 2 with RoPE and 4 layers, 5 seeds) in one table with
 the success rate (at least 95% with the prompt) and the paper's row; writes runs.md and runs.json here.
 
-    python results/iclca-table2-rope/summary.py
+    python scripts/iclca_table2_rope_summary.py
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "results" / "iclca-table2-rope"
 TARGET = 0.95
 
 
@@ -33,6 +33,7 @@ def main() -> None:
                      f"{'**yes**' if row['with'] >= TARGET else 'no'} |")
     lines += ["| paper (12 layers, RoPE) | 99.95% | 2.23% | 99.95% | | | |", "",
               f"Target reached in {hits} of {len(rows)} runs (the default recipe, 2 layers with learned positions: 1 of 4)."]
+    HERE.mkdir(parents=True, exist_ok=True)
     (HERE / "runs.md").write_text("\n".join(lines) + "\n")
     (HERE / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
     print("\n".join(lines))
