@@ -80,6 +80,33 @@ def tiny_bpe_tokenizer(sentences, vocab_size, chat_template):
     return tokenizer
 
 
+
+SENTENCES = ["Ada Lovelace was born in London.", "Alan Turing works as a mathematician and has a pet cat named Mat.",
+             "Q: Where was Ada born?\nA: London", "What is the name of the pet? Born in the year 1815."]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tiny_llama_backends(vocab_size: int):
+    """(our Transformer, the Hugging Face backend) with the same weights: a tiny random Llama with grouped K/V heads
+    (2 layers, width 32, 4 heads, 2 K/V heads), its matrices scaled up so that attention is not uniform."""
+    import transformers
+
+    from incontext.interop.hf import wrap_hf
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      bos_token_id=0, eos_token_id=1)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    lm = wrap_hf(hf).eval()
+    return lm.as_transformer(), lm
+
+
 def r_approx_steps(model, sequences, targets, config, layers: int | None = None, steps: int | None = None) -> dict:
     """TinT's own gradient rules (R-approx) as plain SGD: `steps` steps (default config.n_steps) on the top `layers`
     layers' parameter subset (default config.n_simulation_layers), each on the loss summed over the target tokens of

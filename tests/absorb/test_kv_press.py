@@ -5,7 +5,7 @@ press start reproduces the press's logits at step 0, re-rotation to 0..n-1, fold
 
 import pytest
 import torch
-from conftest import tiny_bpe_tokenizer
+from conftest import CHAT_TEMPLATE, SENTENCES, tiny_bpe_tokenizer, tiny_llama_backends
 
 transformers = pytest.importorskip("transformers")
 kvpress = pytest.importorskip("kvpress")
@@ -16,10 +16,6 @@ from incontext.interop.hf import wrap_hf  # noqa: E402
 from incontext.interop.models import HFCodec  # noqa: E402
 from incontext.ops.masked_kv import MaskedKV, masked_attention_reference  # noqa: E402
 
-SENTENCES = ["Ada Lovelace was born in London.", "Alan Turing works as a mathematician and has a pet cat named Mat.",
-             "Q: Where was Ada born?\nA: London", "What is the name of the pet? Born in the year 1815."]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 DOCUMENT = "Ada Lovelace was born in London. Alan Turing works as a mathematician and has a pet cat named Mat."
 
 
@@ -31,17 +27,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def backends(tokenizer):
     """(our Transformer, the Hugging Face backend) with the same weights: a tiny Llama with grouped K/V heads."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                      bos_token_id=0, eos_token_id=1)
-    hf = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    lm = wrap_hf(hf).eval()
-    return lm.as_transformer(), lm
+    return tiny_llama_backends(len(tokenizer))
 
 
 def placed(codec) -> torch.Tensor:
