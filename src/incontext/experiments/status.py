@@ -51,7 +51,9 @@ _REGISTERED = [
            "d_y 64, 3 digits, 4 tasks, 400,000 steps x 128, 6 runs",
            "below the paper",
            "aux specialisation reproduces (74.2% vs base 76.2%; paper 77.0 / 77.5); the no-aux collapse (66.6%, the "
-           "no-prompt level 68.6%; paper 15.3%) and the fit error (0.59-0.71; paper 0.04-0.19) do not: cause not isolated",
+           "no-prompt level 68.6%; paper 15.3%) and the fit error (0.59-0.71; paper 0.04-0.19) do not; the fit error's "
+           "controlled runs (results/cgt-table1-controls) point at training: 2x the steps 0.58 -> 0.45, y width 64 0.56, "
+           "8x the probe's sequences 0.46",
            CGT),
     _entry("cgt-transplant", "cgt", "Table 1's task-vector transplantation baseline (paper 36.8% at the separator, 40.7% at '=')",
            "cgt-table1's preset cpu (4 layers, d 64, 1-digit numbers, 2 tasks, 1,500 steps), seeds 0 and 1; paper 6 "
