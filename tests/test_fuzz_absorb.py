@@ -171,7 +171,7 @@ def test_absorb_refuses_bad_method_options(capsys, world, tmp_path, method, opti
 @pytest.mark.parametrize("extra, fragment", [
     (["--set", "dynamic-eval.n_steps=1.5"], "dynamic-eval: n_steps must be an integer >= 1, got 1.5"),
     (["--set", "distill-lora.learning_rate=inf"], "distill-lora: learning_rate must be a finite number > 0"),
-    (["--set", "kv-prefix.init=zeros"], "init must be one of document, document-spread, press, press-rerotated, got 'zeros'"),
+    (["--set", "kv-prefix.init=zeros"], "init must be one of auto, document, document-spread, press, press-rerotated, got 'zeros'"),
     (["--set", "iclca-approx.exact_sinks=-1"], "exact_sinks must be an integer >= 0"),
     (["--set", "kv-prefix.chunk_tokens=-1"], "kv-prefix: chunk_tokens is an option of study: give study.chunk_tokens=VALUE"),
     (["--set", "distill-lora.study.chunk_tokens=x"], "distill-lora.study: chunk_tokens must be an integer >= 0"),

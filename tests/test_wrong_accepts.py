@@ -25,8 +25,11 @@ def test_compare_ratio_without_a_budgeted_method_is_refused(capsys):
 
 def test_kv_prefix_press_without_a_press_start_is_refused():
     with pytest.raises(ValueError, match="press=snapkv is read only with init=press"):
-        get_absorb_method("kv-prefix", press="snapkv")
+        get_absorb_method("kv-prefix", init="document", press="snapkv")
     get_absorb_method("kv-prefix", init="press", press="snapkv")  # with its start: fine
+    get_absorb_method("kv-prefix", press="snapkv")  # init=auto: the press start where it can be made
+    with pytest.raises(ValueError, match="unknown press"):
+        get_absorb_method("kv-prefix", press="snapkvv")
 
 
 def test_kv_press_document_start_past_the_document_is_refused():

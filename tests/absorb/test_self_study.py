@@ -109,8 +109,9 @@ def test_an_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
 def test_both_methods_share_the_cached_stage(tmp_path):
     model = tiny()
     common = dict(steps=2, progress=False, study=dict(top_k=8, cache=str(tmp_path), window_tokens=6, n_continuations=2,
-                                                      continuation_tokens=5, n_questions=0, derived=0))
-    # the same study options (kv-prefix's own default: derived=16)
+                                                      continuation_tokens=5, n_questions=0, derived=0,
+                                                      reconstruction=0))
+    # the same study options (kv-prefix's own defaults: derived=16, reconstruction=8)
     lora = get_absorb_method("distill-lora", **common).absorb(model, PROMPT)
     prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, PROMPT)
     assert not lora.history["pool"]["cached"] and prefix.history["pool"]["cached"]
@@ -145,7 +146,7 @@ def test_distill_lora_trains_on_the_same_conversations_as_kv_prefix(tmp_path):
     prompt = torch.tensor(codec.encode("Abe was born in Rome. Abe is a baker."))
     common = dict(steps=1, progress=False, study=dict(top_k=8, cache=str(tmp_path), window_tokens=6, n_continuations=0,
                                                       n_questions=0, derived=0, n_conversations=2, message_tokens=6,
-                                                      seed_prompts="question,creative"))
+                                                      seed_prompts="question,creative", reconstruction=0))
     lora = get_absorb_method("distill-lora", **common).absorb(model, prompt, codec=codec)
     prefix = get_absorb_method("kv-prefix", prefix_tokens=4, **common).absorb(model, prompt, codec=codec)
     assert lora.history["pool"]["conversations"] >= 1 and not lora.history["pool"]["cached"]

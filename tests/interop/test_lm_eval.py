@@ -34,7 +34,7 @@ ROWS = [json.loads(line) for line in (TASKS / "facts_tiny.jsonl").read_text().sp
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 OPTIONS = ["steps=3", "learning_rate=0.05", "study.n_continuations=1", "study.continuation_tokens=4", "progress=false"]
-METHODS = {"distill-lora": OPTIONS, "kv-prefix": OPTIONS + ["prefix_tokens=4"], "keep-prompt": []}
+METHODS = {"distill-lora": OPTIONS, "kv-prefix": OPTIONS + ["prefix_tokens=4", "init=document"], "keep-prompt": []}
 
 
 def question(row) -> str:

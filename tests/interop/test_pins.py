@@ -64,7 +64,7 @@ def test_the_shipped_models_kv_prefix_folder_works_in_peft_as_a_user_writes_it(t
     question = "Where does Noor Abadzhieva live?"
     run(capsys, "absorb", "--model", "smollm2", "--method", "kv-prefix", "--prompt", document, "--out",
         str(tmp_path / "folder"), *[x for o in ("steps=2", "passes=0", "study.derived=0", "study.n_continuations=0",
-                                               "progress=false") for x in ("--set", o)])
+                                               "progress=false", "init=document") for x in ("--set", o)])
     record = json.loads((tmp_path / "folder" / "absorb.json").read_text())
     assert record["peft_adapter"]["written"] and record["peft_adapter"]["family"] == "llama", record.get("peft_adapter")
     run(capsys, "export-model", "--model", "smollm2", "--out", str(tmp_path / "base"))
