@@ -100,6 +100,10 @@ def compare_args(*extra: str, model: str = "LLAMA", task: str = "facts", out: st
 # ----------------------------------------------------------------------------- 1. typed method options
 
 OPTION_CASES = [
+    ("kv-press", ["press=kvzap"], "press=kvzap needs trained weights"),
+    ("kv-press", ["press=knorm", "weights=somewhere"], "weights are read only by press=kvzap"),
+    ("kv-press", ["press=knorm", "select=kvpress"], "select is read only by press=kvzap"),
+    ("kv-press", ["press=kvzap", "select=best"], "select must be one of global, kvpress"),
     ("keep-prompt", ["colour=red"], "keep-prompt: unknown option 'colour'; options: (none)"),
     ("drop-prompt", ["steps=1"], "drop-prompt: unknown option 'steps'"),
     ("dynamic-eval", ["steps=3"], "unknown option 'steps'; options: learning_rate, n_steps"),
