@@ -25,7 +25,7 @@ import torch
 from ..interop.hf import hf_twin
 from ..models import Cache
 from .presses import (_placed, _quiet_kvpress, _tokenizer_folder, backend_cache, document_start, press_classes,
-                      with_cache_position)
+                      with_bos, with_cache_position)
 
 FLOOR = 1e-8  # KVzip's scores are attention probabilities; their log is taken above this floor
 
@@ -48,11 +48,8 @@ def kvzip_targets(model, prompt: torch.Tensor, codec, start: int | None = None) 
     """Run kvpress's KVzip on the prompt ((M,) or (1, M) ids; the document placed as kv-press places it) and keep,
     instead of pressing, its scores and the hidden states each attention layer read in the prefill, at the positions
     KVzip scores (the document after the template's head: `start`, default from the codec's chat template)."""
-    ids = prompt.reshape(1, -1)
+    ids, bos = with_bos(model, prompt.reshape(1, -1)), getattr(model, "bos_id", None)
     hf = hf_twin(model)
-    bos = getattr(model, "bos_id", None)
-    if bos is not None:  # the Hugging Face backend reads its BOS first: so does the press (presses.press_cache)
-        ids = torch.cat([torch.full_like(ids[:, :1], bos), ids], 1)
     first = (document_start(codec, prompt.reshape(-1).tolist()) if start is None else start) + (bos is not None)
     if codec is None:
         raise ValueError("KVzip's targets need the model's tokenizer (KVzip writes its reconstruction prompt with it)")
@@ -182,12 +179,8 @@ def kvzap_cache(model, prompt: torch.Tensor, scorer, ratio: float, n_sink: int =
     those scores (kvzip_selection): one pass, no reconstruction. A masked cache of the model's backend at M."""
     from transformers import DynamicCache
 
-    ids = prompt.reshape(1, -1)
-    m = ids.shape[1]
-    hf = hf_twin(model)
-    bos = getattr(model, "bos_id", None)
-    if bos is not None:
-        ids = torch.cat([torch.full_like(ids[:, :1], bos), ids], 1)
+    m = prompt.reshape(1, -1).shape[1]
+    ids, hf = with_bos(model, prompt.reshape(1, -1)), hf_twin(model)
     attention = [layer.self_attn for layer in hf.model.layers]
     hidden: dict[int, torch.Tensor] = {}
 

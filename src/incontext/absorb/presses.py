@@ -159,6 +159,13 @@ def _tokenizer_folder(hf, codec):
             hf.config.name_or_path = saved
 
 
+def with_bos(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """(1, M) ids with the BOS the model reads first in front (the Hugging Face backend's HFCausalLM.read_bos_first):
+    what a press on its transformers twin must see; unchanged for a model without one."""
+    bos = getattr(model, "bos_id", None)
+    return ids if bos is None else torch.cat([torch.full_like(ids[:, :1], bos), ids], 1)
+
+
 @torch.no_grad()
 def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float, codec=None,
                 start: int | None = None, where: str = "kv-press", weights: str | None = None) -> Cache:
@@ -170,10 +177,7 @@ def press_cache(model: nn.Module, prompt: torch.Tensor, press: str, ratio: float
     classes = press_classes()
     hf = hf_twin(model)
     m = prompt.shape[1]
-    ids = prompt
-    bos = getattr(model, "bos_id", None)
-    if bos is not None:  # the Hugging Face backend reads its BOS first (HFCausalLM.read_bos_first): the press sees it
-        ids = torch.cat([torch.full_like(prompt[:, :1], bos), prompt], 1)
+    ids, bos = with_bos(model, prompt), getattr(model, "bos_id", None)
     if codec is None and reconstructs(classes[press]):
         raise ValueError(f"{where}: {press} writes its reconstruction prompt with the model's tokenizer: give codec= "
                          "(incontext absorb and compare do)")
