@@ -9,8 +9,22 @@
 #   bash scripts/env.sh bash results/absorber-choice/run.sh kvzap        # item 4: KVzap's scorer trained here
 #       (incontext run kvzap-train --out results/kvzap-smollm2) with KVzip's eviction rule (select=global, the
 #       default) and with kvpress's KVzapPress (select=kvpress), against KVzip and SnapKV, at a tenth and a quarter
+#   bash scripts/env.sh bash results/absorber-choice/run.sh keep-start   # the default against keep_start=true
+#       (training undone where it raised the held-out KL) and a fifth of the rate, at a quarter and a tenth
 set -euo pipefail
 stage=${1:-}
+if [ "$stage" = keep-start ]; then
+  for model in ${MODELS:-smollm2}; do
+    short=$(case $model in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$model";; esac)
+    for ratio in ${RATIOS:-0.25 0.1}; do
+      incontext compare --model "$model" --task squad --split "${SPLIT:-validation}" --episodes "${EPISODES:-5}" \
+        --ratio "$ratio" --methods keep-prompt,drop-prompt,kv-press:kvzip,kv-prefix,kv-prefix:keep,kv-prefix:lr01 \
+        --set kv-press:kvzip.press=kvzip --set kv-prefix:keep.keep_start=true --set kv-prefix:lr01.learning_rate=0.01 \
+        --out "results/absorber-choice/${SPLIT:-validation}-$short-$ratio-keep-start"
+    done
+  done
+  exit 0
+fi
 if [ "$stage" = kvzap ]; then
   for model in ${MODELS:-smollm2}; do
     short=$(case $model in qwen2.5-coder-0.5b) echo qwen05;; *) echo "$model";; esac)

@@ -85,12 +85,21 @@ elif [ "$phase" = methods ]; then
   done
 elif [ "$phase" = absorber ]; then
   # issue 79: the trained absorber chosen on validation (results/absorber-choice) beside KVzip in the same run, on squad
+  # or (TASK=ruler) a RULER kind at LENGTH
+  task=${TASK:-squad}
+  if [ "$task" = ruler ]; then
+    task_args=(--task ruler --set kind=${KIND:-niah_single_2} --set length=${LENGTH:-2048} --episodes "${RULER_EPISODES:-5}")
+    name=ruler_${KIND:-niah_single_2}_${LENGTH:-2048}
+  else
+    task_args=(--task "$task" --episodes "${EPISODES:-10}")
+    name=$task
+  fi
   for model in $models; do
     for ratio in ${RATIOS:-0.25 0.1}; do
-      incontext compare --model "$model" --task squad --split "$split" --seed "$seed" --episodes "${EPISODES:-10}" \
+      incontext compare --model "$model" "${task_args[@]}" --split "$split" --seed "$seed" \
         --ratio "$ratio" --methods "drop-prompt,kv-press:kvzip,kv-prefix:${CHOSEN:-press}${EXTRA_METHODS:+,$EXTRA_METHODS}" \
         --set kv-press:kvzip.press=kvzip ${CHOSEN_SETS---set kv-prefix:press.init=press} ${EXTRA_SETS:-} \
-        --out "$scratch/$(short "$model")-squad-$ratio-trained"
+        --out "$scratch/$(short "$model")-$name-$ratio-trained"
     done
   done
 else

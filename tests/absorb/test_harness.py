@@ -386,3 +386,18 @@ def test_cloze_is_the_sentence_up_to_the_answer():
     assert cloze(text, "engines") == "She wrote about"
     assert cloze(text, "two cats") == "Bob has"
     assert cloze(text, "Ada") is None and cloze(text, "Rome") is None and cloze(text, "") is None
+
+
+def test_the_row_counts_the_episodes_whose_training_keep_start_undid():
+    """kv-prefix with keep_start: the row's kept_start_episodes is the number of episodes whose absorb undid its
+    training (each absorb's history, read again here); a row without keep_start has no such field."""
+    model, codec = tiny(), ByteCodec()
+    source = get_episode_source("facts", people=2)
+    episodes = source.episodes(2, seed=0, tokenizer=codec)
+    options = {"steps": 2, "passes": 0, "progress": False, "learning_rate": 3.0, "study.n_continuations": 2}
+    rows = rows_by_method(compare(model, source, episodes, {"kv-prefix:keep": {**options, "keep_start": True},
+                                                            "kv-prefix": options}, progress=False, codec=codec))
+    undone = sum(get_absorb("kv-prefix", **options, keep_start=True).absorb(model, e.prompt, codec=codec)
+                 .history["kept_start"] for e in episodes)
+    assert rows["kv-prefix:keep"]["kept_start_episodes"] == undone
+    assert "kept_start_episodes" not in rows["kv-prefix"]

@@ -58,3 +58,28 @@ def test_the_readout_is_recorded_and_changes_nothing_trained(method):
         assert torch.equal(a, b)
     # at the start (0 steps) nothing is trained and nothing is read out
     assert "heldout_kl" not in get_absorb_method(method, **{**options, "steps": 0}).absorb(model, ids[None]).history
+
+
+@pytest.mark.parametrize("method", ["kv-prefix", "distill-lora"])
+@pytest.mark.parametrize("rate", [3.0, 1e-3])
+def test_keep_start_undoes_exactly_the_training_that_raised_the_heldout_kl(method, rate):
+    """keep_start: where the held-out KL after training is above the KL before, the start (0 steps) comes back bit
+    for bit; else the trained state stays, equal to a run without keep_start."""
+    model, ids = tiny(), prompt()
+    options = {**FAST, "steps": 6, "learning_rate": rate}
+    kept = get_absorb_method(method, **options, keep_start=True).absorb(model, ids[None])
+    trained = get_absorb_method(method, **options).absorb(model, ids[None])
+    start = get_absorb_method(method, **{**options, "steps": 0}).absorb(model, ids[None])
+    record = kept.history["heldout_kl"]
+    assert kept.history["kept_start"] == (record["after"] > record["before"])
+    # both branches run: on this tiny model the kv-prefix's rate 3 and distill-lora's 1e-3 raise the held-out KL
+    assert kept.history["kept_start"] == ((method, rate) in (("kv-prefix", 3.0), ("distill-lora", 1e-3)))
+    assert trained.history["heldout_kl"] == record and "kept_start" not in trained.history
+    reference = start if kept.history["kept_start"] else trained
+    for a, b in zip(kept.state_dict().values(), reference.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_keep_start_without_a_heldout_readout_is_one_line():
+    with pytest.raises(ValueError, match="keep_start .* needs heldout > 0"):
+        get_absorb_method("kv-prefix", **FAST, keep_start=True, heldout=0).absorb(tiny(), prompt()[None])

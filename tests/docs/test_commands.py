@@ -25,7 +25,7 @@ SCRIPTS = {"results/self-study-test/run.sh": [[]], "results/press-curve/run.sh":
            "results/press-curve/test.sh": [[]], "results/self-study-validation/run.sh": [[]],
            "results/second-test-run/run.sh": [[]], "results/demo-after-move/run.sh": [[]],
            "results/field-benchmarks/run.sh": [["references"], ["wording"]], "results/field-benchmarks/test.sh": [[]],
-           "results/absorber-choice/run.sh": [[], ["steps"], ["kvzap"]]}
+           "results/absorber-choice/run.sh": [[], ["steps"], ["kvzap"], ["keep-start"]]}
 SHIMS = ('incontext() { "$INCONTEXT_PY" -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@"; }; '
          'python() { :; }; export -f incontext python; ')
 

@@ -62,6 +62,7 @@ class TrainOptions:
     seed: int = limit(0, min=0, help="every draw of the data stage and of training")
     compose_steps: int = limit(0, min=0, help="compose: train the combination this many steps on both data stages")
     heldout: int = limit(2, min=0, help="fresh continuations never trained on: the full KL before and after training")
+    keep_start: bool = option(False, "keep the start where training raised the held-out KL (needs heldout > 0)")
     study: StudyOptions = field(default_factory=StudyOptions, metadata={"help":
         "the data stage (--set study.OPTION=VALUE)"})
 
@@ -441,6 +442,9 @@ class Distiller(AbsorbMethod):
         prompt, queries, codec = given.prompt[0].long(), given.train_queries or [], given.codec  # checked by absorb
         prepared = self.prepare(model, prompt, codec)
         o = self.options
+        if o.keep_start and not o.heldout:
+            raise ValueError(f"{self.name}: keep_start compares the held-out KL before and after training; "
+                             "it needs heldout > 0")
         if o.autocast != "none" and o.steps:  # a device without the dtype fails now, not after the data stage
             resolve_runtime(device_of(model), o.autocast)
         generator = torch.Generator().manual_seed(o.seed)
@@ -458,13 +462,21 @@ class Distiller(AbsorbMethod):
                 held = heldout_sequences(model, prompt, o.study, torch.Generator().manual_seed(o.seed + 1),
                                          o.heldout) if total and o.heldout else []
                 before = heldout_kl(student, held)
+                saved = [t.detach().clone() for t in student.params] if held and o.keep_start else None
             finally:
                 model.train(was_training)
             teacher_seconds = time.perf_counter() - start
             history = self._train(student, sequences, generator, total) if total else {"loss": [], "steps": 0}
             if held:
-                history["heldout_kl"] = {"before": before, "after": heldout_kl(student, held), "sequences": len(held),
+                after = heldout_kl(student, held)
+                history["heldout_kl"] = {"before": before, "after": after, "sequences": len(held),
                                          "positions": sum(item[1].shape[0] for item in held)}
+                if saved is not None:  # keep_start: training that raised the held-out KL is undone
+                    history["kept_start"] = after > before
+                    if after > before:
+                        with torch.no_grad():
+                            for t, first in zip(student.params, saved):
+                                t.copy_(first)
         adapted = self.adapted(model, student)
         adapted.sequences = sequences  # the data stage, for compose_steps (in memory only: never saved)
         counts = dict(counts)

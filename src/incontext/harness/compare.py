@@ -157,6 +157,7 @@ class MethodRecord:
     kept_bytes: list[int] = field(default_factory=list)
     peak_bytes: list[int] = field(default_factory=list)
     train_steps: list[int] = field(default_factory=list)  # a trained method's steps per absorb (its history)
+    kept_start: list[bool] = field(default_factory=list)  # keep_start: training undone, per absorb (its history)
     errors: list[str] = field(default_factory=list)
     questions: list[list[dict[str, Any]]] = field(default_factory=list)  # per episode, each query's record (question_records)
     trained_on_questions: bool = False  # the method learned from the episodes' training questions
@@ -202,6 +203,8 @@ class MethodRecord:
         row["peak_bytes"] = max(peaks) if peaks else None
         if self.train_steps:  # the steps training ran before its plateau stop (median over episodes)
             row["train_steps"] = statistics.median(self.train_steps)
+        if self.kept_start:  # keep_start: the episodes whose training raised the held-out KL and was undone
+            row["kept_start_episodes"] = sum(self.kept_start)
         if self.part_scores:
             composed = [statistics.fmean(s) for s in zip(*self.part_scores)]
             alone = [statistics.fmean(s) for s in zip(*self.alone_scores)]
@@ -428,6 +431,9 @@ def _method_episode(record: MethodRecord, method, model: nn.Module, at: _At, run
         steps = (getattr(adapted, "history", None) or {}).get("steps")
         if isinstance(steps, int):
             record.train_steps.append(steps)
+        kept = (getattr(adapted, "history", None) or {}).get("kept_start")
+        if isinstance(kept, bool):
+            record.kept_start.append(kept)
         scores = [metric.score_query(out, q, calibration) for out, q in zip(outs, queries)] if answers is None \
             else [metric.score_answer(out, q, a) for out, q, a in zip(outs, queries, answers)]
         record.episode_scores.append(metric.episode_score(scores))
