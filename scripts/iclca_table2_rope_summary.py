@@ -1,4 +1,4 @@
-"""The runs of scripts/iclca_table2_rope.sh (ICLCA Table 2 with RoPE and 4 layers, 5 seeds) in one table with
+"""The runs of scripts/iclca_table2_rope.sh (ICLCA Table 2 with RoPE, 5 seeds) in one table with
 the success rate (at least 95% with the prompt) and the paper's row; writes runs.md and runs.json here.
 
     python scripts/iclca_table2_rope_summary.py
@@ -22,7 +22,7 @@ def main() -> None:
                      "validation": r["learning_curve"][-1]["accuracy"], "relative_logits_error": r["relative_logits_error_converted"],
                      "layers": c["n_layer"], "positions": c["positions"], "steps": c["steps"]})
     hits = sum(row["with"] >= TARGET for row in rows)
-    lines = [f"ICLCA Table 2 with RoPE and {rows[0]['layers'] if rows else 4} layers (width 128, Taylor features, "
+    lines = [f"ICLCA Table 2 with RoPE and {rows[0]['layers'] if rows else 2} layers (width 128, Taylor features, "
              f"{rows[0]['steps'] if rows else 8000} steps at lr 3e-3): accuracy at the scored trigger positions of 1000 "
              "test sequences per seed. Target: at least 95% with the prompt (paper: 99.95%, 12 layers).", "",
              "| seed | with prompt | without prompt | converted (ICLCA) | validation accuracy at the end | "
