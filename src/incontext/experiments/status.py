@@ -119,8 +119,10 @@ _REGISTERED = [
            "2 layers, width 128, Taylor features, learned positions, 8,000 steps x 32; paper 12 layers, width 128, RoPE",
            "below the paper",
            "99.94 / 2.24 / 99.94% (paper 99.95 / 2.23 / 99.95) in 1 of 4 runs; seeds 1, 2 and a seed-0 re-run stay on "
-           "the counting plateau (22.3 / 22.2 / 21.3%): the escape depends on seed and rounding; the paper's form (RoPE, "
-           "4 layers, 5 seeds: scripts/iclca_table2_rope.sh, about 75 min on 2 cores) not run yet",
+           "the counting plateau (22.3 / 22.2 / 21.3%): the escape depends on seed and rounding; with the paper's RoPE "
+           "(2 layers, 5 seeds: scripts/iclca_table2_rope.sh, results/iclca-table2-rope) 0 of 5 leave it (18.5-22.5%; "
+           "conversion exact, 1e-6 in float32): at 2 layers RoPE does not help; the paper's 12 layers do not fit "
+           "here (4 layers: about 45 min a run, not run)",
            ICLCA),
     _entry("iclca-bias-scratch", "iclca", "Sec. 6.3, Fig. 1: the biased architecture trained from scratch vs without",
            "iclca-table2's model (2 layers, width 128, Taylor features, learned positions), 3,000 steps, seeds 0 and 1; "
