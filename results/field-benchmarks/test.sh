@@ -35,3 +35,6 @@ SPLIT=test MODELS=qwen2.5-coder-0.5b RATIOS="0.1" EPISODES=6 CHOSEN=default CHOS
 # validation samples checked only that it runs); Qwen not run (a 2k-token document's kv-prefix absorb is about 4 min
 # and 11 GB on SmolLM2)
 SPLIT=test MODELS=smollm2 TASK=ruler RATIOS="0.1" RULER_EPISODES=5 CHOSEN=default CHOSEN_SETS="" EXTRA_METHODS=kv-press:kvzap EXTRA_SETS="--set kv-press:kvzap.press=kvzap --set kv-press:kvzap.weights=results/kvzap-smollm2/kvzap" bash "$here/run.sh" absorber
+# Qwen's own choice (results/absorber-choice/validation-qwen05-0.1-keep-start: a fifth of kv-prefix's rate), run once
+# at a tenth beside KVzip (the first Qwen run's folder moved aside first: runs/ is scratch, field-test.json keeps its rows)
+SPLIT=test MODELS=qwen2.5-coder-0.5b RATIOS="0.1" EPISODES=6 CHOSEN=lr01 CHOSEN_SETS="--set kv-prefix:lr01.learning_rate=0.01" bash "$here/run.sh" absorber
