@@ -440,11 +440,11 @@ class Distiller(AbsorbMethod):
 
     def _absorb(self, model, given) -> AdaptedModel:
         prompt, queries, codec = given.prompt[0].long(), given.train_queries or [], given.codec  # checked by absorb
-        prepared = self.prepare(model, prompt, codec)
         o = self.options
-        if o.keep_start and not o.heldout:
+        if o.keep_start and not o.heldout:  # before prepare's work (kv-prefix's press start)
             raise ValueError(f"{self.name}: keep_start compares the held-out KL before and after training; "
                              "it needs heldout > 0")
+        prepared = self.prepare(model, prompt, codec)
         if o.autocast != "none" and o.steps:  # a device without the dtype fails now, not after the data stage
             resolve_runtime(device_of(model), o.autocast)
         generator = torch.Generator().manual_seed(o.seed)
@@ -472,8 +472,8 @@ class Distiller(AbsorbMethod):
                 history["heldout_kl"] = {"before": before, "after": after, "sequences": len(held),
                                          "positions": sum(item[1].shape[0] for item in held)}
                 if saved is not None:  # keep_start: training that raised the held-out KL is undone
-                    history["kept_start"] = after > before
-                    if after > before:
+                    history["kept_start"] = undo = after > before
+                    if undo:
                         with torch.no_grad():
                             for t, first in zip(student.params, saved):
                                 t.copy_(first)
