@@ -90,3 +90,14 @@ def test_help_imports_no_torch():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stderr.endswith("no torch"), result.stderr[-2000:]
     # how fast that is: benchmarks/cli_help.py (a benchmark, not a timed assertion)
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`incontext run --help | head -1`: the reader closes the pipe before the help is written; the command ends with
+    the shell's SIGPIPE status (141) and nothing on stderr (no BrokenPipeError traceback)."""
+    child = subprocess.Popen([sys.executable, "-m", "incontext.cli", "run", "--help"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    child.stdout.close()  # before the child has imported anything: every write of the help meets a closed pipe
+    stderr = child.stderr.read()
+    assert child.wait(timeout=60) == 141, stderr
+    assert stderr == ""

@@ -589,10 +589,21 @@ def path_arg(value: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0, or 2 for bad input (config, files, checkpoints), 3 when training diverged; every error is
-    one line on stderr."""
+    one line on stderr. Output into a pipe its reader closed (`incontext run --help | head`) ends quietly with the
+    shell's status for SIGPIPE (141), no traceback."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        raise
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT (130), no traceback
         print("incontext: interrupted", file=sys.stderr)
         return 130
