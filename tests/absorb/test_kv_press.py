@@ -15,6 +15,7 @@ from incontext.absorb.presses import document_start, press_cache, press_classes 
 from incontext.interop.hf import wrap_hf  # noqa: E402
 from incontext.interop.models import HFCodec  # noqa: E402
 from incontext.ops.masked_kv import MaskedKV, masked_attention_reference  # noqa: E402
+from incontext.models.lm import cache_kv  # noqa: E402
 
 DOCUMENT = "Ada Lovelace was born in London. Alan Turing works as a mathematician and has a pet cat named Mat."
 
@@ -48,6 +49,37 @@ def test_masked_cache_attends_as_the_plain_reference(seed):
     reference = masked_attention_reference(q, k, v, keep, nk, nv, d ** -0.5)
     assert torch.allclose(out, reference, atol=1e-12, rtol=1e-10)
     assert grown.keys.shape[2] == s + t and bool(grown.keep[..., s:].all()) and grown.kept_pairs() == int(keep.sum()) + batch * kv_heads * t
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_compacted_masked_cache_attends_and_trains_as_the_whole_one(seed):
+    """MaskedKV.compacted (kv-prefix's press start): the kept pairs and the `always` positions moved to the front, the
+    cache as long as the largest count; the attention and the gradients of the keys and values equal the whole
+    cache's in float64 (an evicted pair has no gradient in either)."""
+    g = torch.Generator().manual_seed(seed)
+    batch, kv_heads, groups, s, t, d = 1 + seed % 2, 1 + seed % 3, 1 + seed % 2, 6 + 3 * seed, 1 + seed % 3, 8
+    k, v = (torch.randn(batch, kv_heads, s, d, generator=g, dtype=torch.float64) for _ in range(2))
+    keep = torch.rand(batch, kv_heads, s, generator=g) > 0.3 + 0.1 * seed
+    keep[0, 0, -1] = True  # at least one pair
+    q = torch.randn(batch, kv_heads * groups, t, d, generator=g, dtype=torch.float64)
+    nk, nv = (torch.randn(batch, kv_heads, t, d, generator=g, dtype=torch.float64) for _ in range(2))
+    weights = torch.randn(batch, kv_heads * groups, t, d, generator=g, dtype=torch.float64)
+    outs, grads = [], []
+    for compact in (False, True):
+        kk, vv = k.clone().requires_grad_(), v.clone().requires_grad_()
+        layer = MaskedKV(kk, vv, keep)
+        layer = layer.compacted((0,)) if compact else layer
+        if compact:
+            assert layer.keys.shape[2] == int((keep | (torch.arange(s) == 0)).sum(-1).max()) < s or keep.all()
+            assert layer.kept_pairs() == int(keep.sum()) and bool((layer.keys[..., 0, :] == k[..., 0, :]).all())
+        out, _ = layer.attend(q, nk, nv, scale=d ** -0.5, expand_kv=lambda x: x.repeat_interleave(groups, 1))
+        (out * weights).sum().backward()
+        outs.append(out.detach())
+        grads.append((kk.grad, vv.grad))
+    assert torch.allclose(outs[1], outs[0], atol=1e-12, rtol=1e-10)
+    for whole, compacted in zip(grads[0], grads[1]):
+        assert torch.allclose(compacted, whole, atol=1e-12, rtol=1e-10)
+        assert not bool(whole[~keep].any())
 
 
 def test_the_press_list_comes_from_kvpress():
@@ -155,7 +187,11 @@ def test_the_press_start_is_the_press_at_step_0(backends, tokenizer, press, back
     start = get_absorb_method("kv-prefix", init="press", press=press, ratio=0.25, steps=0, passes=0,
                               progress=False).absorb(model, prompt, codec=codec)
     assert start.position == pressed.position == prompt.shape[0]  # queries after the whole document
-    assert torch.equal(start(query), pressed(query))
+    if press == "kvzip":  # per-head budgets: the start holds the kept pairs alone (compacted), the same attention
+        assert max(k.shape[2] for k, _ in cache_kv(start.state())) < prompt.shape[0]
+        assert torch.allclose(start(query), pressed(query), atol=1e-5)
+    else:
+        assert torch.equal(start(query), pressed(query))
     assert start.kept_bytes(model) == pressed.kept_bytes(model)
 
 
@@ -250,3 +286,22 @@ def test_kvgrad_reconstructs_with_the_tokenizer_as_kvzip(backends, tokenizer):
     kept = [get_absorb_method("kv-press", press="kvgrad", ratio=0.3).absorb(m, prompt, codec=codec).kept_bytes(m)
             for m in backends]
     assert kept[0] == kept[1] > 0
+
+
+def test_compose_steps_keep_each_compacted_press_starts_sink(backends, tokenizer):
+    """Two kv-prefix absorbs from KVzip's start (compacted: each layer as long as its largest head budget, the layers of
+    different lengths), composed and trained (compose_steps): each document's first pair, at offset 0 and at the first
+    prefix's own length in every layer, is left as it was; the rest trains."""
+    model, codec = backends[0], HFCodec(tokenizer)
+    prompt = placed(codec)
+    options = dict(init="press", press="kvzip", ratio=0.25, steps=2, passes=0, autocast="none", progress=False,
+                   learning_rate=0.05, patience=50)
+    a, b = (get_absorb_method("kv-prefix", **options).absorb(model, p, codec=codec) for p in (prompt, prompt[:-3]))
+    plain = get_absorb_method("kv-prefix", **options).compose([a, b])
+    trained = get_absorb_method("kv-prefix", **options, compose_steps=3).compose([a, b])
+    lengths = [k.shape[2] for k, _ in cache_kv(a.state())]
+    assert len(set(lengths)) > 1 and max(lengths) < prompt.shape[0]  # per-layer compaction
+    for n, (k0, v0), (k1, v1) in zip(lengths, plain._tensors(), trained._tensors()):
+        for at in (0, n):
+            assert torch.equal(k0[:, :, at], k1[:, :, at]) and torch.equal(v0[:, :, at], v1[:, :, at])
+    assert not all(torch.equal(k0, k1) for (k0, _), (k1, _) in zip(plain._tensors(), trained._tensors()))

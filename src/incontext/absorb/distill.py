@@ -158,13 +158,18 @@ class Student:
     """What a method trains: `params` (leaf tensors, trained in place), the `module` whose forward is the student
     (its other parameters frozen while training), `inputs(batch)`: the keyword arguments of that forward for a batch
     of `batch` rows (kv-prefix: the prefix as a cache), and `frozen`: positions along dim 2 of every param whose
-    gradient is dropped (the attention sink). `graphable`: the step may be captured as a CUDA graph."""
+    gradient is dropped (the attention sink), or one such list per param (prefixes of different lengths per layer).
+    `graphable`: the step may be captured as a CUDA graph."""
 
     params: list[torch.Tensor]
     module: nn.Module
     inputs: Callable[[int], dict[str, Any]] = lambda batch: {}
-    frozen: list[int] = field(default_factory=list)
+    frozen: list[int] | list[list[int]] = field(default_factory=list)
     graphable: bool = False
+
+    def frozen_of(self, i: int) -> list[int]:
+        """The frozen positions of params[i]."""
+        return list(self.frozen[i]) if self.frozen and isinstance(self.frozen[0], list) else list(self.frozen)
 
 
 def training_steps(steps: int, passes: int, n_sequences: int, batch_size: int) -> int:
@@ -262,11 +267,11 @@ def train(student: Student, sequences: list, options: TrainOptions, generator: t
         p.requires_grad_(id(p) in trained)
     for p in params:
         p.requires_grad_(True)
-    if student.frozen:  # the attention sink(s): their gradient is dropped
-        still = torch.zeros(params[0].shape[2], 1, dtype=torch.bool, device=device)
-        still[student.frozen] = True
-        for t in params:
-            t.register_hook(lambda grad: grad.masked_fill(still, 0.0))
+    for i, t in enumerate(params):  # the attention sink(s): their gradient is dropped
+        if student.frozen_of(i):
+            still = torch.zeros(t.shape[2], 1, dtype=torch.bool, device=device)
+            still[student.frozen_of(i)] = True
+            t.register_hook(lambda grad, still=still: grad.masked_fill(still, 0.0))
     dtype = None if options.autocast == "none" else parse_dtype(options.autocast)
     casts = frozen_casts(module, dtype, enabled=speed.cast_once) if dtype is not None else {}
 

@@ -251,6 +251,13 @@ def load_scorer(folder: str | Path, hf):
     return scorer
 
 
+def compact_cache(cache: Cache, always: tuple[int, ...] = ()) -> Cache:
+    """`cache` with each masked layer (a per-head press: MaskedKV) compacted to its kept pairs (MaskedKV.compacted;
+    `always`: positions kept in place, kept or not), the others as they are; the same attention at the same position."""
+    return Cache(layers=[layer.compacted(always) if isinstance(layer, MaskedKV) else layer for layer in cache.layers],
+                 position=cache.position)
+
+
 def kept_pair_bytes(cache: Cache) -> int:
     """Bytes of the kept pairs' keys and values (a masked layer's evicted pairs not counted)."""
     total = 0

@@ -39,10 +39,12 @@ from ....models import Cache
 from ....models.lm import cache_kv, is_causal_lm, with_kv
 from ...distill import Distiller, Student, TrainOptions
 from ....interop.hf import hf_twin
-from ...presses import check_press, press_cache, press_classes, reconstructs
+from ...presses import check_press, compact_cache, press_cache, press_classes, reconstructs
 from ...study import StudyOptions, chunk_spans
 from .adapted import TrainedPrefix, compose_prefixes
 from .start import rerotated_press, spread_prefix
+
+FROZEN = (0,)  # the prefix positions never trained: the document's first pair (the attention sink) in every head
 
 
 @dataclass
@@ -180,7 +182,9 @@ class KVPrefix(Distiller):
             return model.prefill(prompt[None, :p])
         if o.init.startswith("press"):
             pressed = pressed if pressed is not None else self._press(model, prompt, p, codec)
-            return pressed if o.init == "press" else rerotated_press(model, prompt, pressed, o.press)
+            if o.init == "press":  # a per-head press's kept pairs alone (the sink, frozen, in place): what is trained
+                return compact_cache(pressed, tuple(FROZEN))
+            return rerotated_press(model, prompt, pressed, o.press)
         return spread_prefix(model, prompt, p, chunk_spans(prompt.shape[0], o.study.chunk_tokens, model.config.max_seq_len))
 
     def student(self, model, prompt, generator, sequences, p: int, codec=None, init: str | None = None,
@@ -191,9 +195,9 @@ class KVPrefix(Distiller):
             at = "" if start.position == p else f" (queries after the press start's {start.position} positions)"
             raise ValueError(f"kv-prefix: prefix_tokens={p} and the data stage's sequences of up to {longest} tokens "
                              f"exceed the context ({context}){at}; lower prefix_tokens or study.chunk_tokens")
-        return self.prefix_student(model, start, [0])
+        return self.prefix_student(model, start, list(FROZEN))
 
-    def prefix_student(self, model, template: Cache, frozen: list[int]) -> Student:
+    def prefix_student(self, model, template: Cache, frozen: list[int] | list[list[int]]) -> Student:
         """The prefix's tensors in float32 master copies (bf16 rounds away Adam's late, small steps), read by the
         student as a cache in the model's dtype, the positions `frozen` fixed."""
         dtype = cache_kv(template)[0][0].dtype
@@ -221,7 +225,10 @@ class KVPrefix(Distiller):
         return compose_prefixes(*adapted)
 
     def join_student(self, joined: "TrainedPrefix", adapted: list) -> tuple[Student, Any]:
-        frozen = list(accumulate((a.position for a in adapted[:-1]), initial=0))  # each document's first position
+        # each document's first pair, in every layer (a compacted press start holds fewer pairs than positions)
+        lengths = [[k.shape[2] for k, _ in cache_kv(a.state())] for a in adapted[:-1]]
+        starts = [list(accumulate((n[i] for n in lengths), initial=0)) for i in range(len(cache_kv(joined.state())))]
+        frozen = [[s + f for s in layer for f in FROZEN] for layer in starts for _ in ("keys", "values")]
         student = self.prefix_student(joined.base, joined.state(), frozen)
         return student, lambda s: TrainedPrefix(joined.base, with_kv(joined.state(), [
             (k.detach().to(s.dtype), v.detach().to(s.dtype)) for k, v in zip(s.params[0::2], s.params[1::2])]))
