@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
     (["wording_consistency.py", "--seed", "1000000"], "test split"),
     (["wording_consistency.py", "--paraphrases", "7"], "6 wordings"),
     (["wording_consistency.py", "--student", "--set", "prefix_tokens=0"], "prefix_tokens"),
+    (["pipeline_before_after.py", "--before", "HEAD", "--methods", "kv-prefix", "--set", "bogus=1"], "unknown option 'bogus'"),
+    (["pipeline_before_after.py", "--before", "HEAD", "--methods", "nope"], "nope"),
+    (["pipeline_before_after.py", "--before", "HEAD", "--set", "ratio"], "KEY=VALUE"),
 ])
 def test_bad_task_options_are_one_line_errors(argv, named, tmp_path):
     extra = {"absorb_cost.py": ["--out", str(tmp_path / "cost")],
