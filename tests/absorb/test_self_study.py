@@ -487,3 +487,24 @@ def test_the_windows_only_ablation_trains_on_windows_of_the_document_alone():
         with torch.no_grad():
             full = torch.log_softmax(model(torch.tensor(prompt + ids)[None])[0, len(prompt):].double(), -1)
         assert torch.allclose(teacher.double(), full[-teacher.shape[0]:], atol=1e-9)
+
+
+@pytest.mark.parametrize("length, context", [(40, 96), (150, 96)])
+def test_the_stage_cut_as_made_is_the_stage_cut_at_the_end(length, context):
+    """teacher_sequences(top_k=k) (windows and reconstruction pieces cut to top-k as they are read, the way `study`
+    builds its stage) equals top_k_targets of the full stage, bit for bit, in one chunk and in several."""
+    torch.manual_seed(3)
+    config = TransformerConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_mlp=64, vocab_size=61,
+                               max_seq_len=context, positions="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    model = Transformer(config).eval()
+    prompt = torch.randint(0, 61, (length,), generator=torch.Generator().manual_seed(4))
+    options = StudyOptions(window_tokens=4, n_continuations=2, continuation_tokens=5, answer_tokens=4)
+    queries = [prompt[10:16].clone()]
+    with torch.no_grad():
+        full, counts = study_stage.teacher_sequences(model, prompt, queries, options, None, torch.Generator().manual_seed(0))
+        cut, again = study_stage.teacher_sequences(model, prompt, queries, options, None, torch.Generator().manual_seed(0),
+                                                   top_k=5)
+    late, made = top_k_targets(full, 5), top_k_targets(cut, 5)  # study cuts the other kinds at the end
+    assert counts == again and counts["recall_windows"] > 16 and len(made) == len(late)
+    assert sum(len(item) == 3 for item in cut) == counts["recall_windows"] + counts["reconstruction"]
+    assert all(len(a) == len(b) == 3 and all(torch.equal(x, y) for x, y in zip(a, b)) for a, b in zip(made, late))

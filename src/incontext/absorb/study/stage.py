@@ -54,9 +54,12 @@ from .writers import (
 @torch.no_grad()
 def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
                       generator: torch.Generator, groups: list[int] | None = None,
-                      decode: str = "always", writer=None) -> tuple[list, dict[str, int]]:
+                      decode: str = "always", writer=None, top_k: int | None = None) -> tuple[list, dict[str, int]]:
     """The training sequences as (student tokens (L,), teacher log-probs (n, V) for the last n <= L positions)
     pairs, and how many of each kind (see the module docstring). `codec` (encode/decode, chat) may be None.
+    `top_k`: the recall windows and reconstruction pieces (most of a long document's sequences) come already cut to
+    their top-k targets (top_k_targets' form), each as it is made: a 2k-token document's windows then never hold
+    their full-vocabulary log-probs all at once.
 
     A document longer than a chunk (chunk_spans: `chunk_tokens`, or half the model's context for a document the
     context does not hold) is read by the teacher one chunk at a time: each recall window with the chunk that holds it
@@ -69,7 +72,7 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
     groups = groups if options.wording_ensemble else None
     if len(spans) == 1:
         return _chunk_sequences(model, prompt, queries, None, options, codec, generator, groups=groups, decode=decode,
-                                writer=writer)
+                                writer=writer, top_k=top_k)
     size = spans[0][1] - spans[0][0]
     width = max(1, min(options.window_tokens, size // 2, model.config.max_seq_len - size))  # each whole in a chunk
     k, starts = len(spans), window_starts(m, width)
@@ -101,7 +104,7 @@ def teacher_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], 
         out, seen = _chunk_sequences(model, prompt[a:b], [q for q, home in zip(queries, homes) if home == j], mine,
                                      part, codec, generator, width,
                                      groups=None if groups is None else [g for g, home in zip(groups, homes) if home == j],
-                                     decode=decode, writer=writer, pieces=pieces)
+                                     decode=decode, writer=writer, pieces=pieces, top_k=top_k)
         sequences += out
         for key, value in seen.items():  # counts add up; the derived queries' texts join
             counts[key] = counts[key] + value if key in counts else value
@@ -153,9 +156,11 @@ def reconstruction_pieces(m: int, n: int, width: int) -> list[tuple[int, int]]:
     return [(s, s + width) for s in dict.fromkeys(starts)]
 
 
-def _reconstruction(model, cache, prompt: torch.Tensor, codec, pieces: list[tuple[int, int]], room: int) -> list:
+def _reconstruction(model, cache, prompt: torch.Tensor, codec, pieces: list[tuple[int, int]], room: int,
+                    top_k: int | None = None) -> list:
     """(instruction + piece, the teacher's log-probs at the instruction's last token and each piece token) for each
-    piece: the teacher has read the document (`cache`), then reads the instruction to repeat it and the piece."""
+    piece: the teacher has read the document (`cache`), then reads the instruction to repeat it and the piece
+    (`top_k`: cut to top-k targets as made)."""
     if not pieces or codec is None:
         return []
     text = f"\n\n{REPEAT}\n"
@@ -172,7 +177,7 @@ def _reconstruction(model, cache, prompt: torch.Tensor, codec, pieces: list[tupl
             continue
         ids = torch.cat([instruction, prompt[s:e]])
         logits = model(ids[None], cache=_copy(cache, 1))[0]
-        out.append((ids, _log_probs(logits[instruction.shape[0] - 1:])))
+        out.append(_cut((ids, _log_probs(logits[instruction.shape[0] - 1:])), top_k))
     return out
 
 
@@ -198,27 +203,27 @@ def assign_chunks(prompt: torch.Tensor, spans: list[tuple[int, int]], queries: l
 def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], starts: list[int] | None,
                      options: StudyOptions, codec, generator: torch.Generator, width: int | None = None,
                      groups: list[int] | None = None, decode: str = "always", writer=None,
-                     pieces: list[tuple[int, int]] | None = None):
+                     pieces: list[tuple[int, int]] | None = None, top_k: int | None = None):
     """teacher_sequences for the teacher reading `prompt` (the document, or one chunk of it); `starts`: its recall
     windows' starts (None: every window of the prompt), of `width` tokens; `groups`: the training queries' question
     ids, for wording_ensemble (None: none); `writer`: (model, tokenizer) that writes the questions and self-study
     messages (None: the model itself); `pieces`: the reconstruction pieces, (start, end) in `prompt` (None:
-    reconstruction_pieces of the whole prompt)."""
+    reconstruction_pieces of the whole prompt); `top_k`: the windows and pieces cut to top-k targets as made."""
     m, max_len = prompt.shape[0], model.config.max_seq_len
     cache = Cache.empty(model.config.n_layer)
-    prompt_logits = model(prompt[None], cache=cache)[0]
+    last_logits = model(prompt[None], cache=cache)[0, -1]  # the document's other positions' logits are never read
     room = max_len - m
     sequences, counts = [], {}
-    windows = _recall_windows(model, cache, prompt, width or min(options.window_tokens, m, room), starts)
+    windows = _recall_windows(model, cache, prompt, width or min(options.window_tokens, m, room), starts, top_k)
     sequences += windows
     counts["recall_windows"] = len(windows)
     if pieces is None:
         pieces = reconstruction_pieces(m, options.reconstruction, options.reconstruction_tokens)
-    rebuilt = _reconstruction(model, cache, prompt, codec, pieces, room)
+    rebuilt = _reconstruction(model, cache, prompt, codec, pieces, room, top_k)
     sequences += rebuilt
     counts["reconstruction"] = len(rebuilt)
     if options.n_continuations:
-        tokens, logits = _sample(model, cache, prompt_logits[-1], options.n_continuations,
+        tokens, logits = _sample(model, cache, last_logits, options.n_continuations,
                                  min(options.continuation_tokens, room), options.temperature, generator, decode)
         sequences += [(t, _log_probs(x)) for t, x in zip(tokens, logits)]
     counts["continuations"] = options.n_continuations
@@ -274,12 +279,18 @@ def _chunk_sequences(model, prompt: torch.Tensor, queries: list[torch.Tensor], s
 
 def top_k_targets(sequences: list, k: int) -> list:
     """Each (ids, teacher log-probs (n, V)) as (ids, top-k log-probs (n, k), their token ids (n, k)): the student
-    sees the teacher's distribution where it holds its mass (Cartridges keeps k = 20), at k / V of the memory."""
-    out = []
-    for ids, logp in sequences:
-        values, index = logp.topk(min(k, logp.shape[-1]), dim=-1)
-        out.append((ids, values, index))
-    return out
+    sees the teacher's distribution where it holds its mass (Cartridges keeps k = 20), at k / V of the memory. An
+    item already in that form (teacher_sequences' top_k) passes as it is."""
+    return [_cut(item, k) for item in sequences]
+
+
+def _cut(item: tuple, k: int | None) -> tuple:
+    """One (ids, log-probs (n, V)) as its top-k targets (ids, values, token ids); k None or an item cut already: as it is."""
+    if k is None or len(item) == 3:
+        return item
+    ids, logp = item
+    values, index = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    return ids, values, index
 
 
 def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: StudyOptions, codec,
@@ -304,7 +315,7 @@ def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: Stu
         if cached is not None:
             return cached[0], {**cached[1], "cached": True}
     sequences, counts = teacher_sequences(model, prompt, queries, options, codec, generator, groups, static_decode,
-                                          writer)
+                                          writer, top_k=options.top_k)
     if options.top_k is not None:
         sequences = top_k_targets(sequences, options.top_k)
     if key is not None:
@@ -312,12 +323,16 @@ def study(model, prompt: torch.Tensor, queries: list[torch.Tensor], options: Stu
     return sequences, {**counts, "cached": False}
 
 
-def _recall_windows(model, cache, prompt, width, starts: list[int] | None = None):
+def _recall_windows(model, cache, prompt, width, starts: list[int] | None = None, top_k: int | None = None):
     """The prompt in windows of `width` tokens (at `starts`; None: window_starts, a stride of width // 2, the last one
-    flush with the end): the teacher reads the cached prompt and then the window, the student the window alone."""
+    flush with the end): the teacher reads the cached prompt and then the window, the student the window alone
+    (`top_k`: each cut to its top-k targets as its batch of 16 is read)."""
     starts = window_starts(prompt.shape[0], width) if starts is None else starts
     if not starts:
         return []
     windows = torch.stack([prompt[s: s + width] for s in starts])
-    logits = torch.cat([model(chunk, cache=_copy(cache, chunk.shape[0])) for chunk in windows.split(16)])
-    return [(w, _log_probs(x)) for w, x in zip(windows, logits)]
+    out = []
+    for chunk in windows.split(16):
+        logits = model(chunk, cache=_copy(cache, chunk.shape[0]))
+        out += [_cut((w, _log_probs(x)), top_k) for w, x in zip(chunk, logits)]
+    return out
