@@ -122,7 +122,8 @@ _REGISTERED = [
            "the counting plateau (22.3 / 22.2 / 21.3%): the escape depends on seed and rounding; with the paper's RoPE "
            "(2 layers, 5 seeds: scripts/iclca_table2_rope.sh, results/iclca-table2-rope) 0 of 5 leave it (18.5-22.5%; "
            "conversion exact, 1e-6 in float32): at 2 layers RoPE does not help; the paper's 12 layers do not fit "
-           "here (4 layers: about 45 min a run, not run)",
+           "here (4 layers: about 45 min a run, not run; 12 layers x 5 seeds on a GPU: scripts/device_papers.sh, "
+           "no GPU lent yet)",
            ICLCA),
     _entry("iclca-bias-scratch", "iclca", "Sec. 6.3, Fig. 1: the biased architecture trained from scratch vs without",
            "iclca-table2's model (2 layers, width 128, Taylor features, learned positions), 3,000 steps, seeds 0 and 1; "
@@ -222,7 +223,7 @@ UNREGISTERED: list[PaperStatus] = [
            "batch 64, whole runs on a PC with 4 GPUs",
            "not run", "a benchmark, not an experiment: benchmarks/residual_overhead.py measures +0.4% [-0.9, +0.9] per "
            "training step at the reduced size (benchmarks/results/residual_overhead.md); its paper size (--preset "
-           "paper, a GPU) not run", RESIDUAL),
+           "paper, a GPU: scripts/device_papers.sh, no GPU lent yet) not run", RESIDUAL),
 ]
 
 
