@@ -70,7 +70,10 @@ _REGISTERED = [
            "median 23 tokens at both boundaries (quartiles 16-49 and 10-43) vs the paper's ~10-20: cause not isolated (scale; cgt-text's join gives 22)", CGT),
     _entry("cgt-ablations", "cgt", "Figs 7-9: ablations over the layer l, the rank and w_C / w_D",
            "cgt-table1's preset cpu (4 layers, 1,500 steps), l 1-3, rank 1-8, four (w_C, w_D) pairs, seeds 0 and 1: 9 trainings a seed; paper 6 layers, 400,000 steps",
-           "not run", "registered (tested on a toy size); its CPU run (about 2 hours on 2 cores) not made yet", CGT),
+           "reproduced",
+           "the directions at this scale: specialised accuracy rises with l (70.1 / 72.5 / 74.2% at l 1 / 2 / 3 of 4; "
+           "paper best at l 4 of 6), rank 1 lowest (73.4% vs 74.2-74.5%, within 3 SE), the strongest w_C / w_D "
+           "(0.32 / 0.16) lowest (70.6%); w_C and w_D moved together, so w_D's own effect is not separated", CGT),
     _entry("cgt-single-task", "cgt", "App. D.1: one task of 8 examples (paper's 8-layer baseline 82.7%)",
            "cgt-table1's preset cpu with one task of 8 examples, baseline and CGT + aux + reg, seeds 0 and 1; paper 8-layer baseline",
            "below the paper",
