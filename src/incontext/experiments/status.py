@@ -86,12 +86,12 @@ _REGISTERED = [
            "below the paper",
            "low-frequency share of y's power 0.284 / 0.286 / 0.347 at beta 1 / 3 / 10 (smoother at 10, as Fig. 17), but the switch at boundaries is not monotone in beta (20 / 3 / 38 tokens) and topic accuracy stays 0.42-0.43: cause not isolated", CGT),
     _entry("cgt-rp", "cgt", "App. A.2: the distribution-matching regulariser R_P",
-           "run reduced: cgt-table1's preset cpu, seed 0, CGT + aux + R_P at w_P 0.1 beside CGT + aux and + reg (the "
-           "default, seeds 0 and 1 at w_P 0.01 / 0.1 / 1, about 70 min, not run); the paper has no run of it",
+           "cgt-table1's preset cpu, seeds 0 and 1, CGT + aux + R_P at w_P 0.01 / 0.1 / 1 beside CGT + aux and + reg; "
+           "the paper has no run of it",
            "below the paper",
-           "at w_P 0.1 R_P smooths y as the regulariser does (variation 0.42 vs 0.47) but costs 9 points of base "
-           "accuracy (67.6% vs 77.0%, the no-prompt level) and the fit (0.70 vs 0.58): no gain at this size; one seed, one "
-           "weight", CGT),
+           "R_P trades accuracy for smoothness at every weight: variation 0.58 / 0.41 / 0.30 at w_P 0.01 / 0.1 / 1 (aux "
+           "1.09, reg 0.44) with base accuracy 75.7 / 68.3 / 61.1% (reg 77.1%, no prompt about 67.5%) and a worse fit "
+           "(0.60 / 0.71 / 0.88 vs 0.58): no weight gains over R_C / R_D at this size", CGT),
     _entry("cgt-regression", "cgt", "Fig. 4: regression error by examples, dynamic vs y frozen after 5 / 10 / 20",
            "4 layers, d_x 64, d_y 32, d_in 4, 24 points, 3,000 steps; paper 8 layers, d_x 128, d_y 64, d_in 16",
            "below the paper",
