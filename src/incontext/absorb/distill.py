@@ -268,9 +268,9 @@ def train(student: Student, sequences: list, options: TrainOptions, generator: t
     for p in params:
         p.requires_grad_(True)
     for i, t in enumerate(params):  # the attention sink(s): their gradient is dropped
-        if student.frozen_of(i):
+        if frozen := student.frozen_of(i):
             still = torch.zeros(t.shape[2], 1, dtype=torch.bool, device=device)
-            still[student.frozen_of(i)] = True
+            still[frozen] = True
             t.register_hook(lambda grad, still=still: grad.masked_fill(still, 0.0))
     dtype = None if options.autocast == "none" else parse_dtype(options.autocast)
     casts = frozen_casts(module, dtype, enabled=speed.cast_once) if dtype is not None else {}

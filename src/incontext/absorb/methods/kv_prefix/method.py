@@ -226,10 +226,11 @@ class KVPrefix(Distiller):
 
     def join_student(self, joined: "TrainedPrefix", adapted: list) -> tuple[Student, Any]:
         # each document's first pair, in every layer (a compacted press start holds fewer pairs than positions)
+        state = joined.state()
         lengths = [[k.shape[2] for k, _ in cache_kv(a.state())] for a in adapted[:-1]]
-        starts = [list(accumulate((n[i] for n in lengths), initial=0)) for i in range(len(cache_kv(joined.state())))]
+        starts = [list(accumulate((n[i] for n in lengths), initial=0)) for i in range(len(state.layers))]
         frozen = [[s + f for s in layer for f in FROZEN] for layer in starts for _ in ("keys", "values")]
-        student = self.prefix_student(joined.base, joined.state(), frozen)
+        student = self.prefix_student(joined.base, state, frozen)
         return student, lambda s: TrainedPrefix(joined.base, with_kv(joined.state(), [
             (k.detach().to(s.dtype), v.detach().to(s.dtype)) for k, v in zip(s.params[0::2], s.params[1::2])]))
 
